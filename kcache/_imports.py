@@ -1,0 +1,84 @@
+"""Run a callback right after a module is imported, without importing it ourselves.
+
+kcache attaches to Triton and nvFuser when the program imports them: importing them at
+start-up would cost seconds in every process, most of which never compile a kernel.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from .log import logger
+
+_hooks: dict[str, list[Callable[[ModuleType], None]]] = {}
+_lock = threading.Lock()
+_finder: _Finder | None = None
+
+
+def _run(name: str, module: ModuleType) -> None:
+    for fn in list(_hooks.get(name, ())):
+        try:
+            fn(module)
+        except Exception as e:  # never break the user's import
+            logger.warning("could not attach to %s: %s", name, e)
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner: Any, name: str) -> None:
+        self._inner = inner
+        self._name = name
+
+    def create_module(self, spec: Any) -> Any:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)
+        _run(self._name, module)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._inner, attr)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def __init__(self) -> None:
+        self._busy = threading.local()
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in _hooks or getattr(self._busy, fullname, False):
+            return None
+        setattr(self._busy, fullname, True)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        except Exception:
+            return None
+        finally:
+            setattr(self._busy, fullname, False)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        spec.loader = _Loader(spec.loader, fullname)
+        return spec
+
+
+def when_imported(name: str, fn: Callable[[ModuleType], None]) -> None:
+    """Call ``fn(module)`` once ``name`` is imported (now, if it already is)."""
+    global _finder
+    with _lock:
+        _hooks.setdefault(name, []).append(fn)
+        if _finder is None:
+            _finder = _Finder()
+            sys.meta_path.insert(0, _finder)
+    mod = sys.modules.get(name)
+    if mod is not None and getattr(getattr(mod, "__spec__", None), "_initializing", False) is False:
+        fn(mod)
+
+
+def forget(name: str, fn: Callable[[ModuleType], None]) -> None:
+    with _lock:
+        if fn in _hooks.get(name, []):
+            _hooks[name].remove(fn)

@@ -1,0 +1,189 @@
+"""Settings from the environment and from arguments, validated.
+
+Every variable of the contract is read here and nowhere else. A bad value never raises into the
+user's program: :func:`load` returns the settings with ``enabled=False`` and the problems listed,
+and :func:`kcache.enable` warns once and leaves caching off.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MAX_SIZE = 10 * 1024**3
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1024**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+    "t": 1024**4,
+    "tb": 1000**4,
+    "tib": 1024**4,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_AGE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_AGE_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_size(text: str) -> int:
+    """``"20GiB"``, ``"500MB"``, ``"10G"`` (binary), ``"123"`` (bytes) -> bytes. Raises ValueError."""
+    m = _SIZE_RE.match(str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (examples: 20GiB, 500MB, 10G)")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"size must be positive: {text!r}")
+    return value
+
+
+def parse_age(text: str) -> float:
+    """``"7d"``, ``"12h"``, ``"30m"``, ``"45s"``, ``"2w"`` -> seconds. Raises ValueError."""
+    m = _AGE_RE.match(str(text))
+    if not m:
+        raise ValueError(f"not an age: {text!r} (examples: 7d, 12h, 30m, 45s)")
+    return float(m.group(1)) * _AGE_UNITS[m.group(2)]
+
+
+def format_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _flag(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("1", "true", "yes", "on"):
+        return True
+    if t in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected 1 or 0, got {text!r}")
+
+
+def default_dir(env: Mapping[str, str]) -> Path:
+    xdg = env.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path(env.get("HOME") or os.path.expanduser("~")) / ".cache"
+    return base / "kcache"
+
+
+@dataclass
+class Settings:
+    """The effective settings; ``sources`` says where each value came from."""
+
+    enabled: bool = False
+    dir: Path = field(default_factory=lambda: default_dir(os.environ))
+    max_size: int = DEFAULT_MAX_SIZE
+    remote: str | None = None
+    readonly: bool = False
+    key_tag: str = ""
+    secret: bytes | None = None
+    log: str = "warning"
+    record: str | None = None
+    allow_insecure: bool = False
+    sources: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Values safe to print (the secret is shown only as set/unset)."""
+        return {
+            "enabled": self.enabled,
+            "dir": str(self.dir),
+            "max_size": self.max_size,
+            "remote": self.remote,
+            "readonly": self.readonly,
+            "key_tag": self.key_tag,
+            "secret": "set" if self.secret else None,
+            "log": self.log,
+            "record": self.record,
+            "allow_insecure": self.allow_insecure,
+        }
+
+
+# name in Settings -> environment variable
+ENV = {
+    "enabled": "KCACHE",
+    "dir": "KCACHE_DIR",
+    "max_size": "KCACHE_MAX_SIZE",
+    "remote": "KCACHE_REMOTE",
+    "readonly": "KCACHE_READONLY",
+    "key_tag": "KCACHE_KEY_TAG",
+    "secret": "KCACHE_SECRET",
+    "log": "KCACHE_LOG",
+    "record": "KCACHE_RECORD",
+    "allow_insecure": "KCACHE_ALLOW_INSECURE",
+}
+
+
+def _convert(name: str, raw: Any) -> Any:
+    if name == "enabled" or name == "readonly" or name == "allow_insecure":
+        return raw if isinstance(raw, bool) else _flag(str(raw))
+    if name == "dir":
+        p = Path(os.path.expanduser(str(raw)))
+        if not str(raw).strip():
+            raise ValueError("empty path")
+        if p.exists() and not p.is_dir():
+            raise ValueError(f"{p} exists and is not a directory")
+        return p.absolute()
+    if name == "max_size":
+        return raw if isinstance(raw, int) and raw > 0 else parse_size(str(raw))
+    if name == "remote":
+        text = str(raw).strip()
+        if not text:
+            return None
+        if not re.match(r"^(redis|rediss|unix)://", text):
+            raise ValueError(f"expected redis://host:port/db, got {text!r}")
+        return text
+    if name == "secret":
+        text = raw if isinstance(raw, bytes) else str(raw).encode()
+        return text or None
+    if name == "log":
+        text = str(raw).strip().lower()
+        if text not in ("warning", "info", "debug", "error"):
+            raise ValueError(f"expected warning, info or debug, got {raw!r}")
+        return text
+    if name == "record":
+        return str(raw) or None
+    return str(raw)
+
+
+def load(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Build the settings: defaults, then the environment, then ``overrides`` (non-None) on top.
+
+    Never raises for bad values: each is recorded in ``problems`` and then ``enabled`` is False.
+    """
+    env = os.environ if env is None else env
+    s = Settings(dir=default_dir(env))
+    s.sources = {name: "default" for name in ENV}
+    for name, var in ENV.items():
+        if var in env and (env[var] != "" or name in ("key_tag",)):
+            try:
+                setattr(s, name, _convert(name, env[var]))
+                s.sources[name] = f"env {var}"
+            except ValueError as e:
+                s.problems.append(f"{var}={env[var]!r}: {e}")
+    for name, value in overrides.items():
+        if value is None:
+            continue
+        if name not in ENV:
+            raise TypeError(f"unknown setting {name!r}")
+        try:
+            setattr(s, name, _convert(name, value))
+            s.sources[name] = "argument"
+        except ValueError as e:
+            s.problems.append(f"{name}={value!r}: {e}")
+    if s.problems:
+        s.enabled = False
+    return s

@@ -1,0 +1,43 @@
+"""kcache's logger: one ``kcache`` logger on stderr, level from ``KCACHE_LOG``, and warn-once."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+
+logger = logging.getLogger("kcache")
+_warned: set[str] = set()
+_lock = threading.Lock()
+_configured = False
+
+LEVELS = {"warning": logging.WARNING, "info": logging.INFO, "debug": logging.DEBUG, "error": logging.ERROR}
+
+
+def configure(level: str | None = None) -> None:
+    """Attach a stderr handler once; ``level`` is a name from :data:`LEVELS`."""
+    global _configured
+    if not _configured:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("kcache: %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+        _configured = True
+    name = (level or os.environ.get("KCACHE_LOG") or "warning").strip().lower()
+    logger.setLevel(LEVELS.get(name, logging.WARNING))
+
+
+def warn_once(topic: str, message: str) -> None:
+    """Log ``message`` at warning level the first time ``topic`` is seen in this process."""
+    with _lock:
+        if topic in _warned:
+            return
+        _warned.add(topic)
+    if not _configured:
+        configure()
+    logger.warning(message)
+
+
+def debug_enabled() -> bool:
+    return logger.isEnabledFor(logging.DEBUG)

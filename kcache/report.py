@@ -1,0 +1,48 @@
+"""What ``kcache stats`` and ``kcache.stats()`` report, computed from a store's index."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .store import Store
+
+KINDS = ("triton", "triton-autotune", "triton-aux", "nvfuser", "nvfuser-fusion")
+
+
+def store_stats(store: Store) -> dict[str, Any]:
+    """entries, bytes, hits, misses, hit_rate, saved_s, puts, evictions, errors, and by_kind."""
+    idx = store.index()
+    totals = idx.totals()
+    counters = idx.counters()
+    kinds = sorted(set(totals) | set(counters) - {"store"})
+    by_kind: dict[str, dict[str, Any]] = {}
+    for k in kinds:
+        n, b = totals.get(k, (0, 0))
+        c = counters.get(k, {})
+        hits, misses = int(c.get("hits", 0)), int(c.get("misses", 0))
+        by_kind[k] = {
+            "entries": n,
+            "bytes": b,
+            "hits": hits,
+            "misses": misses,
+            "hit_rate": hits / (hits + misses) if hits + misses else None,
+            "puts": int(c.get("puts", 0)),
+            "errors": int(c.get("errors", 0)),
+            "saved_s": round(c.get("saved_s", 0.0), 3),
+        }
+    hits = sum(v["hits"] for v in by_kind.values())
+    misses = sum(v["misses"] for v in by_kind.values())
+    return {
+        "dir": str(store.root),
+        "max_size": store.max_size,
+        "entries": sum(v["entries"] for v in by_kind.values()),
+        "bytes": sum(v["bytes"] for v in by_kind.values()),
+        "hits": hits,
+        "misses": misses,
+        "hit_rate": hits / (hits + misses) if hits + misses else None,
+        "puts": sum(v["puts"] for v in by_kind.values()),
+        "evictions": int(counters.get("store", {}).get("evictions", 0)),
+        "errors": sum(v["errors"] for v in by_kind.values()),
+        "saved_s": round(sum(v["saved_s"] for v in by_kind.values()), 3),
+        "by_kind": by_kind,
+    }

@@ -1,0 +1,6 @@
+"""The store: records and bytes, shared by every integration."""
+
+from .local import Hit, Store, StoreError
+from .records import Record
+
+__all__ = ["Hit", "Record", "Store", "StoreError"]

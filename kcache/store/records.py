@@ -1,0 +1,142 @@
+"""Records: what the store knows about an entry, as schema-versioned msgpack.
+
+A record names the entry's kind and full key, its member files with sizes and checksums (crc32
+checked on every hit, sha256 at put and by ``kcache verify``), the named key components (so that
+``explain`` can say which one changed), a short human summary and the compile time it saves.
+
+On disk a record is ``MAGIC + crc32(body) + body``: a torn or garbage record fails to decode
+instead of being half-read. Only msgpack is ever decoded: no pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+SCHEMA = 1
+MAGIC = b"KCR1"
+RECORD_NAME = "__kcache__.rec"
+_HEADER = struct.Struct(">4sI")
+
+# A member's name is one path component made of ordinary characters: records and index rows come
+# from disk, and a crafted name must never reach outside the entry directory.
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=@,-]{0,254}$")
+
+
+class CorruptRecord(ValueError):
+    """A record that does not decode, or decodes to something that is not a valid record."""
+
+
+def valid_name(name: str) -> bool:
+    return bool(isinstance(name, str) and _NAME_RE.match(name)) and name != RECORD_NAME and ".." not in name
+
+
+def entry_id(kind: str, key: str, tag: str = "") -> str:
+    """The entry's directory name: a hash of kind, key tag and key (the full key is in the record)."""
+    h = hashlib.sha256()
+    h.update(f"kcache/{SCHEMA}\0{kind}\0{tag}\0".encode())
+    h.update(key.encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:40]
+
+
+def crc32(data: bytes) -> int:
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+@dataclass
+class FileInfo:
+    name: str
+    size: int
+    crc32: int
+    sha256: str
+
+
+@dataclass
+class Record:
+    kind: str
+    key: str
+    id: str
+    files: list[FileInfo]
+    created: float = field(default_factory=time.time)
+    compile_s: float = 0.0
+    components: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    schema: int = SCHEMA
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "kind": self.kind,
+            "key": self.key,
+            "id": self.id,
+            "files": [[f.name, f.size, f.crc32, f.sha256] for f in self.files],
+            "created": self.created,
+            "compile_s": self.compile_s,
+            "components": self.components,
+            "summary": self.summary,
+        }
+
+    def encode(self) -> bytes:
+        body = msgpack.packb(self.to_dict(), use_bin_type=True)
+        return _HEADER.pack(MAGIC, crc32(body)) + body
+
+    @classmethod
+    def decode(cls, data: bytes) -> Record:
+        if len(data) < _HEADER.size:
+            raise CorruptRecord("record too short")
+        magic, crc = _HEADER.unpack_from(data)
+        body = data[_HEADER.size :]
+        if magic != MAGIC:
+            raise CorruptRecord("bad record magic")
+        if crc32(body) != crc:
+            raise CorruptRecord("record checksum mismatch")
+        try:
+            d = msgpack.unpackb(
+                body, raw=False, strict_map_key=True, max_bin_len=1 << 20, max_str_len=1 << 20
+            )
+        except Exception as e:  # msgpack raises several types; all mean the same here
+            raise CorruptRecord(f"record does not decode: {e}") from None
+        return cls.from_dict(d)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Record:
+        try:
+            if not isinstance(d, dict) or d.get("schema") != SCHEMA:
+                raise CorruptRecord(
+                    f"unknown record schema {d.get('schema') if isinstance(d, dict) else d!r}"
+                )
+            files = []
+            for name, size, crc, sha in d["files"]:
+                if not valid_name(name) or not isinstance(size, int) or size < 0 or not isinstance(crc, int):
+                    raise CorruptRecord(f"bad member {name!r}")
+                files.append(FileInfo(name, size, crc, str(sha)))
+            kind, key, ident = d["kind"], d["key"], d["id"]
+            if not (isinstance(kind, str) and isinstance(key, str) and isinstance(ident, str)):
+                raise CorruptRecord("bad kind/key/id")
+            if not re.fullmatch(r"[0-9a-f]{40}", ident):
+                raise CorruptRecord("bad id")
+            return cls(
+                kind=kind,
+                key=key,
+                id=ident,
+                files=files,
+                created=float(d.get("created", 0.0)),
+                compile_s=float(d.get("compile_s", 0.0)),
+                components=dict(d.get("components") or {}),
+                summary=dict(d.get("summary") or {}),
+            )
+        except CorruptRecord:
+            raise
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptRecord(f"malformed record: {e}") from None
