@@ -30,6 +30,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import re
 import shutil
 import stat
 import threading
@@ -56,6 +57,7 @@ FLUSH_EVERY_S = 1.0  # batched index writes (last use, counters, misses) at most
 INDEX_BACKOFF_S = 30.0  # after an index failure, leave the index alone this long
 STALE_TMP_S = 3600.0
 
+_ID_RE = re.compile(r"[0-9a-f]{40}")
 _O_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -230,8 +232,17 @@ class Store:
     def entry_dir(self, ident: str) -> str:
         return os.path.join(self._entries, ident[:2], ident)
 
+    @staticmethod
+    def valid_id(ident: object) -> bool:
+        """True for an entry id as :func:`entry_id` makes them. Ids read from the index or from a
+        directory listing are checked before they become paths: a crafted index row must not
+        name a directory outside the store."""
+        return isinstance(ident, str) and _ID_RE.fullmatch(ident) is not None
+
     # ------------------------------------------------------------------ reading
     def _read_entry(self, ident: str, kind: str | None, key: str | None, full: bool = False) -> Hit | None:
+        if not self.valid_id(ident):
+            raise _Corrupt(f"invalid entry id {ident!r}")
         d = self.entry_dir(ident)
         try:
             fd = os.open(os.path.join(d, RECORD_NAME), _O_READ)
@@ -462,6 +473,8 @@ class Store:
         """Move entry directories to trash (atomically), then delete them. Returns bytes freed (approx)."""
         n = 0
         for ident in ids:
+            if not self.valid_id(ident):
+                continue  # not a path of ours (a crafted index row): only its row goes
             d = self.entry_dir(ident)
             t = os.path.join(str(self.trash), f"{ident}.{uuid.uuid4().hex[:8]}")
             try:
