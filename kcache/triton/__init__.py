@@ -1,0 +1,89 @@
+"""kcache's Triton integration: a cache manager, autotune results, launchers, a triton_key memo.
+
+:func:`attach` arranges for it to be installed when the program imports triton (now, if it
+already has); nothing here imports triton until then.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from .._imports import forget, when_imported
+from ..log import logger, warn_once
+
+_installed: dict[str, Any] = {}
+
+
+def _set_knob(obj: Any, name: str, value: Any) -> None:
+    """Set a Triton knob for this process only: knobs export bool/str values to os.environ when
+    set normally, and a child Python without kcache must not inherit them."""
+    desc = getattr(type(obj), name, None)
+    dname = getattr(desc, "name", None)
+    if desc is not None and hasattr(desc, "__set__") and isinstance(dname, str):
+        obj.__dict__[dname] = value
+    else:
+        setattr(obj, name, value)
+
+
+def install(triton: ModuleType | None = None) -> None:
+    """Install kcache's manager, autotune caching and the triton_key memo into Triton now."""
+    import triton as _triton  # noqa: F401  (already imported when called from the hook)
+    from triton import knobs
+
+    from .components import install_component_capture
+    from .keymemo import install_key_memo
+    from .manager import KcacheCacheManager
+
+    if os.environ.get("TRITON_CACHE_MANAGER"):
+        warn_once(
+            "user-manager",
+            f"TRITON_CACHE_MANAGER={os.environ['TRITON_CACHE_MANAGER']} is set: it wins, kcache does not "
+            "cache Triton kernels in this process",
+        )
+    else:
+        _installed["previous_manager"] = knobs.cache.__dict__.get("manager_class")
+        _set_knob(knobs.cache, "manager_class", KcacheCacheManager)
+        _installed["manager"] = True
+    if os.environ.get("TRITON_CACHE_AUTOTUNING", "").strip() == "" and hasattr(knobs, "autotuning"):
+        _set_knob(knobs.autotuning, "cache", True)
+        _installed["autotune"] = True
+    try:
+        install_key_memo()
+    except Exception as e:  # the memo is an optimisation: Triton's own key still works
+        logger.info("triton_key memo not installed: %s", e)
+    try:
+        install_component_capture()
+    except Exception as e:
+        logger.info("key component capture not installed: %s", e)
+
+
+def uninstall() -> None:
+    try:
+        from triton import knobs
+    except Exception:
+        return
+    if _installed.pop("manager", False):
+        knobs.cache.__dict__.pop("manager_class", None)
+        prev = _installed.pop("previous_manager", None)
+        if prev is not None:
+            knobs.cache.__dict__["manager_class"] = prev
+    if _installed.pop("autotune", False):
+        knobs.autotuning.__dict__.pop("cache", None)
+
+
+def _on_import(mod: ModuleType) -> None:
+    install(mod)
+
+
+def attach() -> Callable[[], None]:
+    """Install when triton is imported; returns a function that undoes it."""
+    when_imported("triton", _on_import)
+
+    def detach() -> None:
+        forget("triton", _on_import)
+        uninstall()
+
+    return detach

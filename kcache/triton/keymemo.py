@@ -1,0 +1,168 @@
+"""Remember the hash of libtriton.so across processes: ``triton_key()`` without 0.3-0.75 s.
+
+``triton_key()`` hashes Triton's Python sources (about 10 ms) and the whole libtriton shared
+object (hundreds of MB, almost all of the cost). kcache keeps the library's sha256 in the store,
+keyed by what identifies the file (real path, inode, size, mtime and ctime in ns, Triton
+version), and runs Triton's OWN ``triton_key`` with that one file read replaced: the
+sources are still hashed as Triton hashes them, so an edited source still changes the key, and
+the algorithm is whatever the installed Triton's is (the result is checked to contain the
+digest where the file's hash would be; if not, Triton's own result is used).
+
+Triton's autotuner and torch's Inductor bind ``triton_key`` by name: every loaded module whose
+``triton_key`` is Triton's function gets the memo too, and modules imported later bind the
+patched attribute of ``triton.runtime.cache`` themselves.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import hashlib
+import os
+import sys
+import threading
+import uuid
+from typing import Any
+
+from .. import active_store, fingerprint
+from ..log import logger
+
+KIND = "triton-meta"
+_lock = threading.Lock()
+
+
+def _libtriton_path(cache_mod: Any) -> str | None:
+    import sysconfig
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(cache_mod.__file__)))
+    ext = (sysconfig.get_config_var("EXT_SUFFIX") or ".so").split(".")[-1]
+    p = os.path.join(root, "_C", f"libtriton.{ext}")
+    return p if os.path.exists(p) else None
+
+
+def file_identity(path: str) -> str:
+    st = os.stat(path)
+    real = os.path.realpath(path)
+    return (
+        f"{real}|ino={st.st_ino}|size={st.st_size}|mtime={st.st_mtime_ns}|ctime={st.st_ctime_ns}"
+        f"|triton={fingerprint.current('triton_version')}"
+    )
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def libtriton_digest(path: str) -> tuple[str, bool]:
+    """(sha256 of the file, whether it came from the memo)."""
+    store = active_store()
+    ident = file_identity(path)
+    if store is not None:
+        hit = store.get(KIND, ident, count=False)
+        if hit is not None:
+            digest = hit.read("digest").decode()
+            if len(digest) == 64:
+                return digest, True
+    digest = sha256_file(path)
+    if store is not None:
+        store.put(KIND, ident, {"digest": digest.encode()}, summary={"file": os.path.basename(path)})
+    return digest, False
+
+
+class _SentinelFile:
+    """Stands in for libtriton.so inside Triton's own triton_key(): one unique chunk, then EOF."""
+
+    def __init__(self, chunk: bytes) -> None:
+        self._chunks = [chunk]
+
+    def read(self, *args: Any) -> bytes:
+        return self._chunks.pop() if self._chunks else b""
+
+    def __enter__(self) -> _SentinelFile:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def memo_triton_key(original: Any, cache_mod: Any) -> str:
+    """Triton's own ``original()`` with libtriton's digest taken from the memo."""
+    path = _libtriton_path(cache_mod)
+    if path is None:
+        return original()
+    digest, _ = libtriton_digest(path)
+    chunk = b"kcache-sentinel-" + uuid.uuid4().hex.encode()
+    fake_digest = hashlib.sha256(chunk).hexdigest()
+    real_path = os.path.realpath(path)
+    real_open = builtins.open
+
+    def open_(file: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == real_path:
+                return _SentinelFile(chunk)
+        except Exception:
+            pass
+        return real_open(file, *args, **kwargs)
+
+    target = getattr(original, "__wrapped__", original)
+    g = target.__globals__
+    with _lock:
+        had = "open" in g
+        old = g.get("open")
+        g["open"] = open_
+        try:
+            result = target()
+        finally:
+            if had:
+                g["open"] = old
+            else:
+                g.pop("open", None)
+    if fake_digest not in result:
+        logger.info("triton_key memo: Triton hashed libtriton differently; using its own key")
+        return original()
+    return result.replace(fake_digest, digest)
+
+
+_patched: dict[str, Any] = {}
+
+
+def install_key_memo() -> None:
+    """Replace ``triton_key`` in triton.runtime.cache and in every module that bound it by name."""
+    import triton.runtime.cache as cache_mod
+
+    original = getattr(cache_mod, "triton_key", None)
+    if original is None or getattr(original, "_kcache_memo", False):
+        return
+
+    @functools.cache
+    def triton_key() -> str:
+        try:
+            return memo_triton_key(original, cache_mod)
+        except Exception as e:
+            logger.info("triton_key memo failed (%s); using Triton's", e)
+            return original()
+
+    triton_key._kcache_memo = True  # type: ignore[attr-defined]
+    triton_key._kcache_original = original  # type: ignore[attr-defined]
+    _patched["original"] = original
+    for name, mod in list(sys.modules.items()):
+        if mod is not None and getattr(mod, "triton_key", None) is original:
+            try:
+                mod.triton_key = triton_key
+                _patched[name] = mod
+            except Exception:
+                pass
+    cache_mod.triton_key = triton_key
+
+
+def uninstall_key_memo() -> None:
+    original = _patched.pop("original", None)
+    if original is None:
+        return
+    for mod in list(_patched.values()):
+        mod.triton_key = original
+    _patched.clear()

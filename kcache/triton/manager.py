@@ -1,0 +1,275 @@
+"""A Triton cache manager backed by the kcache store.
+
+Triton builds a manager per key (``cls(key)``, ``cls(key, override=True)``, ``cls(key,
+dump=True)``) and calls four methods. What goes where:
+
+- kernel groups (the IR files, the binary and the metadata ``.json`` that ``put_group``
+  names): members are written to a private scratch folder as they arrive, and ``put_group``
+  commits them as one ``triton`` entry; ``get_group`` returns the entry's verified files;
+- ``<fn>.autotune.json``: a ``triton-autotune`` entry, keyed also by the GPU model that measured
+  the timings (Triton's key names only the target);
+- ``*.so`` (launchers, utility modules): ``triton-aux`` entries, host code loaded with dlopen,
+  trusted because the local store passed its ownership and permission checks when opened.
+
+Returned paths are real files with Triton's names (Triton reads an artifact's type from the
+suffix). When the store is off, read-only or full, ``put`` still returns a real file in the
+scratch folder, so Triton never notices. ``override`` and ``dump`` managers are Triton's own.
+
+A miss on a group takes a per-kernel lock (an flock) until ``put_group``: processes that miss on
+the same kernel at once wait for the first to compile it instead of compiling it too; the wait is
+bounded by :data:`LOCK_TIMEOUT_S` and a holder that dies releases the lock with its process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any
+
+from triton.runtime.cache import CacheManager, FileCacheManager
+
+from .. import active_store
+from ..log import logger, warn_once
+from .components import components_for
+
+LOCK_TIMEOUT_S = 120.0
+KIND_GROUP = "triton"
+KIND_AUTOTUNE = "triton-autotune"
+KIND_AUX = "triton-aux"
+
+_scratch_lock = threading.Lock()
+_scratch_root: str | None = None
+
+
+def kind_of(filename: str) -> str | None:
+    """The kind of a file Triton puts on its own (None: a member of a group)."""
+    if filename.endswith(".autotune.json"):
+        return KIND_AUTOTUNE
+    if filename.endswith((".so", ".pyd", ".dylib")) or ".so." in filename:
+        return KIND_AUX
+    return None
+
+
+def _scratch(store: Any) -> str:
+    """This process's scratch folder: inside the store (same filesystem: members are hard-linked
+    into entries) when writable, else a private temporary folder. Removed at exit."""
+    global _scratch_root
+    with _scratch_lock:
+        if _scratch_root is None or not os.path.isdir(_scratch_root):
+            root = None
+            if store is not None and not store.readonly:
+                try:
+                    root = os.path.join(str(store.tmp), f"triton.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+                    os.mkdir(root, 0o700)
+                except OSError:
+                    root = None
+            if root is None:
+                root = tempfile.mkdtemp(prefix="kcache-triton-")
+            _scratch_root = root
+            atexit.register(shutil.rmtree, root, True)
+        return _scratch_root
+
+
+def _gpu_model() -> str | None:
+    """The model of the GPU Triton is using now (autotune timings are valid only for it)."""
+    try:
+        from triton.runtime import driver
+
+        dev = driver.active.get_current_device()
+    except Exception:
+        dev = 0
+    from ..fingerprint import device_name
+
+    try:
+        return device_name(int(dev))
+    except Exception:
+        return None
+
+
+class KcacheCacheManager(CacheManager):
+    def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+        self.key = key
+        self._file: FileCacheManager | None = None
+        if override or dump:
+            self._file = FileCacheManager(key, override=override, dump=dump)
+            return
+        self._store = active_store()
+        if self._store is None:
+            import kcache
+
+            # Named in TRITON_CACHE_MANAGER without KCACHE=1: turn on with the environment's settings.
+            if kcache.enable(triton=False) and kcache.active_store() is not None:
+                self._store = kcache.active_store()
+        self._dir: str | None = None
+        self._staged: dict[str, str] = {}
+        self._lock: Any = None
+        self._miss_t: dict[str, float] = {}
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _stage_dir(self) -> str:
+        if self._dir is None:
+            d = os.path.join(_scratch(self._store), uuid.uuid4().hex[:16])
+            os.mkdir(d, 0o700)
+            self._dir = d
+        return self._dir
+
+    def _skey(self, filename: str, kind: str | None) -> str:
+        if kind == KIND_AUTOTUNE:
+            return f"{self.key}/{filename}@{_gpu_model() or 'no-gpu'}"
+        return f"{self.key}/{filename}"
+
+    def _write_scratch(self, data: bytes, filename: str) -> str:
+        path = os.path.join(self._stage_dir(), filename)
+        tmp = f"{path}.tmp.{uuid.uuid4().hex[:8]}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        self._staged[filename] = path
+        return path
+
+    # -- the CacheManager interface --------------------------------------------------------------
+    def get_file(self, filename: str) -> str | None:
+        if self._file is not None:
+            return self._file.get_file(filename)
+        if filename in self._staged:
+            return self._staged[filename]
+        kind = kind_of(filename)
+        if kind is None or self._store is None:
+            return None
+        try:
+            comps = components_for(self.key, filename)
+            if kind == KIND_AUTOTUNE:
+                comps["gpu_name"] = _gpu_model()
+            hit = self._store.get(kind, self._skey(filename, kind), comps)
+        except Exception as e:
+            warn_once("triton-get", f"kcache lookup failed ({e}); compiling")
+            return None
+        if hit is None:
+            self._miss_t[filename] = time.perf_counter()
+            return None
+        return hit.paths.get(filename)
+
+    def put(self, data: Any, filename: str, binary: bool = True) -> str:
+        if self._file is not None:
+            return self._file.put(data, filename, binary=binary)
+        # As FileCacheManager: bytes as they are, anything else (str, MLIR modules) as str(data).
+        blob = data if isinstance(data, bytes) else str(data).encode("utf-8")
+        kind = kind_of(filename)
+        if kind is not None and self._store is not None:
+            try:
+                t0 = self._miss_t.pop(filename, None)
+                comps = components_for(self.key, filename)
+                if kind == KIND_AUTOTUNE:
+                    comps["gpu_name"] = _gpu_model()
+                hit = self._store.put(
+                    kind,
+                    self._skey(filename, kind),
+                    {filename: blob},
+                    components=comps,
+                    summary=_summary(kind, filename, blob, comps),
+                    compile_s=(time.perf_counter() - t0) if t0 is not None else 0.0,
+                )
+                if hit is not None and filename in hit.paths:
+                    return hit.paths[filename]
+            except Exception as e:
+                warn_once("triton-put", f"kcache could not store {filename} ({e})")
+        return self._write_scratch(blob, filename)
+
+    def get_group(self, filename: str) -> dict[str, str] | None:
+        if self._file is not None:
+            return self._file.get_group(filename)
+        store = self._store
+        if store is None:
+            return None
+        skey = self._skey(filename, None)
+        try:
+            comps = components_for(self.key, filename)
+            hit = store.get(KIND_GROUP, skey, comps)
+            if hit is None:
+                self._miss_t[filename] = time.perf_counter()
+                # Single flight: whoever holds the kernel's lock is compiling it; wait, then look again.
+                self._lock = store.lock(KIND_GROUP, skey, LOCK_TIMEOUT_S)
+                if self._lock is not None:
+                    hit = store.get(KIND_GROUP, skey, count=False)
+                    if hit is not None:
+                        self._release()
+                        store.counts.add(KIND_GROUP, hits=1, misses=-1, waited=1)
+                    else:
+                        self._miss_t[filename] = time.perf_counter()
+        except Exception as e:
+            warn_once("triton-group", f"kcache lookup failed ({e}); compiling")
+            return None
+        if hit is None:
+            return None
+        return dict(hit.paths)
+
+    def put_group(self, filename: str, group: dict[str, str]) -> str | None:
+        if self._file is not None:
+            return self._file.put_group(filename, group)
+        try:
+            if self._store is None:
+                return None
+            files = {}
+            for child, path in group.items():
+                if not isinstance(path, str) or not os.path.isfile(path):
+                    raise FileNotFoundError(f"group member {child} is not a file: {path!r}")
+                files[child] = path
+            t0 = self._miss_t.pop(filename, None)
+            comps = components_for(self.key, filename)
+            meta = files.get(filename)
+            self._store.put(
+                KIND_GROUP,
+                self._skey(filename, None),
+                files,
+                components=comps,
+                summary=_summary(KIND_GROUP, filename, open(meta, "rb").read() if meta else b"", comps),
+                compile_s=(time.perf_counter() - t0) if t0 is not None else 0.0,
+            )
+        except Exception as e:
+            warn_once("triton-put-group", f"kcache could not store kernel {filename} ({e})")
+        finally:
+            self._release()
+        return None
+
+    def _release(self) -> None:
+        lk, self._lock = self._lock, None
+        if lk is not None:
+            try:
+                lk.release()
+            except Exception as e:
+                logger.debug("lock release: %s", e)
+
+    def __del__(self) -> None:  # a compile that raised: let the waiters go
+        try:
+            self._release()
+        except Exception:
+            pass
+
+
+def _summary(kind: str, filename: str, blob: bytes, comps: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"file": filename}
+    if kind == KIND_GROUP and blob:
+        try:
+            meta = json.loads(blob)
+            target = meta.get("target") or {}
+            out.update(
+                name=meta.get("name"),
+                target=f"{target.get('backend')}:{target.get('arch')}" if target else None,
+                num_warps=meta.get("num_warps"),
+                num_stages=meta.get("num_stages"),
+                triton_version=comps.get("triton_version"),
+            )
+        except Exception:
+            pass
+    elif kind == KIND_AUTOTUNE:
+        out["gpu_name"] = comps.get("gpu_name")
+    for k in ("kernel", "triton_version", "python_abi"):
+        if comps.get(k) is not None and k not in out:
+            out[k] = comps[k]
+    return out
