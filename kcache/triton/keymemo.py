@@ -132,8 +132,12 @@ _patched: dict[str, Any] = {}
 
 def install_key_memo() -> None:
     """Replace ``triton_key`` in triton.runtime.cache and in every module that bound it by name."""
-    import triton.runtime.cache as cache_mod
+    import importlib
 
+    # 3.5+ define triton_key in triton.runtime.cache; 3.4 in triton.compiler.compiler.
+    cache_mod = importlib.import_module("triton.runtime.cache")
+    if not hasattr(cache_mod, "triton_key"):
+        cache_mod = importlib.import_module("triton.compiler.compiler")
     original = getattr(cache_mod, "triton_key", None)
     if original is None or getattr(original, "_kcache_memo", False):
         return
