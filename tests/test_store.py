@@ -1,0 +1,1057 @@
+"""The local store (issue 7, point 4): round trips, integrity, the index as a trust boundary,
+eviction, counters, concurrency, failure modes and the safety checks on the store directory.
+
+Each test fails when the behaviour it names breaks: corrupt entries must be misses (never
+served), hostile index rows must be refused without running or touching anything, and every
+failure must degrade to a miss or a skipped write without raising.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import diskcache
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kcache import report
+from kcache.store import Store, StoreError
+from kcache.store import local as store_local
+from kcache.store.index import CorruptIndex, Index
+from kcache.store.records import RECORD_NAME, FileInfo, Record, crc32, valid_name
+from kcache.store.safety import fs_type, is_network_fs
+
+PYTHON = sys.executable
+
+# A group shaped like one of Triton's: several files, a few KB in all, Triton's names.
+TRITON_GROUP = {
+    "add_kernel.ttir": b"module { tt.func @add_kernel() }\n" * 20,
+    "add_kernel.ttgir": b"#blocked = #ttg.blocked<{}>\n" * 30,
+    "add_kernel.llir": b"define void @add_kernel() {}\n" * 40,
+    "add_kernel.ptx": b".version 8.4\n.target sm_90a\n" * 30,
+    "add_kernel.cubin": bytes(range(256)) * 6,
+    "add_kernel.json": b'{"name": "add_kernel", "num_warps": 4}',
+    "__grp__add_kernel.json": b'{"child_paths": {"add_kernel.cubin": "add_kernel.cubin"}}',
+    "__triton_launcher.cpython-311-x86_64-linux-gnu.so": b"\x7fELF" + b"\0" * 512,
+}
+
+
+def read_all(hit) -> dict[str, bytes]:
+    return {name: hit.read(name) for name in hit.paths}
+
+
+def index_row(store: Store, ident: str):
+    return (
+        store.index()
+        .cache._sql("SELECT key, access_time, size, mode, filename FROM Cache WHERE key = ?", (ident,))
+        .fetchone()
+    )
+
+
+def backdate(store: Store, ident: str, seconds_ago: float) -> None:
+    """Make an entry look last used ``seconds_ago``: its record's mtime and its index row."""
+    t = time.time() - seconds_ago
+    os.utime(os.path.join(store.entry_dir(ident), RECORD_NAME), (t, t))
+    store.index().touch({ident: (t, 0)})
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every file and directory under root with its kind, size, mode and mtime (ns)."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            st_ = os.lstat(p)
+            out[os.path.relpath(p, root)] = (
+                stat.S_IFMT(st_.st_mode),
+                st_.st_size,
+                st_.st_mode,
+                st_.st_mtime_ns,
+            )
+    return out
+
+
+def run_py(code: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, "-c", code], capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
+
+
+# ---------------------------------------------------------------------------------------- round trips
+VALUES = {
+    "bytes": {"a.bin": b"hello kcache"},
+    "bytearray": {"a.bin": bytearray(b"\x00\x01\x02")},
+    "memoryview": {"a.bin": memoryview(b"view of bytes")},
+    "empty": {"empty.cubin": b""},
+    "large_2mb": {"big.cubin": os.urandom(2 * 1024 * 1024)},
+    "many_members": {f"m{i:03d}.json": f'{{"i": {i}}}'.encode() * (i + 1) for i in range(200)},
+    "triton_group": TRITON_GROUP,
+    "dotted_names": {
+        "k.cubin": b"c",
+        "k.json": b"{}",
+        "__grp__x.json": b"{}",
+        "__triton_launcher.cpython-311-x86_64-linux-gnu.so": b"\x7fELF",
+        "fn.autotune.json": b"[]",
+        "a-b_c+d=e@f,g.ptx": b".ptx",
+    },
+}
+
+
+@pytest.mark.parametrize("case", sorted(VALUES))
+def test_round_trip(store: Store, case: str) -> None:
+    files = VALUES[case]
+    expected = {k: bytes(v) for k, v in files.items()}
+    put = store.put("triton", f"key-{case}", files, summary={"name": case}, compile_s=0.5)
+    assert put is not None
+    assert read_all(put) == expected
+
+    hit = store.get("triton", f"key-{case}")
+    assert hit is not None
+    assert read_all(hit) == expected
+    assert hit.record.kind == "triton" and hit.record.key == f"key-{case}"
+    assert hit.record.summary == {"name": case}
+    assert hit.record.size == sum(len(v) for v in expected.values())
+    for name, path in hit.paths.items():
+        # Triton reads an artifact's type from the path's suffix: real files, names kept.
+        assert os.path.basename(path) == name
+        assert os.path.isfile(path) and not os.path.islink(path)
+    # A fresh Store instance (another process) sees the same entry.
+    other = Store.open(store.root)
+    assert read_all(other.get("triton", f"key-{case}")) == expected
+    other.close()
+
+
+@pytest.mark.parametrize("link_works", [True, False], ids=["linked", "copied"])
+def test_round_trip_path_source(store: Store, tmp_path: Path, monkeypatch, link_works: bool) -> None:
+    src = tmp_path / "src" / "k.cubin"
+    src.parent.mkdir()
+    data = os.urandom(70_000)
+    src.write_bytes(data)
+    other = tmp_path / "src" / "k.json"
+    other.write_text('{"a": 1}')
+    if not link_works:
+
+        def no_link(*a, **k):
+            raise OSError(18, "Invalid cross-device link")
+
+        monkeypatch.setattr(store_local.os, "link", no_link)
+    h = store.put("triton", "pathsrc", {"k.cubin": src, "k.json": str(other), "k.ptx": b"ptx"})
+    assert h is not None
+    assert read_all(store.get("triton", "pathsrc")) == {
+        "k.cubin": data,
+        "k.json": b'{"a": 1}',
+        "k.ptx": b"ptx",
+    }
+    assert src.read_bytes() == data  # the source is left alone
+    assert os.path.realpath(h.paths["k.cubin"]).startswith(str(store.root))
+    # If the caller later rewrites its source in place (a hard link shares it), the entry must be a
+    # miss rather than serve bytes that do not match its record.
+    with open(src, "r+b") as f:
+        f.write(b"\xff" * 16)
+    h2 = store.get("triton", "pathsrc")
+    assert h2 is None or read_all(h2)["k.cubin"] == data
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    files=st.dictionaries(
+        st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.+=@,-]{0,30}", fullmatch=True).filter(valid_name),
+        st.binary(max_size=3000),
+        min_size=1,
+        max_size=8,
+    ),
+    key=st.text(min_size=0, max_size=60),
+)
+def test_round_trip_property(store: Store, files: dict[str, bytes], key: str) -> None:
+    h = store.put("prop", key, files)
+    assert h is not None
+    hit = store.get("prop", key)
+    assert hit is not None and hit.record.key == key
+    got = read_all(hit)
+    # Entries are immutable: an earlier example may have stored this key first.
+    assert got == files or got == read_all(h)
+
+
+def test_miss_and_key_tag(store_dir: Path) -> None:
+    a = Store.open(store_dir)
+    assert a.get("triton", "nothing") is None
+    a.put("triton", "k", {"a.bin": b"1"})
+    tagged = Store.open(store_dir, key_tag="salt")
+    assert tagged.get("triton", "k") is None  # the tag breaks the cache on purpose
+    assert a.get("triton-autotune", "k") is None  # kinds do not share entries
+    assert a.get("triton", "k") is not None
+    a.close()
+    tagged.close()
+
+
+# ---------------------------------------------------------------------------------- integrity
+def _put(store: Store, key: str = "k", files=None):
+    h = store.put("triton", key, files or TRITON_GROUP)
+    assert h is not None
+    return h
+
+
+def _assert_quarantined(store: Store, h, kcache_warnings) -> None:
+    assert store.get("triton", h.record.key) is None
+    assert not os.path.exists(h.dir), "a corrupt entry is removed"
+    assert h.record.id not in store.index().ids(), "and so is its index row"
+    assert store.counts.process_totals()["triton"]["errors"] == 1
+    assert len([m for m in kcache_warnings if "corrupt" in m]) == 1
+    # The key can be stored again.
+    assert store.put("triton", h.record.key, TRITON_GROUP) is not None
+    assert read_all(store.get("triton", h.record.key)) == TRITON_GROUP
+
+
+def test_missing_member_is_a_miss(store: Store, kcache_warnings) -> None:
+    h = _put(store)
+    os.unlink(h.paths["add_kernel.cubin"])
+    _assert_quarantined(store, h, kcache_warnings)
+
+
+def test_flipped_byte_is_a_miss(store: Store, kcache_warnings) -> None:
+    h = _put(store)
+    p = h.paths["add_kernel.ptx"]
+    data = bytearray(Path(p).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    Path(p).write_bytes(bytes(data))
+    _assert_quarantined(store, h, kcache_warnings)
+
+
+@pytest.mark.parametrize("change", ["truncated", "grown", "emptied"])
+def test_resized_member_is_a_miss(store: Store, kcache_warnings, change: str) -> None:
+    h = _put(store)
+    p = h.paths["add_kernel.llir"]
+    data = Path(p).read_bytes()
+    Path(p).write_bytes({"truncated": data[: len(data) // 2], "grown": data + b"\0", "emptied": b""}[change])
+    _assert_quarantined(store, h, kcache_warnings)
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [b"", b"KCR1", b"garbage" * 50, os.urandom(300), "torn"],
+    ids=["empty", "header-only", "text", "random", "torn"],
+)
+def test_garbage_record_is_a_miss(store: Store, kcache_warnings, garbage) -> None:
+    h = _put(store)
+    rec = os.path.join(h.dir, RECORD_NAME)
+    if garbage == "torn":
+        garbage = Path(rec).read_bytes()[:-7]
+    Path(rec).write_bytes(garbage)
+    _assert_quarantined(store, h, kcache_warnings)
+
+
+def test_record_of_another_schema_is_a_miss(store: Store, kcache_warnings) -> None:
+    h = _put(store)
+    rec = h.record
+    rec.schema = 2
+    Path(h.dir, RECORD_NAME).write_bytes(rec.encode())
+    _assert_quarantined(store, h, kcache_warnings)
+
+
+def test_symlinked_member_is_refused(store: Store, tmp_path: Path, kcache_warnings) -> None:
+    h = _put(store)
+    p = h.paths["add_kernel.cubin"]
+    outside = tmp_path / "outside.cubin"
+    outside.write_bytes(Path(p).read_bytes())  # same bytes, same checksum: only the link is wrong
+    os.unlink(p)
+    os.symlink(outside, p)
+    _assert_quarantined(store, h, kcache_warnings)
+    assert outside.exists()
+
+
+def test_symlinked_record_and_entry_dir_are_refused(store: Store, tmp_path: Path) -> None:
+    h = _put(store, "a")
+    rec = os.path.join(h.dir, RECORD_NAME)
+    elsewhere = tmp_path / "rec"
+    shutil.copyfile(rec, elsewhere)
+    os.unlink(rec)
+    os.symlink(elsewhere, rec)
+    assert store.get("triton", "a") is None
+
+    h2 = _put(store, "b")
+    real = tmp_path / "realdir"
+    shutil.copytree(h2.dir, real)
+    shutil.rmtree(h2.dir)
+    os.symlink(real, h2.dir)
+    assert store.get("triton", "b") is None
+    assert real.exists() and (real / RECORD_NAME).exists(), "nothing outside the store is removed"
+
+
+@pytest.mark.parametrize("field", ["id", "key", "kind"])
+def test_record_not_matching_its_dir_is_refused(store: Store, field: str) -> None:
+    a = _put(store, "a")
+    b = _put(store, "b", {"x.bin": b"b"})
+    if field == "id":
+        # Entry a's files and record moved into b's directory: a valid entry, in the wrong place.
+        shutil.rmtree(b.dir)
+        shutil.copytree(a.dir, b.dir)
+        assert store.get("triton", "b") is None
+        assert store.get("triton", "a") is not None
+        return
+    rec = b.record
+    setattr(rec, field, "other" if field == "key" else "triton-aux")
+    Path(b.dir, RECORD_NAME).write_bytes(rec.encode())  # same id, another key or kind
+    assert store.get("triton", "b") is None
+
+
+@pytest.mark.parametrize(
+    "name", ["../x", "/etc/passwd", "a/b", "", ".", "..", ".hidden", RECORD_NAME, "a\0b"]
+)
+def test_escaping_member_name_rejected_at_put(
+    store: Store, tmp_path: Path, name: str, kcache_warnings
+) -> None:
+    before = set(os.listdir(tmp_path))
+    assert store.put("triton", "bad", {"ok.bin": b"1", name: b"evil"}) is None
+    assert store.get("triton", "bad") is None
+    assert set(os.listdir(tmp_path)) == before
+    assert os.listdir(store.tmp) == []
+    assert not os.path.exists(tmp_path / "x")
+    assert any("invalid member name" in m for m in kcache_warnings)
+
+
+@pytest.mark.parametrize("name", ["../outside.bin", "/etc/hostname", "sub/inner.bin", ".."])
+def test_escaping_member_name_in_crafted_record(store: Store, name: str) -> None:
+    h = _put(store, "k", {"a.bin": b"a"})
+    # Make the crafted member's target exist with matching size and checksum, so that only the
+    # name check stands between the record and a file outside the entry.
+    if name == "/etc/hostname":
+        if not os.path.isfile(name):
+            pytest.skip("no /etc/hostname")
+        target = name
+    elif name == "..":
+        target = None
+    else:
+        target = os.path.normpath(os.path.join(h.dir, name))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        Path(target).write_bytes(b"secret")
+    data = Path(target).read_bytes() if target else b""
+    rec = h.record
+    rec.files.append(FileInfo(name, len(data), crc32(data), ""))
+    Path(h.dir, RECORD_NAME).write_bytes(rec.encode())
+    assert store.get("triton", "k") is None
+    if target and name != "/etc/hostname" and not target.startswith(h.dir + os.sep):
+        assert os.path.exists(target), "a file outside the entry is never removed"
+
+
+# ----------------------------------------------------------------------- the index as trust boundary
+def _pickle_payload(marker: Path) -> bytes:
+    """Protocol-0 pickle bytes (written out by hand, no pickle import) that create ``marker``
+    when unpickled: ``builtins.open(marker, 'w')``."""
+    assert "'" not in str(marker) and "\n" not in str(marker)
+    return f"cbuiltins\nopen\n(S'{marker}'\nS'w'\ntR.".encode()
+
+
+_INSERT = (
+    "INSERT INTO Cache (key, raw, store_time, expire_time, access_time, access_count, tag, size,"
+    " mode, filename, value) VALUES (?, ?, 0, NULL, ?, 0, ?, ?, ?, ?, ?)"
+)
+
+
+def test_payload_is_live_with_plain_diskcache(tmp_path: Path) -> None:
+    """The control: the same row read by diskcache's own Disk runs the payload. Without this the
+    refusal tests below would prove nothing."""
+    marker = tmp_path / "MARKER"
+    c = diskcache.Cache(str(tmp_path / "plain"))
+    c._sql(_INSERT, ("evil", 1, 0.0, "t", 10, diskcache.core.MODE_PICKLE, None, _pickle_payload(marker)))
+    try:
+        c.get("evil")
+    except Exception:
+        pass
+    c.close()
+    assert marker.exists()
+
+
+def test_pickle_rows_refused_and_never_run(store: Store, tmp_path: Path) -> None:
+    marker_v = tmp_path / "MARKER_VALUE"
+    marker_k = tmp_path / "MARKER_KEY"
+    marker_e = tmp_path / "MARKER_EXISTING"
+    good = _put(store, "good")
+    evil_id = "e" * 40
+    idx = store.index()
+    sql = idx.cache._sql
+    # A new row whose value is a pickle, a row whose key is a pickle (raw = 0), and an existing
+    # entry's row rewritten to pickle mode.
+    sql(
+        _INSERT, (evil_id, 1, 0.0, "triton", 100, diskcache.core.MODE_PICKLE, None, _pickle_payload(marker_v))
+    )
+    sql(_INSERT, (_pickle_payload(marker_k), 0, 0.0, "triton", 100, diskcache.core.MODE_RAW, None, b"x"))
+    sql(
+        "UPDATE Cache SET mode = ?, value = ? WHERE key = ?",
+        (diskcache.core.MODE_PICKLE, _pickle_payload(marker_e), good.record.id),
+    )
+
+    with pytest.raises(CorruptIndex):
+        idx.get_record(evil_id)
+    with pytest.raises(CorruptIndex):
+        idx.get_record(good.record.id)
+    with pytest.raises(CorruptIndex):
+        idx.cache.get(evil_id)
+    with pytest.raises(CorruptIndex):
+        list(idx.cache)  # diskcache's iteration decodes keys through the Disk
+    rows = list(idx.rows())
+    errors = [r for r in rows if r[5] is not None]
+    assert len(errors) == 3 and all(r[4] is None for r in errors)
+    # Everything kcache does with the index goes on working around the bad rows.
+    assert store.get("triton", "good") is not None  # hits do not read the index
+    store.flush(force=True)
+    report.store_stats(store)
+    idx.totals()
+    idx.ids()
+    store.evict(target=0)
+    store.close()
+    reopened = Store.open(store.root)
+    reopened.put("triton", "after", {"a.bin": b"a"})
+    list(reopened.index().rows())
+    reopened.close()
+    assert not marker_v.exists() and not marker_k.exists() and not marker_e.exists()
+
+
+def test_row_with_filename_outside_the_store_is_never_read_or_deleted(store: Store, tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    victim_dir = tmp_path / "victimdir"
+    victim_dir.mkdir()
+    (victim_dir / "f").write_text("precious")
+    idx = store.index()
+    rel = os.path.relpath(victim, idx.directory)
+    rows = [
+        ("a" * 40, diskcache.core.MODE_BINARY, str(victim)),
+        ("b" * 40, diskcache.core.MODE_TEXT, rel),
+        ("c" * 40, diskcache.core.MODE_RAW, str(victim)),
+        ("d" * 40, diskcache.core.MODE_PICKLE, str(victim)),
+    ]
+    for ident, mode, fn in rows:
+        idx.cache._sql(_INSERT, (ident, 1, 0.0, "triton", 100, mode, fn, None))
+    # A key that is a path: eviction turns ids into directories (entries/<id[:2]>/<id>), and must
+    # not follow this one out of the store.
+    escape = os.path.relpath(victim_dir, store.root)
+    assert escape.startswith("..") and os.path.realpath(store.entry_dir(escape)) == str(victim_dir)
+    idx.cache._sql(_INSERT, (escape, 1, 0.0, "triton", 100, diskcache.core.MODE_RAW, None, b"x"))
+
+    for ident, _mode, _fn in rows:
+        with pytest.raises(CorruptIndex):
+            idx.get_record(ident)
+        with pytest.raises(CorruptIndex):
+            idx.cache.get(ident)
+    assert all(r[4] is None and r[5] for r in idx.rows())
+    store.evict(target=0)
+    store.remove([r[0] for r in rows] + [escape])
+    idx.cache._sql(_INSERT, ("f" * 40, 1, 0.0, "triton", 100, diskcache.core.MODE_BINARY, str(victim), None))
+    idx.cache.delete("f" * 40)
+    idx.cache._sql(_INSERT, ("f" * 40, 1, 0.0, "triton", 100, diskcache.core.MODE_BINARY, str(victim), None))
+    idx.cache.clear()
+    assert victim.read_text() == "precious"
+    assert (victim_dir / "f").read_text() == "precious"
+
+
+def test_filename_row_control_plain_diskcache_reads_and_deletes(tmp_path: Path) -> None:
+    """Control for the test above: diskcache's own Disk reads and deletes such a file."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    c = diskcache.Cache(str(tmp_path / "plain"))
+    c._sql(_INSERT, ("k", 1, 0.0, "t", 1, diskcache.core.MODE_TEXT, str(victim), None))
+    assert c.get("k") == "precious"
+    c.delete("k")
+    c.close()
+    assert not victim.exists()
+
+
+def test_crafted_settings_cannot_bring_culling_back(store: Store) -> None:
+    idx = store.index()
+    for k, v in (("size_limit", 1), ("cull_limit", 10), ("eviction_policy", "least-recently-used")):
+        idx.cache._sql("UPDATE Settings SET value = ? WHERE key = ?", (v, k))
+    store.close()
+    s = Store.open(store.root)
+    for i in range(5):
+        s.put("triton", f"k{i}", {"a.bin": b"x" * 1000})
+    assert len(s.index().ids()) == 5
+    assert s.index().cache.size_limit >= 2**62 and s.index().cache.cull_limit == 0
+    s.close()
+
+
+# ---------------------------------------------------------------------------------------- eviction
+def test_eviction_keeps_the_store_under_the_bound(store_dir: Path, monkeypatch) -> None:
+    monkeypatch.setattr(store_local, "GRACE_S", 0.0)
+    max_size = 20_000
+    s = Store.open(store_dir, max_size=max_size)
+    ids = []
+    for i in range(60):
+        h = s.put("triton", f"k{i}", {"a.bin": os.urandom(1000)})
+        assert h is not None
+        ids.append(h.record.id)
+        time.sleep(0.002)  # distinct last-use times
+        s.evict()  # the store also evicts on its own; here after every put to check the bound
+        assert s.index().total_bytes() <= max_size
+    on_disk = sum(
+        len(Path(p).read_bytes()) for i in s.iter_entry_ids() for p in s.read_any(i)[0].paths.values()
+    )
+    assert on_disk <= max_size
+    assert on_disk == s.index().total_bytes()
+    assert set(s.iter_entry_ids()) == s.index().ids()
+    survivors = [i for i in ids if os.path.exists(s.entry_dir(i))]
+    assert survivors == ids[-len(survivors) :], "the most recently used survive, in order"
+    assert 10 <= len(survivors) <= 20
+    s.flush(force=True)
+    assert s.index().counters()["store"]["evictions"] == 60 - len(survivors)
+    s.close()
+
+
+def test_eviction_runs_on_put_without_being_asked(store_dir: Path, monkeypatch) -> None:
+    monkeypatch.setattr(store_local, "GRACE_S", 0.0)
+    s = Store.open(store_dir, max_size=10_000)
+    for i in range(40):
+        s.put("triton", f"k{i}", {"a.bin": os.urandom(1000)})
+    assert s.index().total_bytes() <= 10_000
+    assert len(list(s.iter_entry_ids())) <= 10
+    assert s.get("triton", "k39") is not None
+    s.close()
+
+
+def test_eviction_is_least_recently_used(store_dir: Path, monkeypatch) -> None:
+    monkeypatch.setattr(store_local, "GRACE_S", 0.0)
+    s = Store.open(store_dir, max_size=1 << 30)
+    for i in range(10):
+        s.put("triton", f"k{i}", {"a.bin": b"x" * 1000})
+        time.sleep(0.002)
+    time.sleep(0.01)
+    assert s.get("triton", "k0") is not None  # used last: must survive
+    s.max_size = 5_000
+    s.evict(target=5_000)
+    alive = {i for i in range(10) if s.get("triton", f"k{i}", count=False) is not None}
+    assert 0 in alive and 1 not in alive and 9 in alive
+    s.close()
+
+
+def test_entries_hit_within_the_grace_period_survive(store_dir: Path) -> None:
+    writer = Store.open(store_dir, max_size=1 << 30)
+    ids = [writer.put("triton", f"k{i}", {"a.bin": b"x" * 1000}).record.id for i in range(10)]
+    for n, i in enumerate(ids):
+        backdate(writer, i, 3600 - n)  # all long unused
+    # Another process hits k3 and has not flushed its last-use batch to the index yet: the hit's
+    # record mtime is what protects the files it just returned.
+    reader = Store.open(store_dir)
+    assert reader.get("triton", "k3") is not None
+    assert writer.index().get_record(ids[3]) is not None
+    removed, _ = writer.evict(target=0)
+    assert removed == 9
+    assert writer.get("triton", "k3", count=False) is not None
+    assert all(writer.get("triton", f"k{i}", count=False) is None for i in range(10) if i != 3)
+    reader.close()
+    writer.close()
+
+
+def test_protected_entries_survive_until_their_first_hit(store_dir: Path, monkeypatch) -> None:
+    s = Store.open(store_dir, max_size=1 << 30)
+    p = s.put("triton", "prewarmed", {"a.bin": b"p" * 1000}, protect_s=3600).record.id
+    others = [s.put("triton", f"k{i}", {"a.bin": b"x" * 1000}).record.id for i in range(5)]
+    for i in others:
+        backdate(s, i, 7200)
+    assert s.evict(target=0)[0] == 5
+    assert s.get("triton", "prewarmed", count=False) is not None
+    # Even with no grace period at all, the protection holds until the entry is used.
+    monkeypatch.setattr(store_local, "GRACE_S", 0.0)
+    assert s.evict(target=0)[0] == 0
+    assert s.get("triton", "prewarmed") is not None  # the first hit ends the protection
+    time.sleep(0.01)
+    assert os.path.getmtime(os.path.join(s.entry_dir(p), RECORD_NAME)) <= time.time()
+    assert s.evict(target=0)[0] == 1
+    assert s.get("triton", "prewarmed") is None
+    s.close()
+
+
+# ---------------------------------------------------------------------------------------- counters
+def test_counters_persist_across_instances(store_dir: Path) -> None:
+    a = Store.open(store_dir)
+    a.put("triton", "k", {"a.bin": b"a"}, compile_s=1.5)
+    a.put("nvfuser", "n", {"n.bin": b"n"}, compile_s=0.25)
+    assert a.get("triton", "k") is not None
+    assert a.get("triton", "k") is not None
+    assert a.get("nvfuser", "n") is not None
+    assert a.get("triton", "nope") is None
+    bad = a.put("triton", "bad", {"b.bin": b"b"})
+    Path(bad.paths["b.bin"]).write_bytes(b"B")
+    assert a.get("triton", "bad") is None
+    a.flush(force=True)
+    a.close()
+
+    b = Store.open(store_dir)
+    c = b.index().counters()
+    assert c["triton"]["hits"] == 2
+    assert c["triton"]["misses"] == 2  # the unknown key and the corrupt entry
+    assert c["triton"]["puts"] == 2
+    assert c["triton"]["errors"] == 1
+    assert c["triton"]["saved_s"] == pytest.approx(3.0)
+    assert c["triton"]["bytes_written"] == 2
+    assert c["nvfuser"]["saved_s"] == pytest.approx(0.25)
+    assert b.get("triton", "k") is not None
+    b.close()  # close flushes
+
+    s = Store.open(store_dir)
+    st_ = report.store_stats(s)
+    assert st_["hits"] == 4 and st_["by_kind"]["triton"]["hits"] == 3
+    assert st_["misses"] == 2
+    assert st_["saved_s"] == pytest.approx(4.75)
+    assert st_["entries"] == 2 and st_["by_kind"]["triton"]["entries"] == 1
+    assert st_["hit_rate"] == pytest.approx(4 / 6)
+    s.close()
+
+
+def test_counters_are_kept_when_the_index_is_busy(store_dir: Path, monkeypatch) -> None:
+    s = Store.open(store_dir)
+    s.put("triton", "k", {"a.bin": b"a"})
+    s.flush(force=True)
+    real = s._index_call
+
+    def busy(fn):
+        s._index_off_until = time.monotonic() + 30
+        return None
+
+    monkeypatch.setattr(s, "_index_call", busy)
+    assert s.get("triton", "k") is not None
+    s.flush(force=True)  # fails: the counts must come back for the next flush
+    monkeypatch.setattr(s, "_index_call", real)
+    s._index_off_until = 0.0
+    s.flush(force=True)
+    assert s.index().counters()["triton"]["hits"] == 1
+    s.close()
+
+
+def test_hits_do_not_write_the_index(store: Store) -> None:
+    store.put("triton", "k", {"a.bin": b"a"})
+    store.flush(force=True)
+    db = store.index_dir / "cache.db"
+    before = (db.stat().st_mtime_ns, (store.index_dir / "cache.db-wal").stat().st_size)
+    for _ in range(50):
+        assert store.get("triton", "k") is not None
+    after = (db.stat().st_mtime_ns, (store.index_dir / "cache.db-wal").stat().st_size)
+    assert before == after, "hits are batched, not one write each"
+    store.flush(force=True)
+    assert store.index().counters()["triton"]["hits"] == 50
+
+
+# ------------------------------------------------------------------------------------- concurrency
+WORKER = textwrap.dedent(
+    """
+    import hashlib, json, sys, time
+    from kcache.store import Store
+    root, wid, start = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+
+    def content(key):
+        h = hashlib.sha256(key.encode()).digest()
+        return {
+            "k.ttir": h * 40,
+            "k.cubin": h[::-1] * 100,
+            "k.json": json.dumps({"key": key}).encode(),
+            "__grp__k.json": key.encode() * 3,
+        }
+
+    s = Store.open(root, max_size=1 << 30)
+    keys = [f"shared-{j}" for j in range(30)] + [f"own-{wid}-{j}" for j in range(20)]
+    while time.time() < start:
+        time.sleep(0.001)
+    bad = 0
+    for rnd in range(3):
+        for key in keys if (wid + rnd) % 2 else reversed(keys):
+            h = s.get("triton", key)
+            if h is None:
+                h = s.put("triton", key, content(key), compile_s=0.1)
+            if h is None or {n: h.read(n) for n in h.paths} != content(key):
+                bad += 1
+    s.close()
+    print(json.dumps({"bad": bad, "counts": s.counts.process_totals()}))
+    """
+)
+
+
+def test_concurrent_processes(tmp_path: Path, clean_env) -> None:
+    root = tmp_path / "shared"
+    Store.open(root).close()
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    start = time.time() + 1.5
+    n = 4
+    procs = [
+        subprocess.Popen(
+            [PYTHON, str(script), str(root), str(w), str(start)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env,
+        )
+        for w in range(n)
+    ]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        assert "kcache" not in err, err  # no warnings: nothing failed, nothing was corrupt
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert all(r["bad"] == 0 for r in results)
+    assert all(r["counts"]["triton"].get("errors", 0) == 0 for r in results)
+    puts = sum(r["counts"]["triton"].get("puts", 0) for r in results)
+    distinct = 30 + 20 * n
+    assert puts == distinct, "a racing second writer gets the first one's entry, not a second put"
+
+    s = Store.open(root)
+    assert len(list(s.iter_entry_ids())) == distinct
+    assert s.index().ids() == set(s.iter_entry_ids())
+    assert os.listdir(s.tmp) == []
+    for key in [f"shared-{j}" for j in range(30)] + [f"own-{w}-{j}" for w in range(n) for j in range(20)]:
+        assert s.get("triton", key) is not None
+    c = s.index().counters()["triton"]
+    assert c["hits"] + c["misses"] == n * 50 * 3
+    s.close()
+
+
+def test_two_writers_of_one_entry_first_commit_wins(store_dir: Path) -> None:
+    a = Store.open(store_dir)
+    b = Store.open(store_dir)
+    first = a.put("triton", "same", {"k.cubin": b"first"})
+    second = b.put("triton", "same", {"k.cubin": b"second", "k.json": b"{}"})
+    assert first is not None and second is not None
+    assert read_all(second) == {"k.cubin": b"first"}
+    assert second.dir == first.dir
+    assert read_all(a.get("triton", "same")) == {"k.cubin": b"first"}
+    assert os.listdir(a.tmp) == [] and os.listdir(a.trash) == []
+    a.close()
+    b.close()
+
+
+def test_writer_replaces_a_broken_entry(store: Store) -> None:
+    h = store.put("triton", "k", {"k.cubin": b"old"})
+    Path(h.dir, RECORD_NAME).write_bytes(b"junk")
+    new = store.put("triton", "k", {"k.cubin": b"new"})
+    assert new is not None and read_all(new) == {"k.cubin": b"new"}
+    assert read_all(store.get("triton", "k")) == {"k.cubin": b"new"}
+
+
+# ------------------------------------------------------------------------------ failure modes
+def test_index_deleted(store_dir: Path) -> None:
+    s = Store.open(store_dir)
+    s.put("triton", "k", {"a.bin": b"a"})
+    s.close()
+    shutil.rmtree(store_dir / "index")
+    s = Store.open(store_dir)
+    assert s.get("triton", "k") is not None  # hits never use the index
+    s.put("triton", "k2", {"a.bin": b"b"})
+    assert (store_dir / "index" / "cache.db").exists()
+    s.flush(force=True)  # the hit's batch brings k back into the new index
+    assert s.index().ids() == {s.entry_id("triton", "k"), s.entry_id("triton", "k2")}
+    s.close()
+
+
+@pytest.mark.parametrize("garbage", [b"this is not a database" * 100, b""], ids=["garbage", "empty-wal"])
+def test_index_replaced_with_garbage(store_dir: Path, kcache_warnings, garbage: bytes) -> None:
+    s = Store.open(store_dir)
+    s.put("triton", "k", {"a.bin": b"a"})
+    s.close()
+    db = store_dir / "index" / "cache.db"
+    for extra in ("cache.db-wal", "cache.db-shm"):
+        (store_dir / "index" / extra).unlink(missing_ok=True)
+    db.write_bytes(garbage or os.urandom(8192))
+    s = Store.open(store_dir)
+    assert s.get("triton", "k") is not None
+    assert s.put("triton", "k2", {"a.bin": b"b"}) is not None
+    assert s.get("triton", "k2") is not None
+    s.flush(force=True)
+    assert s.entry_id("triton", "k2") in s.index().ids()
+    s.put("triton", "k3", {"a.bin": b"c"})
+    s.close()
+    s = Store.open(store_dir)
+    s.put("triton", "k4", {"a.bin": b"d"})
+    assert len(s.index().ids()) >= 3
+    s.close()
+    warnings = [m for m in kcache_warnings if "index" in m]
+    assert len(warnings) == 1, kcache_warnings
+    assert not any(p.name.startswith("index.corrupt") for p in store_dir.iterdir())
+
+
+def test_readonly_store_never_writes(store_dir: Path, tmp_path: Path) -> None:
+    s = Store.open(store_dir)
+    s.put("triton", "good", TRITON_GROUP, compile_s=1.0)
+    bad = s.put("triton", "bad", {"b.bin": b"bbbb"})
+    old = s.put("triton", "old", {"o.bin": b"o"})
+    s.get("triton", "missing", components={"a": 1})
+    s.close()
+    Path(bad.paths["b.bin"]).write_bytes(b"BBBB")
+    t = time.time() - 3600
+    os.utime(os.path.join(old.dir, RECORD_NAME), (t, t))  # a hit would refresh this mtime
+    before = snapshot(store_dir)
+
+    ro = Store.open(store_dir, readonly=True)
+    for _ in range(3):
+        assert read_all(ro.get("triton", "good")) == TRITON_GROUP
+        assert ro.get("triton", "old") is not None
+        assert ro.get("triton", "bad") is None
+        assert ro.get("triton", "missing", components={"a": 1}) is None
+    assert ro.put("triton", "new", {"n.bin": b"n"}) is None
+    assert ro.lock("triton", "good", timeout=0) is None
+    assert ro.evict(target=0) == (0, 0)
+    ro.flush(force=True)
+    ro.close()
+    assert snapshot(store_dir) == before
+    with pytest.raises(StoreError):
+        ro.remove([bad.record.id])
+
+    with pytest.raises(StoreError):
+        Store.open(tmp_path / "nothing-here", readonly=True)
+    assert not (tmp_path / "nothing-here").exists()
+
+
+DISK_FULL = textwrap.dedent(
+    """
+    import json, os, resource, signal, sys
+    from kcache.store import Store
+    s = Store.open(sys.argv[1], max_size=1 << 30)
+    s.put("triton", "small-before", {"a.bin": b"a" * 1000})
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+    out = {}
+    out["big_put"] = s.put("triton", "big", {"a.ttir": b"t" * 1000, "a.cubin": os.urandom(2 << 20)}) is None
+    out["big_get"] = s.get("triton", "big") is None
+    out["small_hit"] = s.get("triton", "small-before") is not None
+    small = s.put("triton", "small-after", {"a.bin": b"b" * 1000})
+    out["small_put"] = small is not None and small.read("a.bin") == b"b" * 1000
+    out["tmp"] = os.listdir(s.tmp)
+    s.close()
+    print(json.dumps(out))
+    """
+)
+
+
+def test_disk_full_put_returns_none(tmp_path: Path, clean_env) -> None:
+    root = tmp_path / "full"
+    r = subprocess.run(
+        [PYTHON, "-c", DISK_FULL, str(root)], capture_output=True, text=True, env=clean_env, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"big_put": True, "big_get": True, "small_hit": True, "small_put": True, "tmp": []}
+    assert "Traceback" not in r.stderr
+    assert len([ln for ln in r.stderr.splitlines() if ln.startswith("kcache:")]) == 1, r.stderr
+    s = Store.open(root)
+    assert s.get("triton", "big") is None and s.get("triton", "small-after") is not None
+    s.close()
+
+
+def test_put_never_raises(store: Store, monkeypatch) -> None:
+    def boom(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store_local.os, "rename", boom)
+    assert store.put("triton", "k", {"a.bin": b"a"}) is None
+    monkeypatch.undo()
+    assert os.listdir(store.tmp) == []
+    assert store.put("triton", "k", {"a.bin": b"a"}) is not None
+    store.close()
+    assert store.put("triton", "k2", {"a.bin": b"a"}) is None  # closed: skipped, not raised
+
+
+# ------------------------------------------------------------------------------ the directory
+def test_new_store_is_private(store: Store) -> None:
+    for d in (store.root, store.root / "entries", store.root / "tmp", store.root / "index"):
+        store.index()
+        assert stat.S_IMODE(os.stat(d).st_mode) & 0o077 == 0, d
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown")
+def test_store_owned_by_another_user_refused(store_dir: Path) -> None:
+    Store.open(store_dir).close()
+    os.chown(store_dir, 12345, 12345)
+    try:
+        with pytest.raises(StoreError, match="owned by uid 12345"):
+            Store.open(store_dir)
+        with pytest.raises(StoreError, match="owned by"):
+            Store.open(store_dir, readonly=True)
+        Store.open(store_dir, allow_insecure=True).close()
+    finally:
+        os.chown(store_dir, 0, 0)
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o707, 0o777, 0o720])
+def test_group_or_other_writable_store_refused(store_dir: Path, mode: int) -> None:
+    Store.open(store_dir).close()
+    os.chmod(store_dir, mode)
+    with pytest.raises(StoreError, match="writable by group or others"):
+        Store.open(store_dir)
+    with pytest.raises(StoreError, match="writable by group or others"):
+        Store.open(store_dir, readonly=True)
+    s = Store.open(store_dir, allow_insecure=True)
+    assert s.put("triton", "k", {"a.bin": b"a"}) is not None
+    s.close()
+
+
+def test_readable_store_is_accepted(store_dir: Path) -> None:
+    Store.open(store_dir).close()
+    os.chmod(store_dir, 0o755)  # others may read, not write
+    Store.open(store_dir).close()
+
+
+def test_insecure_opt_in_from_the_environment(tmp_path: Path, clean_env) -> None:
+    d = tmp_path / "open"
+    d.mkdir()
+    os.chmod(d, 0o777)
+    code = (
+        "import kcache, sys; from kcache.store import Store; s = kcache.settings();"
+        "Store.open(s.dir, allow_insecure=s.allow_insecure).close(); print('ok', s.allow_insecure)"
+    )
+    r = run_py(code, {**clean_env, "KCACHE_DIR": str(d), "KCACHE_ALLOW_INSECURE": "1"})
+    assert r.returncode == 0 and r.stdout.split() == ["ok", "True"], r.stderr
+    r = run_py(code, {**clean_env, "KCACHE_DIR": str(d)})
+    assert r.returncode != 0 and "StoreError" in r.stderr
+
+
+@pytest.mark.parametrize("content", ["file", "dir"])
+def test_non_empty_foreign_dir_refused(tmp_path: Path, content: str) -> None:
+    d = tmp_path / "home"
+    d.mkdir(mode=0o700)
+    (d / "thesis.tex").write_text("do not delete") if content == "file" else (d / "photos").mkdir()
+    before = snapshot(d)
+    with pytest.raises(StoreError, match="not a kcache store"):
+        Store.open(d)
+    assert snapshot(d) == before
+
+
+def test_store_path_that_is_a_file_refused(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_text("x")
+    with pytest.raises(StoreError, match="not a directory"):
+        Store.open(f)
+
+
+def test_store_of_another_schema_refused(store_dir: Path) -> None:
+    Store.open(store_dir).close()
+    (store_dir / store_local.MARKER).write_bytes(b"\x82\xa6format\xacX\xa6schema\x63")
+    with pytest.raises(StoreError, match="another schema"):
+        Store.open(store_dir)
+
+
+MOUNTS = """\
+/dev/vda1 / ext4 rw,relatime 0 0
+proc /proc proc rw 0 0
+server:/export /mnt/nfs nfs4 rw,vers=4.2 0 0
+/dev/vdb /mnt/nfs/scratch ext4 rw 0 0
+10.0.0.1@tcp:/lus /lustre lustre rw 0 0
+user@host:/ /mnt/ssh fuse.sshfs rw 0 0
+//srv/share /mnt/with\\040space cifs rw 0 0
+tmpfs /mnt/nfsish tmpfs rw 0 0
+"""
+
+
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        ("/mnt/nfs/home/u/.cache/kcache", True),
+        ("/mnt/nfs", True),
+        ("/mnt/nfs/scratch/kcache", False),  # a local mount inside the NFS one: longest wins
+        ("/mnt/nfsish/kcache", False),  # a prefix of the name is not a parent
+        ("/lustre/project/kcache", True),
+        ("/mnt/ssh/x", True),
+        ("/mnt/with space/x", True),
+        ("/home/u/.cache/kcache", False),
+    ],
+)
+def test_network_fs_detection(tmp_path: Path, path: str, expected: bool) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text(MOUNTS)
+    assert is_network_fs(Path(path), mounts_file=str(mounts)) is expected
+
+
+def test_network_fs_detection_without_mounts_file(tmp_path: Path) -> None:
+    assert fs_type(tmp_path, mounts_file=str(tmp_path / "absent")) is None
+    assert is_network_fs(tmp_path, mounts_file=str(tmp_path / "absent")) is False
+
+
+def test_network_fs_store_keeps_its_index_node_local(tmp_path: Path, monkeypatch, kcache_warnings) -> None:
+    xdg = tmp_path / "xdg"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    root = tmp_path / "nfs-store"
+    s = Store.open(root, network_fs=True)
+    assert s.network_fs
+    assert str(s.index_dir).startswith(str(xdg / "kcache-index"))
+    s.put("triton", "k", TRITON_GROUP)
+    assert s.get("triton", "k") is not None
+    s.flush(force=True)
+    assert s.index().ids() == {s.entry_id("triton", "k")}
+    assert not (root / "index").exists(), "no SQLite file on the network filesystem"
+    assert (s.index_dir / "cache.db").exists()
+    assert len([m for m in kcache_warnings if "network filesystem" in m]) == 1
+    s.close()
+    # Another node (its own index) sees the same entries.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "other-node"))
+    s2 = Store.open(root, network_fs=True)
+    assert s2.index_dir != s.index_dir
+    assert read_all(s2.get("triton", "k")) == TRITON_GROUP
+    s2.close()
+
+
+def test_store_on_local_fs_detected_as_local(store: Store) -> None:
+    assert store.index_dir == store.root / "index"
+
+
+def test_clean_tmp_removes_what_dead_writers_left(store: Store) -> None:
+    dead = store.tmp / f"{'a' * 40}.999999999.abc"
+    dead.mkdir()
+    (dead / "x").write_bytes(b"x")
+    live = store.tmp / f"{'b' * 40}.{os.getpid()}.abc"
+    live.mkdir()
+    assert store.clean_tmp() == 1
+    assert not dead.exists() and live.exists()
+
+
+def test_lock_is_exclusive_across_instances(store_dir: Path) -> None:
+    a = Store.open(store_dir)
+    b = Store.open(store_dir)
+    lk = a.lock("triton", "k", timeout=1)
+    assert lk is not None
+    t0 = time.monotonic()
+    assert b.lock("triton", "k", timeout=0.2) is None
+    assert time.monotonic() - t0 < 5
+    lk.release()
+    lk2 = b.lock("triton", "k", timeout=1)
+    assert lk2 is not None
+    lk2.release()
+    a.close()
+    b.close()
+
+
+def test_record_round_trip_and_refusals() -> None:
+    r = Record(kind="triton", key="k", id="0" * 40, files=[FileInfo("a.bin", 1, 2, "s")], summary={"n": 1})
+    assert Record.decode(r.encode()) == r
+    body = bytearray(r.encode())
+    body[-1] ^= 1
+    from kcache.store.records import CorruptRecord
+
+    with pytest.raises(CorruptRecord):
+        Record.decode(bytes(body))
+    with pytest.raises(CorruptRecord):
+        Record.decode(Record(kind="t", key="k", id="../x", files=[]).encode())
+    with pytest.raises(CorruptRecord):
+        Record.decode(Record(kind="t", key="k", id="0" * 40, files=[FileInfo("../x", 1, 2, "")]).encode())
+
+
+def test_index_is_not_diskcache_default() -> None:
+    # The settings kcache gives diskcache (no culling, reads never write, short timeouts).
+    from kcache.store import index as index_mod
+
+    assert index_mod.SETTINGS["cull_limit"] == 0
+    assert index_mod.SETTINGS["eviction_policy"] == "none"
+    assert index_mod.SETTINGS["size_limit"] >= 2**62
+
+
+def test_index_timeout_is_short(store: Store) -> None:
+    assert store.index().cache._timeout <= 1.0
+    assert isinstance(store.index(), Index)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-q"]))
