@@ -1,0 +1,592 @@
+"""The ``kcache`` command line (also ``python -m kcache``). Thin: the work is in
+:mod:`kcache.maintenance`; this module parses arguments and formats results.
+
+Exit status: 0 done (``verify``: the store is sound), 1 a runtime failure (the store cannot be
+used; ``verify``: problems remain; ``inspect PREFIX``: nothing matches), 2 bad arguments or a bad
+setting. Errors are one line on stderr, never a traceback; ``--json`` output goes to stdout only.
+
+Subcommands live in :data:`COMMANDS`, name -> ``(add_arguments, run)``: ``add_arguments(parser)``
+adds the command's own options (``--dir`` and ``--json`` are added for every command), and
+``run(args) -> int`` does it and returns the exit status. ``run`` raises :class:`UsageError`
+for a bad value (exit 2) and :class:`CommandError` (or ``StoreError``) for a failure (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from . import config as _config
+
+if TYPE_CHECKING:
+    from .store import Store
+
+AddArguments = Callable[[argparse.ArgumentParser], None]
+Run = Callable[[argparse.Namespace], int]
+
+
+class UsageError(Exception):
+    """Bad arguments or a bad setting: one line on stderr, exit 2."""
+
+
+class CommandError(Exception):
+    """The command could not be done: one line on stderr, exit 1."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse's own: usage + message, here one line
+        raise UsageError(message)
+
+
+# ---------------------------------------------------------------------------------- helpers
+def load_settings(args: argparse.Namespace, *, strict: bool = True) -> _config.Settings:
+    """The effective settings with ``--dir`` on top. ``strict``: a bad value is a UsageError
+    (a bad environment value that ``--dir`` overrides does not count)."""
+    s = _config.load(dir=getattr(args, "dir", None))
+    overridden = [_config.ENV[n] + "=" for n, src in s.sources.items() if src == "argument"]
+    s.problems = [p for p in s.problems if not p.startswith(tuple(overridden))]
+    if strict and s.problems:
+        raise UsageError("bad setting: " + "; ".join(s.problems))
+    return s
+
+
+def wants_json(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "json", False))
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def fmt_time(t: float | None) -> str:
+    if not t:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))
+
+
+def fmt_seconds(s: float) -> str:
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def fmt_rate(r: float | None) -> str:
+    return "-" if r is None else f"{100 * r:.1f}%"
+
+
+def fmt_value(v: Any, width: int = 60) -> str:
+    text = "(absent)" if v is None else str(v)
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> str:
+    """Columns aligned to their widest cell; column numbers in ``right`` are right-aligned."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for r in cells:
+        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def open_for(args: argparse.Namespace, *, write: bool = False) -> Store:
+    """The store of ``--dir`` (or the settings): read-only unless ``write``; never created."""
+    from .maintenance import open_store
+
+    return open_store(load_settings(args), write=write)
+
+
+def _kind(text: str) -> str:
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", text):
+        raise argparse.ArgumentTypeError(f"invalid kind {text!r} (kinds look like triton, triton-autotune)")
+    return text
+
+
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return n
+
+
+def _age(text: str) -> float:
+    try:
+        return _config.parse_age(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _prefix(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty key prefix")
+    return text
+
+
+def summary_text(summary: dict[str, Any], width: int = 60) -> str:
+    """A short line from a record's summary: name, target/arch, then library versions."""
+    parts: list[str] = []
+    for k in ("name", "kernel", "file"):
+        if summary.get(k):
+            parts.append(str(summary[k]))
+            break
+    for k in ("target", "arch", "gpu_name"):
+        if summary.get(k):
+            parts.append(str(summary[k]))
+    for k, v in summary.items():
+        if k.endswith("_version") and v:
+            parts.append(f"{k[: -len('_version')]} {v}")
+    return fmt_value(" ".join(parts), width) if parts else ""
+
+
+# ---------------------------------------------------------------------------------- stats
+def _stats_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--zero", action="store_true", help="reset the counters (hits, misses, ...) first")
+
+
+def _stats_run(args: argparse.Namespace) -> int:
+    """entries and bytes by kind, hits, misses, hit rate, compile time saved"""
+    from .maintenance import close_store, stats, zero_counters
+
+    store = open_for(args, write=args.zero)
+    try:
+        if args.zero:
+            zero_counters(store)
+        data = stats(store)
+    finally:
+        close_store(store)
+    if args.zero:
+        data["zeroed"] = True
+    if wants_json(args):
+        print_json(data)
+        return 0
+    from .config import format_size
+
+    used = f"{format_size(data['bytes'])} of {format_size(data['max_size'])}"
+    if data["max_size"]:
+        used += f" ({100 * data['bytes'] / data['max_size']:.1f}%)"
+    print(
+        table(
+            ["", ""],
+            [
+                ["store", data["dir"]],
+                ["size", used],
+                ["entries", data["entries"]],
+                ["hits", data["hits"]],
+                ["misses", data["misses"]],
+                ["hit rate", fmt_rate(data["hit_rate"])],
+                ["saved", f"{fmt_seconds(data['saved_s'])} of compiling"],
+                ["puts", data["puts"]],
+                ["evictions", data["evictions"]],
+                ["errors", data["errors"]],
+            ],
+        ).split("\n", 1)[1]
+    )
+    if data["by_kind"]:
+        print()
+        rows = [
+            [
+                k,
+                v["entries"],
+                format_size(v["bytes"]),
+                v["hits"],
+                v["misses"],
+                fmt_rate(v["hit_rate"]),
+                fmt_seconds(v["saved_s"]),
+            ]
+            for k, v in data["by_kind"].items()
+        ]
+        print(
+            table(["kind", "entries", "size", "hits", "misses", "hit rate", "saved"], rows, right=range(1, 7))
+        )
+    if args.zero:
+        print("\ncounters zeroed")
+    return 0
+
+
+# ---------------------------------------------------------------------------------- inspect
+def _inspect_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kind", type=_kind, help="only entries of this kind")
+    p.add_argument("--limit", type=_count, default=50, help="at most N entries (default 50; 0: all)")
+    p.add_argument(
+        "prefix",
+        nargs="?",
+        type=_prefix,
+        metavar="KEY_PREFIX",
+        help="an entry id or key prefix: the whole record",
+    )
+
+
+def _inspect_run(args: argparse.Namespace) -> int:
+    """entries (kind, key, size, created, last used, hits, summary); with a prefix, whole records"""
+    from .config import format_size
+    from .maintenance import close_store, find_entries, list_entries
+
+    store = open_for(args)
+    try:
+        if args.prefix:
+            found = find_entries(store, args.prefix, kind=args.kind, limit=args.limit)
+        else:
+            found = list_entries(store, kind=args.kind, limit=args.limit)
+    finally:
+        close_store(store)
+    if wants_json(args):
+        print_json(found)
+        return 1 if args.prefix and not found else 0
+    if args.prefix:
+        if not found:
+            print(f"kcache: no entry id or key starts with {args.prefix!r}", file=sys.stderr)
+            return 1
+        for i, d in enumerate(found):
+            if i:
+                print()
+            _print_record(d, format_size)
+        return 0
+    if not found:
+        print("no entries" + (f" of kind {args.kind}" if args.kind else ""))
+        return 0
+    rows = []
+    for d in found:
+        key = d.get("key") or ""
+        rows.append(
+            [
+                d.get("kind") or "?",
+                d["id"][:12],
+                key if len(key) <= 16 else key[:15] + "…",
+                format_size(d["size"]),
+                fmt_time(d.get("created")),
+                fmt_time(d.get("last_used")),
+                d.get("hits") if d.get("hits") is not None else "-",
+                ("BAD ROW: " + d["error"]) if d.get("error") else summary_text(d.get("summary") or {}),
+            ]
+        )
+    print(table(["kind", "id", "key", "size", "created", "last used", "hits", "summary"], rows, right=(3, 6)))
+    return 0
+
+
+def _print_record(d: dict[str, Any], format_size: Callable[[float], str]) -> None:
+    if d.get("kind") is None:
+        print(table(["", ""], [["id", d["id"]], ["status", d.get("status")]]).split("\n", 1)[1])
+        return
+    rows = [
+        ["id", d["id"]],
+        ["kind", d["kind"]],
+        ["key", d["key"]],
+        ["path", d["path"]],
+        ["status", d["status"]],
+        ["size", f"{format_size(d['size'])} in {len(d['files'])} files"],
+        ["created", fmt_time(d["created"])],
+        ["last used", fmt_time(d["last_used"])],
+        ["hits", d["hits"] if d["hits"] is not None else "- (not in the index)"],
+        ["compile time", fmt_seconds(d["compile_s"])],
+    ]
+    print(table(["", ""], rows).split("\n", 1)[1])
+    for title, mapping in (("summary", d["summary"]), ("key components", d["components"])):
+        print(f"{title}:")
+        if not mapping:
+            print("  (none)")
+            continue
+        print(
+            "\n".join(
+                "  " + ln
+                for ln in table(["", ""], [[k, fmt_value(v, 100)] for k, v in mapping.items()]).split("\n")[
+                    1:
+                ]
+            )
+        )
+    print("files:")
+    frows = [
+        [f["name"], format_size(f["size"]), f"crc32 {f['crc32']:08x}", f"sha256 {f['sha256'][:16]}…"]
+        for f in d["files"]
+    ]
+    print("\n".join("  " + ln for ln in table(["", "", "", ""], frows, right=(1,)).split("\n")[1:]))
+
+
+# ---------------------------------------------------------------------------------- clear
+def _clear_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kind", type=_kind, help="entries of this kind")
+    p.add_argument(
+        "--older-than", type=_age, metavar="AGE", help="entries not used for AGE (e.g. 7d, 12h, 30m, 45s)"
+    )
+    p.add_argument(
+        "--stale", action="store_true", help="entries made with library versions other than this machine's"
+    )
+    p.add_argument("--all", action="store_true", help="every entry (needed when no other selector is given)")
+    p.add_argument("--dry-run", action="store_true", help="list what would be removed; change nothing")
+
+
+def _clear_run(args: argparse.Namespace) -> int:
+    """remove entries (by kind, age, staleness, or all); selectors combine"""
+    from .config import format_size
+    from .maintenance import clear, close_store
+
+    if not (args.kind or args.older_than is not None or args.stale or args.all):
+        raise UsageError(
+            "nothing selected: pass --kind, --older-than, --stale, or --all to remove every entry"
+        )
+    store = open_for(args, write=not args.dry_run)
+    try:
+        res = clear(
+            store,
+            kind=args.kind,
+            older_than=args.older_than,
+            stale=args.stale,
+            everything=args.all,
+            dry_run=args.dry_run,
+        )
+    finally:
+        close_store(store)
+    if wants_json(args):
+        print_json(res)
+        return 0
+    n, size = res["count"], format_size(res["bytes"])
+    if args.dry_run:
+        print(f"would remove {n} entr{'y' if n == 1 else 'ies'}, {size} (dry run: nothing changed)")
+        if res["entries"]:
+            rows = [
+                [e["kind"] or "?", e["id"][:12], format_size(e["size"]), fmt_time(e["last_used"]), e["why"]]
+                for e in res["entries"]
+            ]
+            print(table(["kind", "id", "size", "last used", "why"], rows, right=(2,)))
+        return 0
+    msg = f"removed {n} entr{'y' if n == 1 else 'ies'}, {size}"
+    if res["leftovers"]:
+        msg += f"; cleaned {res['leftovers']} leftovers from tmp/ and trash/"
+    print(msg)
+    return 0
+
+
+# ---------------------------------------------------------------------------------- verify
+def _verify_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--fix", action="store_true", help="remove bad entries and rows, re-index, rebuild a corrupt index"
+    )
+
+
+def _verify_run(args: argparse.Namespace) -> int:
+    """check every entry against its checksums, and the index against the entries"""
+    from .maintenance import close_store, verify
+
+    store = open_for(args, write=args.fix)
+    try:
+        res = verify(store, fix=args.fix)
+    finally:
+        close_store(store)
+    if wants_json(args):
+        print_json(res)
+        return 0 if res["ok"] else 1
+    n = len(res["problems"])
+    print(
+        f"checked {res['entries']} entries in {res['dir']}: "
+        + (f"{n} problem{'s' * (n != 1)}" if n else "ok")
+    )
+    if n:
+        rows = [
+            [p["type"], p["id"][:12] if p["id"] else "-", fmt_value(p["detail"], 90)] for p in res["problems"]
+        ]
+        print(table(["problem", "id", "detail"], rows))
+    if args.fix and n:
+        left = len(res["remaining"])
+        print(f"fixed {len(res['fixed'])}; {left} remain" + ("" if left else ": ok"))
+        if left:
+            rows = [
+                [p["type"], p["id"][:12] if p["id"] else "-", fmt_value(p["detail"], 90)]
+                for p in res["remaining"]
+            ]
+            print(table(["problem", "id", "detail"], rows))
+    elif n:
+        print("run `kcache verify --fix` to repair")
+    return 0 if res["ok"] else 1
+
+
+# ---------------------------------------------------------------------------------- config
+def _config_args(p: argparse.ArgumentParser) -> None:
+    pass
+
+
+def _config_run(args: argparse.Namespace) -> int:
+    """the effective settings, where each came from, and whether the store dir is usable"""
+    from .config import format_size
+    from .maintenance import config_report
+
+    res = config_report(load_settings(args, strict=False))
+    if wants_json(args):
+        print_json(res)
+        return 0
+    rows = []
+    for r in res["settings"]:
+        v = r["value"]
+        if r["name"] == "max_size":
+            v = f"{format_size(v)} ({v} bytes)"
+        rows.append([r["name"], r["env"], "-" if v is None else v, r["source"]])
+    print(table(["setting", "variable", "value", "source"], rows))
+    st = res["store"]
+    yn = {True: "yes", False: "no", None: "-"}
+    print()
+    print(
+        table(
+            ["", ""],
+            [
+                ["store", st["dir"]],
+                ["exists", yn[st["exists"]]],
+                ["kcache store", yn[st["is_store"]]],
+                ["safety", st["safety"]],
+                ["filesystem", f"{st['fs_type'] or '?'} ({'network' if st['network_fs'] else 'local'})"],
+                ["index", st["index"]],
+            ],
+        ).split("\n", 1)[1]
+    )
+    if res["problems"]:
+        print("\nproblems (caching is off until they are fixed):")
+        for p in res["problems"]:
+            print(f"  {p}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------- explain
+def _explain_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kind", type=_kind, help="only misses of this kind")
+    p.add_argument(
+        "--limit",
+        type=_count,
+        default=10,
+        help="at most N misses, most recent first (default 10; 0: all kept)",
+    )
+    p.add_argument("--nearest", type=_count, default=3, help="stored entries shown per miss (default 3)")
+
+
+def _explain_run(args: argparse.Namespace) -> int:
+    """why lookups missed: the nearest stored entries and the key components that differ"""
+    from .maintenance import close_store, explain
+
+    store = open_for(args)
+    try:
+        res = explain(store, kind=args.kind, limit=args.limit, nearest=args.nearest)
+    finally:
+        close_store(store)
+    if wants_json(args):
+        print_json(res)
+        return 0
+    if not res:
+        print("no misses recorded" + (f" of kind {args.kind}" if args.kind else ""))
+        return 0
+    for i, m in enumerate(res):
+        if i:
+            print()
+        times = f" (missed {m['count']} times)" if m["count"] > 1 else ""
+        print(f"{fmt_time(m['time'])}  {m['kind']}  key {fmt_value(m['key'], 40)}{times}")
+        if m["stored_now"]:
+            print("  stored since: the next lookup hits")
+        if not m["components"]:
+            print("  no key components were recorded with this miss")
+        if not m["nearest"]:
+            print(f"  no stored entries of kind {m['kind']}")
+        for n in m["nearest"]:
+            print(
+                f"  nearest {n['id'][:12]} (last used {fmt_time(n['last_used'])}): "
+                f"{n['equal']} of {n['total']} components equal"
+            )
+            for d in n["differ"]:
+                print(f"      {d['name']}: {fmt_value(d['stored'], 50)} -> {fmt_value(d['wanted'], 50)}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------- registry
+#: Subcommands: name -> (add_arguments, run). The help line is the first line of run's docstring.
+COMMANDS: dict[str, tuple[AddArguments, Run]] = {
+    "stats": (_stats_args, _stats_run),
+    "inspect": (_inspect_args, _inspect_run),
+    "clear": (_clear_args, _clear_run),
+    "verify": (_verify_args, _verify_run),
+    "explain": (_explain_args, _explain_run),
+    "config": (_config_args, _config_run),
+    # ---- Other modules register their subcommands here, one line each, e.g.
+    #   "prewarm": (prewarm.add_arguments, prewarm.run),   (from . import prewarm, at the top)
+    #   "import": (bundle.add_import_arguments, bundle.run_import),
+    #   "export": (bundle.add_export_arguments, bundle.run_export),
+    # add_arguments(parser) adds the command's options (--dir and --json come for free);
+    # run(args) -> exit status; use load_settings(args) / open_for(args), print_json for --json,
+    # and raise UsageError (exit 2) or CommandError (exit 1) with a one-line message.
+    # Keep the module cheap to import (no torch/triton at import time): every command pays it.
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--dir", default=argparse.SUPPRESS, metavar="DIR", help="the store (default: KCACHE_DIR)"
+    )
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output on stdout"
+    )
+    parser = _Parser(
+        prog="kcache",
+        description="kcache: a persistent on-disk compile cache for GPU kernels.",
+        parents=[common],
+        allow_abbrev=False,
+    )
+    parser.add_argument("--version", action="version", version=f"kcache {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (add_arguments, run) in COMMANDS.items():
+        doc = (run.__doc__ or "").strip().splitlines()
+        p = sub.add_parser(name, help=doc[0] if doc else None, parents=[common], allow_abbrev=False)
+        add_arguments(p)
+    return parser
+
+
+def _fail(message: str) -> None:
+    text = " ".join(str(message).split())
+    sys.stderr.write(f"kcache: error: {text}\n")
+    sys.stderr.flush()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (never raises, never prints a traceback)."""
+    from .maintenance import MaintenanceError
+    from .store import StoreError
+
+    try:
+        args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        if not args.command:
+            raise UsageError(f"a command is needed: {', '.join(COMMANDS)} (see kcache --help)")
+        _add, run = COMMANDS[args.command]
+        return int(run(args) or 0)
+    except UsageError as e:
+        _fail(str(e))
+        return 2
+    except SystemExit as e:  # --help, --version
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except KeyboardInterrupt:
+        _fail("interrupted")
+        return 130
+    except BrokenPipeError:  # `kcache inspect | head`
+        import os
+
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except Exception:
+            pass
+        return 1
+    except (CommandError, StoreError, MaintenanceError) as e:
+        _fail(str(e))
+        return 1
+    except Exception as e:
+        _fail(f"{type(e).__name__}: {e}")
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
