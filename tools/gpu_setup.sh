@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up the GPU machine (no registry there): diskcache from a carried wheel, kcache itself
+# (a real install, so the kcache.pth hook is active as for users), and nvFuser's boxkit.
+# Run from the repository root with .gpukit/ carried (see docs/benchmarks.md for the call).
+set -euo pipefail
+python3 -m pip install -q --no-index --no-deps --disable-pip-version-check .gpukit/wheels/*.whl
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --disable-pip-version-check .
+if [ -f .gpukit/nvfuser-boxkit.tgz ] && [ ! -d /tmp/boxkit/tree ]; then
+  tar xzf .gpukit/nvfuser-boxkit.tgz -C /tmp
+  mkdir -p /tmp/boxkit/tree
+  tar xJf /tmp/boxkit/nvfuser_cu130_torch210_slim.tar.xz -C /tmp/boxkit/tree
+fi
+python3 -c "import kcache, diskcache, triton, torch; print('kcache', kcache.__version__, 'triton', triton.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
