@@ -350,19 +350,24 @@ class Store:
         self._maybe_flush()
 
     def _on_corrupt(self, ident: str, kind: str, why: str, ino: int | None) -> None:
+        d = self.entry_dir(ident)
+        if ino is not None:
+            # Only quarantine (and report) what we read: an entry removed (clear, eviction) or
+            # replaced by another process while we read it loses its members under us, which is
+            # a plain miss, not corruption.
+            try:
+                if os.lstat(os.path.join(d, RECORD_NAME)).st_ino != ino:
+                    return
+            except FileNotFoundError:
+                return
+            except OSError:
+                pass
         warn_once(
             f"corrupt:{ident}", f"corrupt {kind} entry {ident[:12]} ({why}); removed, compiling instead"
         )
         self.counts.add(kind, errors=1)
         if self.readonly:
             return
-        d = self.entry_dir(ident)
-        if ino is not None:
-            try:  # only quarantine what we read: a concurrent writer may have replaced it already
-                if os.lstat(os.path.join(d, RECORD_NAME)).st_ino != ino:
-                    return
-            except OSError:
-                pass
         self._remove_dirs([ident])
         self._index_call(lambda idx: idx.remove([ident]))
 
