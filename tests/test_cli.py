@@ -1,0 +1,633 @@
+"""The command line (issue 7, point 6): stats, inspect, clear, verify, explain and config.
+
+Real processes (``python -m kcache``) on real stores under tmp_path, filled through the store's
+own put/get. Each test fails when the behaviour it names breaks: read-only commands must leave
+the store byte-for-byte alone (and never create one), clear must remove exactly what its
+selectors say, verify must find each kind of damage and --fix must repair it, and bad arguments
+must exit 2 with one line and no traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kcache import cli, fingerprint, maintenance
+from kcache.store import Store
+from kcache.store.records import RECORD_NAME
+
+TRITON_VERSION = fingerprint.current("triton_version")
+PYTHON_ABI = fingerprint.current("python_abi")
+
+
+def components(i: int, **over: object) -> dict[str, object]:
+    c: dict[str, object] = {
+        "kernel": f"kern{i}",
+        "src_hash": f"{i:016x}",
+        "target": "cuda:90",
+        "option.num_warps": 4,
+        "triton_version": TRITON_VERSION,
+        "python_abi": PYTHON_ABI,
+    }
+    c.update(over)
+    return c
+
+
+def fill(root: Path, triton: int = 3, nvfuser: int = 2) -> dict[str, str]:
+    """A store with entries of two kinds, one hit and one miss with components; key -> id."""
+    s = Store.open(root)
+    ids = {}
+    for kind, n in (("triton", triton), ("nvfuser", nvfuser)):
+        for i in range(n):
+            key = f"{kind.upper()}KEY{i}"
+            files = {"k.cubin": bytes([i]) * (100 + i), "k.json": b'{"name": "kern%d"}' % i}
+            hit = s.put(
+                kind,
+                key,
+                files,
+                components=components(i),
+                summary={"name": f"kern{i}", "target": "cuda:90", "triton_version": TRITON_VERSION},
+                compile_s=0.5,
+            )
+            assert hit is not None
+            ids[key] = hit.record.id
+    if triton:
+        assert s.get("triton", "TRITONKEY0") is not None
+        assert s.get("triton", "WANTEDKEY", components=components(1, **{"option.num_warps": 8})) is None
+    s.close()
+    return ids
+
+
+def kc(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kcache", *args], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def kjson(env: dict[str, str], *args: str) -> object:
+    r = kc(env, *args, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every path under root with its type, size, mtime and content hash."""
+    out: dict[str, tuple] = {}
+    if not root.exists():
+        return out
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            st_ = p.lstat()
+            digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+            out[str(p.relative_to(root))] = (st_.st_mode, st_.st_size, st_.st_mtime_ns, digest)
+    return out
+
+
+def one_line_error(r: subprocess.CompletedProcess[str]) -> None:
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("kcache: error: ")
+
+
+@pytest.fixture
+def filled(store_dir: Path) -> tuple[Path, dict[str, str]]:
+    return store_dir, fill(store_dir)
+
+
+# ---------------------------------------------------------------------------------- stats
+def test_stats_json_shape_and_values(filled, clean_env):
+    root, _ids = filled
+    data = kjson(clean_env, "stats", "--dir", str(root))
+    for k in ("entries", "bytes", "hits", "misses", "hit_rate", "saved_s", "evictions", "by_kind"):
+        assert k in data
+    assert data["entries"] == 5 and data["hits"] == 1 and data["misses"] == 1
+    assert data["bytes"] == sum(100 + i + len(b'{"name": "kern0"}') for i in (0, 1, 2, 0, 1))
+    assert set(data["by_kind"]) == {"triton", "nvfuser"}
+    for v in data["by_kind"].values():
+        assert {"entries", "bytes", "hits", "misses"} <= set(v)
+    assert data["by_kind"]["triton"]["entries"] == 3 and data["by_kind"]["nvfuser"]["entries"] == 2
+    assert data["saved_s"] == pytest.approx(0.5)
+
+
+def test_stats_human_and_global_flags_before_command(filled, clean_env):
+    root, _ = filled
+    r = kc(clean_env, "--dir", str(root), "stats")
+    assert r.returncode == 0, r.stderr
+    assert "hit rate" in r.stdout and "50.0%" in r.stdout and "nvfuser" in r.stdout
+    assert json.loads(kc(clean_env, "--json", "--dir", str(root), "stats").stdout)["entries"] == 5
+
+
+def test_stats_zero_resets_counters_not_entries(filled, clean_env):
+    root, _ = filled
+    data = kjson(clean_env, "stats", "--zero", "--dir", str(root))
+    assert data["zeroed"] and data["hits"] == 0 and data["misses"] == 0 and data["entries"] == 5
+    assert kjson(clean_env, "stats", "--dir", str(root))["hits"] == 0
+
+
+def test_default_dir_comes_from_the_environment(filled, clean_env):
+    root, _ = filled
+    env = dict(clean_env, KCACHE_DIR=str(root))
+    assert kjson(env, "stats")["entries"] == 5
+
+
+# ---------------------------------------------------------------------------------- inspect
+def test_inspect_json_list(filled, clean_env):
+    root, ids = filled
+    rows = kjson(clean_env, "inspect", "--dir", str(root))
+    assert len(rows) == 5
+    for row in rows:
+        assert {"kind", "key", "size", "created", "last_used", "hits", "id", "summary"} <= set(row)
+    by_key = {r["key"]: r for r in rows}
+    assert by_key["TRITONKEY0"]["hits"] == 1 and by_key["TRITONKEY1"]["hits"] == 0
+    assert by_key["TRITONKEY0"]["id"] == ids["TRITONKEY0"]
+    assert by_key["NVFUSERKEY1"]["summary"]["name"] == "kern1"
+    assert rows[0]["key"] == "TRITONKEY0"  # most recently used first
+    assert len(kjson(clean_env, "inspect", "--limit", "2", "--dir", str(root))) == 2
+    only = kjson(clean_env, "inspect", "--kind", "nvfuser", "--dir", str(root))
+    assert {r["kind"] for r in only} == {"nvfuser"} and len(only) == 2
+
+
+def test_inspect_human_table(filled, clean_env):
+    root, ids = filled
+    r = kc(clean_env, "inspect", "--dir", str(root))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].split()[:4] == ["kind", "id", "key", "size"]
+    assert len(lines) == 6 and ids["TRITONKEY2"][:12] in r.stdout and "kern2 cuda:90" in r.stdout
+
+
+def test_inspect_prefix_shows_whole_record(filled, clean_env):
+    root, ids = filled
+    ident = ids["TRITONKEY2"]
+    (rec,) = kjson(clean_env, "inspect", ident[:8], "--dir", str(root))
+    assert rec["id"] == ident and rec["status"] == "ok" and rec["key"] == "TRITONKEY2"
+    assert rec["components"] == components(2)
+    assert {f["name"] for f in rec["files"]} == {"k.cubin", "k.json"}
+    # by key prefix too, and the people's view names every component
+    (by_key,) = kjson(clean_env, "inspect", "NVFUSERKEY1", "--dir", str(root))
+    assert by_key["id"] == ids["NVFUSERKEY1"]
+    r = kc(clean_env, "inspect", ident[:10], "--dir", str(root))
+    assert r.returncode == 0
+    for name in components(2):
+        assert name in r.stdout
+    miss = kc(clean_env, "inspect", "NOSUCHKEY", "--dir", str(root))
+    assert miss.returncode == 1 and "no entry" in miss.stderr
+
+
+# ---------------------------------------------------------------------------------- clear
+def test_clear_without_selector_refuses(filled, clean_env):
+    root, _ = filled
+    before = snapshot(root)
+    r = kc(clean_env, "clear", "--dir", str(root))
+    assert r.returncode == 2 and "--all" in r.stderr
+    one_line_error(r)
+    assert snapshot(root) == before
+
+
+def test_clear_kind(filled, clean_env):
+    root, ids = filled
+    res = kjson(clean_env, "clear", "--kind", "nvfuser", "--dir", str(root))
+    assert res["count"] == 2 and {e["kind"] for e in res["entries"]} == {"nvfuser"}
+    assert res["bytes"] == (100 + len(b'{"name": "kern0"}')) + (101 + len(b'{"name": "kern1"}'))
+    s = Store.open(root)
+    assert s.get("nvfuser", "NVFUSERKEY0", count=False) is None
+    assert s.get("triton", "TRITONKEY1", count=False) is not None
+    s.close()
+    assert kjson(clean_env, "stats", "--dir", str(root))["entries"] == 3
+
+
+def test_clear_older_than(store_dir, clean_env):
+    ids = fill(store_dir, triton=3, nvfuser=0)
+    old = time.time() - 10 * 86400
+    s = Store.open(store_dir)
+    for key in ("TRITONKEY1", "TRITONKEY2"):  # last used 10 days ago: in the index and on disk
+        s.index().touch({ids[key]: (old, 0)})
+        os.utime(os.path.join(s.entry_dir(ids[key]), RECORD_NAME), (old, old))
+    s.index().remove([ids["TRITONKEY2"]])  # and one the index lost: its record's mtime decides
+    s.close()
+    dry = kjson(clean_env, "clear", "--older-than", "7d", "--dry-run", "--dir", str(store_dir))
+    assert {e["id"] for e in dry["entries"]} == {ids["TRITONKEY1"], ids["TRITONKEY2"]}
+    assert kjson(clean_env, "clear", "--older-than", "11d", "--dir", str(store_dir))["count"] == 0
+    res = kjson(clean_env, "clear", "--older-than", "7d", "--dir", str(store_dir))
+    assert res["count"] == 2
+    s = Store.open(store_dir)
+    assert s.get("triton", "TRITONKEY0", count=False) is not None
+    assert s.get("triton", "TRITONKEY1", count=False) is None
+    assert s.get("triton", "TRITONKEY2", count=False) is None
+    s.close()
+    r = kc(clean_env, "clear", "--older-than", "12h", "--dir", str(store_dir))
+    assert r.returncode == 0 and "removed 0 entries" in r.stdout
+
+
+def test_clear_dry_run_changes_nothing(filled, clean_env):
+    root, ids = filled
+    (root / "trash" / "leftover.123.abc").mkdir()
+    before = snapshot(root)
+    for args in (["--all"], ["--kind", "triton"], ["--older-than", "0s"], ["--stale"]):
+        r = kc(clean_env, "clear", *args, "--dry-run", "--dir", str(root))
+        assert r.returncode == 0, r.stderr
+        assert snapshot(root) == before, args
+    r = kc(clean_env, "clear", "--all", "--dry-run", "--dir", str(root))
+    assert "would remove 5 entries" in r.stdout
+    for ident in ids.values():
+        assert ident[:12] in r.stdout
+
+
+def test_clear_all_removes_everything_and_leftovers(filled, clean_env):
+    root, _ = filled
+    (root / "trash" / "leftover.123.abc").mkdir()
+    res = kjson(clean_env, "clear", "--all", "--dir", str(root))
+    assert res["count"] == 5 and res["bytes"] > 0 and res["leftovers"] == 1
+    assert not any((root / "entries").rglob(RECORD_NAME))
+    assert not any((root / "trash").iterdir())
+    assert kjson(clean_env, "stats", "--dir", str(root))["entries"] == 0
+    assert kjson(clean_env, "verify", "--dir", str(root))["ok"]
+
+
+def test_clear_stale_judges_library_versions_not_the_gpu(store_dir, clean_env):
+    s = Store.open(store_dir)
+    put = {}
+    for key, comps in {
+        "OLDTRITON": components(0, triton_version="0.0.1"),
+        "OLDPYTHON": components(1, python_abi="cpython-27"),
+        # built for a GPU this machine lacks, by another machine: current libraries, not stale
+        "OTHERGPU": components(2, target="cuda:100", arch="sm_100a", gpu_name="B200", driver="99.9"),
+        "CURRENT": components(3),
+        "NOVERSIONS": {"kernel": "k"},
+    }.items():
+        put[key] = s.put("triton", key, {"a.bin": key.encode()}, components=comps).record.id
+    s.close()
+    res = kjson(clean_env, "clear", "--stale", "--dir", str(store_dir))
+    assert {e["key"] for e in res["entries"]} == {"OLDTRITON", "OLDPYTHON"}
+    assert "triton_version" in next(e["why"] for e in res["entries"] if e["key"] == "OLDTRITON")
+    left = {r["key"] for r in kjson(clean_env, "inspect", "--dir", str(store_dir))}
+    assert left == {"OTHERGPU", "CURRENT", "NOVERSIONS"}
+
+
+def test_stale_reasons_ignores_what_this_machine_lacks():
+    comps = {"triton_version": "3.5.0", "nvfuser_version": "nvfuser==0.2.30", "arch": "sm_90a"}
+    here = {"triton_version": "3.6.0", "nvfuser_version": None, "arch": "sm_80"}.get
+    names = maintenance.version_components()
+    assert "arch" not in names and "gpu_name" not in names
+    assert [d["name"] for d in maintenance.stale_reasons(comps, here, names)] == ["triton_version"]
+    assert maintenance.stale_reasons({"triton_version": "3.6.0"}, here, names) == []
+
+
+# ---------------------------------------------------------------------------------- verify
+def _damage(root: Path, ids: dict[str, str]) -> dict[str, str]:
+    """Damage of every sort verify knows; returns the id each was done to."""
+    e = lambda key: root / "entries" / ids[key][:2] / ids[key]  # noqa: E731
+    cubin = e("TRITONKEY0") / "k.cubin"
+    data = bytearray(cubin.read_bytes())
+    data[10] ^= 0x01
+    cubin.write_bytes(bytes(data))  # flipped byte, same size: only the checksum tells
+    (e("TRITONKEY1") / "k.json").unlink()  # a member deleted
+    (e("TRITONKEY2") / RECORD_NAME).write_bytes(b"KCR1" + os.urandom(40))  # garbage record
+    (e("NVFUSERKEY0") / "extra.txt").write_bytes(b"not a member")  # stray file
+    s = Store.open(root)
+    s.index().remove([ids["NVFUSERKEY1"]])  # an entry the index lost
+    s.close()
+    db = root / "index" / "cache.db"
+    con = sqlite3.connect(db)
+    row = "INSERT INTO Cache (key, raw, store_time, access_time, access_count, tag, size, mode, filename, value) "
+    # a row whose mode says pickle (never unpickled: refused), and one for an entry that is not there
+    con.execute(row + "VALUES (?, 1, 0, 0, 0, 'triton', 5, 4, NULL, ?)", ("e" * 40, b"\x80\x04N."))
+    con.execute(row + "VALUES (?, 0, 0, 0, 0, 'triton', 5, 1, NULL, ?)", (b"\x80\x04K\x01.", b"x"))
+    con.commit()
+    con.close()
+    s = Store.open(root)
+    ghost = s.put("triton", "GHOST", {"g.bin": b"ghost"}).record.id
+    s.close()
+    shutil.rmtree(root / "entries" / ghost[:2] / ghost)  # an index row pointing at nothing
+    # a member whose crc32 matches but whose sha256 does not: only the full check sees it
+    s = Store.open(root)
+    sha_only = s.put("triton", "SHAONLY", {"s.bin": b"payload"}).record
+    s.close()
+    sha_only.files[0].sha256 = "0" * 64
+    (root / "entries" / sha_only.id[:2] / sha_only.id / RECORD_NAME).write_bytes(sha_only.encode())
+    s = Store.open(root)
+    assert s.get("triton", "SHAONLY", count=False) is not None  # served on the fast path
+    s.close()
+    return {
+        "flipped": ids["TRITONKEY0"],
+        "member": ids["TRITONKEY1"],
+        "record": ids["TRITONKEY2"],
+        "ghost": ghost,
+        "sha": sha_only.id,
+    }
+
+
+def test_verify_clean_store(filled, clean_env):
+    root, _ = filled
+    before = snapshot(root)
+    r = kc(clean_env, "verify", "--dir", str(root))
+    assert r.returncode == 0 and "ok" in r.stdout
+    res = kjson(clean_env, "verify", "--dir", str(root))
+    assert res["ok"] and res["entries"] == 5 and res["problems"] == []
+    assert snapshot(root) == before
+
+
+def test_verify_finds_damage_and_fix_repairs_it(filled, clean_env):
+    root, ids = filled
+    hurt = _damage(root, ids)
+    before = snapshot(root)
+    r = kc(clean_env, "verify", "--dir", str(root), "--json")
+    assert r.returncode == 1
+    res = json.loads(r.stdout)
+    assert snapshot(root) == before  # without --fix, verify only reads
+    found = {(p["type"], p["id"]) for p in res["problems"]}
+    assert ("corrupt_entry", hurt["flipped"]) in found
+    assert ("corrupt_entry", hurt["member"]) in found
+    assert ("corrupt_entry", hurt["record"]) in found
+    assert ("stray_file", ids["NVFUSERKEY0"]) in found
+    assert ("unindexed_entry", ids["NVFUSERKEY1"]) in found
+    assert ("dangling_row", hurt["ghost"]) in found
+    assert ("bad_row", "e" * 40) in found
+    assert sum(1 for t, _ in found if t == "bad_row") == 2
+    assert "checksum" in next(p["detail"] for p in res["problems"] if p["id"] == hurt["flipped"])
+    assert ("corrupt_entry", hurt["sha"]) in found
+    assert "sha256" in next(p["detail"] for p in res["problems"] if p["id"] == hurt["sha"])
+    human = kc(clean_env, "verify", "--dir", str(root))
+    assert human.returncode == 1 and "verify --fix" in human.stdout
+
+    r = kc(clean_env, "verify", "--fix", "--dir", str(root), "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    fixed = json.loads(r.stdout)
+    assert fixed["ok"] and fixed["remaining"] == [] and len(fixed["fixed"]) == len(res["problems"])
+    again = kjson(clean_env, "verify", "--dir", str(root))
+    assert again["ok"] and again["entries"] == 2
+    s = Store.open(root)
+    assert s.get("nvfuser", "NVFUSERKEY0", count=False) is not None
+    assert s.get("nvfuser", "NVFUSERKEY1", count=False) is not None
+    assert s.get("triton", "TRITONKEY0", count=False) is None
+    s.close()
+    stats = kjson(clean_env, "stats", "--dir", str(root))
+    assert stats["entries"] == 2
+
+
+def test_verify_fix_rebuilds_a_corrupt_index(filled, clean_env):
+    root, ids = filled
+    db = root / "index" / "cache.db"
+    db.write_bytes(b"this is not a database" * 500)
+    r = kc(clean_env, "verify", "--dir", str(root), "--json")
+    assert r.returncode == 1
+    assert [p["type"] for p in json.loads(r.stdout)["problems"]] == ["index_corrupt"]
+    # read-only commands say what is wrong in one line, without a traceback
+    st_ = kc(clean_env, "stats", "--dir", str(root))
+    assert st_.returncode == 1
+    one_line_error(st_)
+    r = kc(clean_env, "verify", "--fix", "--dir", str(root), "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (root / "index.corrupt").is_dir()
+    rows = kjson(clean_env, "inspect", "--dir", str(root))
+    assert {r["id"] for r in rows} == set(ids.values())
+    assert kjson(clean_env, "verify", "--dir", str(root))["ok"]
+
+
+# ---------------------------------------------------------------------------------- explain
+def test_explain_names_the_differing_component(filled, clean_env):
+    root, ids = filled
+    (miss,) = kjson(clean_env, "explain", "--dir", str(root))
+    assert miss["kind"] == "triton" and miss["key"] == "WANTEDKEY" and not miss["stored_now"]
+    nearest = miss["nearest"][0]
+    assert nearest["id"] == ids["TRITONKEY1"]  # kern1 with other num_warps: all else equal
+    assert nearest["differ"] == [{"name": "option.num_warps", "stored": 4, "wanted": 8}]
+    assert nearest["equal"] == nearest["total"] - 1
+    assert all(n["id"] not in (ids["NVFUSERKEY0"], ids["NVFUSERKEY1"]) for n in miss["nearest"])
+    r = kc(clean_env, "explain", "--dir", str(root))
+    assert r.returncode == 0 and "option.num_warps: 4 -> 8" in r.stdout
+    assert kjson(clean_env, "explain", "--kind", "nvfuser", "--dir", str(root)) == []
+
+
+def test_explain_groups_repeated_misses(store_dir, clean_env):
+    fill(store_dir)
+    s = Store.open(store_dir)
+    for _ in range(3):
+        s.get("triton", "AGAIN", components=components(0, kernel="other"))
+    s.close()
+    res = kjson(clean_env, "explain", "--limit", "1", "--dir", str(store_dir))
+    assert len(res) == 1 and res[0]["key"] == "AGAIN" and res[0]["count"] == 3
+    assert res[0]["nearest"][0]["differ"] == [{"name": "kernel", "stored": "kern0", "wanted": "other"}]
+
+
+# ---------------------------------------------------------------------------------- config
+def test_config_shows_values_and_sources(store_dir, clean_env):
+    fill(store_dir)
+    env = dict(clean_env, KCACHE_MAX_SIZE="2GiB", KCACHE_DIR=str(store_dir))
+    res = kjson(env, "config")
+    rows = {r["name"]: r for r in res["settings"]}
+    assert rows["max_size"]["value"] == 2 * 1024**3 and rows["max_size"]["source"] == "env KCACHE_MAX_SIZE"
+    assert rows["dir"]["value"] == str(store_dir) and rows["log"]["source"] == "default"
+    assert res["store"]["safe"] is True and res["store"]["network_fs"] is False
+    other = kjson(env, "config", "--dir", str(store_dir / "elsewhere"))
+    assert {r["name"]: r for r in other["settings"]}["dir"]["source"] == "argument"
+    assert other["store"]["exists"] is False and not (store_dir / "elsewhere").exists()
+    r = kc(dict(env, KCACHE_MAX_SIZE="banana"), "config")
+    assert r.returncode == 0 and "banana" in r.stdout and "KCACHE_MAX_SIZE" in r.stdout
+
+
+def test_config_reports_an_unsafe_store(store_dir, clean_env):
+    fill(store_dir)
+    store_dir.chmod(0o777)
+    res = kjson(clean_env, "config", "--dir", str(store_dir))
+    assert res["store"]["safe"] is False and "writable" in res["store"]["safety"]
+    r = kc(clean_env, "stats", "--dir", str(store_dir))  # the store itself refuses it: exit 1
+    assert r.returncode == 1
+    one_line_error(r)
+
+
+# ---------------------------------------------------------------------------------- errors
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["bogus"],
+        ["stats", "--nope"],
+        ["inspect", "--limit", "x"],
+        ["inspect", "--limit", "-3"],
+        ["inspect", "--kind", "Bad Kind"],
+        ["clear", "--older-than", "7x"],
+        ["clear", "--older-than"],
+        ["clear"],
+        ["clear", "--dry-run"],
+        ["explain", "--nearest", "many"],
+        ["verify", "extra"],
+        ["stats", "--dir"],
+        ["stats", "--dir", ""],
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(argv, store_dir, clean_env):
+    r = kc(clean_env, *argv)
+    assert r.returncode == 2, (argv, r.stdout, r.stderr)
+    one_line_error(r)
+    assert r.stdout == ""
+
+
+def test_bad_values_exit_2(store_dir, clean_env, tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    r = kc(clean_env, "stats", "--dir", str(a_file))
+    assert r.returncode == 2 and "not a directory" in r.stderr
+    one_line_error(r)
+    r = kc(dict(clean_env, KCACHE_MAX_SIZE="banana"), "stats", "--dir", str(store_dir))
+    assert r.returncode == 2 and "KCACHE_MAX_SIZE" in r.stderr
+    one_line_error(r)
+    # a bad KCACHE_DIR that --dir overrides is no problem
+    r = kc(dict(clean_env, KCACHE_DIR=str(a_file)), "stats", "--dir", str(store_dir))
+    assert r.returncode == 0, r.stderr
+
+
+def test_not_a_store_exits_1(tmp_path, clean_env):
+    d = tmp_path / "notastore"
+    d.mkdir(mode=0o700)
+    (d / "somefile").write_text("mine")
+    r = kc(clean_env, "inspect", "--dir", str(d))
+    assert r.returncode == 1 and "not a kcache store" in r.stderr
+    one_line_error(r)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["stats"],
+        ["inspect"],
+        ["inspect", "abc"],
+        ["explain"],
+        ["verify"],
+        ["config"],
+        ["clear", "--all", "--dry-run"],
+        ["clear", "--all"],
+        ["verify", "--fix"],
+        ["stats", "--zero"],
+    ],
+)
+def test_missing_store_is_not_created(argv, tmp_path, clean_env):
+    missing = tmp_path / "missing" / "store"
+    r = kc(clean_env, *argv, "--dir", str(missing))
+    assert r.returncode in (0, 1), r.stderr  # inspect PREFIX: nothing matches
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "missing").exists()
+    assert not (tmp_path / "home").exists() and not (tmp_path / "xdg").exists()
+
+
+def test_readonly_setting_refuses_changes(filled, clean_env):
+    root, _ = filled
+    before = snapshot(root)
+    env = dict(clean_env, KCACHE_READONLY="1")
+    for argv in (["clear", "--all"], ["verify", "--fix"], ["stats", "--zero"]):
+        r = kc(env, *argv, "--dir", str(root))
+        assert r.returncode == 1 and "read-only" in r.stderr
+        one_line_error(r)
+    assert kjson(env, "stats", "--dir", str(root))["entries"] == 5
+    assert snapshot(root) == before
+
+
+def test_console_script_and_help(clean_env):
+    script = Path(sys.executable).with_name("kcache")
+    if script.exists():
+        r = subprocess.run([str(script), "--help"], env=clean_env, capture_output=True, text=True)
+        assert r.returncode == 0 and "inspect" in r.stdout
+    r = kc(clean_env, "clear", "--help")
+    assert r.returncode == 0 and "--older-than" in r.stdout
+
+
+# ---------------------------------------------------------------------------------- property
+KINDS = st.sampled_from(["triton", "nvfuser", "triton-aux", "Bad", ""])
+AGES = st.sampled_from(["7d", "1s", "0", "12h", "5x", "-1d"])
+COUNTS = st.sampled_from(["0", "1", "3", "-1", "x"])
+PREFIXES = st.sampled_from(["TRITONKEY", "WANTED", "ab", "0", "zz", ""])
+OPTIONS = {
+    "stats": [st.just(["--zero"])],
+    "inspect": [
+        st.tuples(st.just("--kind"), KINDS),
+        st.tuples(st.just("--limit"), COUNTS),
+        PREFIXES.map(lambda p: [p]),
+    ],
+    "clear": [
+        st.tuples(st.just("--kind"), KINDS),
+        st.tuples(st.just("--older-than"), AGES),
+        st.just(["--stale"]),
+        st.just(["--all"]),
+        st.just(["--dry-run"]),
+    ],
+    "verify": [st.just(["--fix"])],
+    "explain": [
+        st.tuples(st.just("--kind"), KINDS),
+        st.tuples(st.just("--limit"), COUNTS),
+        st.tuples(st.just("--nearest"), COUNTS),
+    ],
+    "config": [],
+    "bogus": [],
+}
+ANY_TOKEN = st.sampled_from(
+    ["--json", "--kind", "--limit", "--fix", "--all", "--zero", "--stale", "x", "7d", ""]
+)
+
+
+@st.composite
+def argvs(draw: st.DrawFn) -> tuple[str, list[str]]:
+    """A command and its arguments: mostly its own options with valid or invalid values, now
+    and then a stray token."""
+    command = draw(st.sampled_from(list(OPTIONS)))
+    chunk = st.one_of(*OPTIONS[command], st.just(["--json"])) if OPTIONS[command] else st.just(["--json"])
+    chunks = draw(st.lists(st.one_of(chunk, chunk, chunk, ANY_TOKEN.map(lambda t: [t])), max_size=4))
+    return command, [tok for c in chunks for tok in c]
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("template") / "store"
+    fill(root)
+    return root
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(drawn=argvs(), json_first=st.booleans())
+def test_any_argv_exits_cleanly_and_reads_never_write(template, tmp_path_factory, drawn, json_first):
+    command, rest = drawn
+    root = tmp_path_factory.mktemp("prop") / "store"
+    shutil.copytree(template, root)
+    argv = (["--json"] if json_first else []) + ["--dir", str(root), command, *rest]
+    before = snapshot(root)
+    out, err = io.StringIO(), io.StringIO()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE")}
+    with (
+        mock.patch.dict(os.environ, env, clear=True),
+        contextlib.redirect_stdout(out),
+        contextlib.redirect_stderr(err),
+    ):
+        try:
+            rc = cli.main(argv)
+        except SystemExit as e:  # main returns; a SystemExit would be a bug too, but say which
+            rc = e.code
+    allowed = {0, 2} | ({1} if command in ("verify", "inspect") else set())
+    assert rc in allowed, (argv, rc, err.getvalue())
+    assert "Traceback" not in err.getvalue()
+    if rc == 2:
+        assert len(err.getvalue().strip().splitlines()) == 1, err.getvalue()
+    writes = (
+        (command == "clear" and "--dry-run" not in rest)
+        or (command == "verify" and "--fix" in rest)
+        or (command == "stats" and "--zero" in rest)
+    )
+    if not writes:
+        assert snapshot(root) == before, argv
+    if rc == 0 and ("--json" in rest or json_first):
+        json.loads(out.getvalue())
+    shutil.rmtree(root.parent, ignore_errors=True)
