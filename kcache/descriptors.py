@@ -33,6 +33,8 @@ __all__ = [
     "StaticDescriptor",
     "TensorDescriptor",
     "compute_tensor_descriptor",
+    "exact_key",
+    "key_of_exact",
     "runtime_key",
     "tensor_descriptor",
 ]
@@ -341,11 +343,19 @@ def runtime_key(args: Sequence[Any], *, static: Sequence[int] | frozenset[int] =
         return last[1]
     k = _CALL_MEMO.get(ex)
     if k is None:
+        k = key_of_exact(ex)
+    _last = (ex, k)
+    return k
+
+
+def key_of_exact(ex: tuple) -> tuple:
+    """The runtime key of a call from its :func:`exact_key` (memoised like :func:`runtime_key`)."""
+    k = _CALL_MEMO.get(ex)
+    if k is None:
         k = _from_exact(ex)
         if len(_CALL_MEMO) >= _MEMO_MAX:
             _CALL_MEMO.clear()
         _CALL_MEMO[ex] = k
-    _last = (ex, k)
     return k
 
 

@@ -353,3 +353,11 @@ def test_no_torch_at_import():
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).parent.parent
     )
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_key_of_exact_equals_runtime_key():
+    args = [torch.randn(3, 4).t(), 2, torch.tensor(1.0), [1.0, 2.0], torch.randn(2, 1, 3)]
+    D.clear_memos()
+    assert D.key_of_exact(exact_key(args)) == runtime_key(args) == _cold(args)
+    D.clear_memos()
+    assert D.key_of_exact(exact_key(args)) == _cold(args)

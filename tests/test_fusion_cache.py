@@ -302,3 +302,19 @@ def test_threads_hammering(maxsize, use_guards):
 def test_rejects_bad_maxsize():
     with pytest.raises(ValueError):
         FusionCache(Recorder(), maxsize=0)
+
+
+def test_counts_pushed_periodically_without_flush(monkeypatch):
+    monkeypatch.setattr(fcm, "_PUSH_EVERY", 7)
+    fc = FusionCache(Recorder())
+    a, b = torch.randn(2, 2), torch.randn(2, 2).t()
+    fc.lookup((a,))
+    fc.lookup((b,))
+    before = counters.process_totals()[fcm.COUNTER_KIND].get("hits", 0)
+    for _ in range(20):  # alternating: every call takes the memo path
+        fc.lookup((a,))
+        fc.lookup((b,))
+    pushed = counters.process_totals()[fcm.COUNTER_KIND].get("hits", 0) - before
+    assert 30 <= pushed <= 40
+    fc.flush()
+    assert counters.process_totals()[fcm.COUNTER_KIND].get("hits", 0) - before == 40

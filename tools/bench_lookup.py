@@ -12,7 +12,9 @@ What is timed, per call, for 1, 4 and 16 tensor arguments (CPU tensors of mixed 
 * ``kcache-py``: the same with ``use_guards=False`` (the pure Python path);
 * ``runtime_key``: :func:`kcache.descriptors.runtime_key` on a call shape seen before;
 * ``runtime_key-new`` / ``thunder-new``: on shapes never seen (every tensor of every call new:
-  memos and lru caches cleared before each repeat, meta tensors so that nothing is allocated).
+  memos and lru caches cleared before each repeat, meta tensors so that nothing is allocated);
+  ``kcache-new``: ``FusionCache.lookup`` on such calls (same layouts, new sizes: the definition
+  is found by descriptors, nothing is built).
 
 And, as a worst case for the guard, ``alt``: calls alternating between two layouts.
 
@@ -101,6 +103,44 @@ def _time(fn: Any, args: Any, loops: int) -> float:
     return timeit.Timer("fn(args)", globals={"fn": fn, "args": args}).timeit(loops) / loops
 
 
+def _bench_new(methods: dict[str, Any], pool: list[list[Any]], repeats: int) -> dict[str, list[float]]:
+    """Per-call cost on call shapes never seen: every tensor of every call in ``pool`` is new.
+
+    The order of the methods rotates between repeats: the first pass over the pool pays the
+    cache misses of touching cold tensors.
+    """
+    contiguity = methods["thunder"][1][0]
+    thunder = methods["thunder"][0]
+    fc = methods["kcache"][1]
+
+    def rk_new() -> None:
+        descriptors.clear_memos()
+        for a in pool:
+            runtime_key(a)
+
+    def th_new() -> None:
+        contiguity.cache_clear()
+        for a in pool:
+            thunder(a)
+
+    def fc_new() -> None:
+        descriptors.clear_memos()
+        fc._memo.clear()
+        for a in pool:
+            fc.lookup(a)
+
+    fns = {"runtime_key-new": rk_new, "thunder-new": th_new, "kcache-new": fc_new}
+    out: dict[str, list[float]] = {k: [] for k in fns}
+    items = list(fns.items())
+    for r in range(repeats):
+        k = r % len(items)
+        for name, fn in items[k:] + items[:k]:
+            t0 = timeit.default_timer()
+            fn()
+            out[name].append((timeit.default_timer() - t0) / len(pool))
+    return out
+
+
 def bench(sizes: list[int], repeats: int, loops: int, new_loops: int) -> dict[str, Any]:
     def build(descs: tuple) -> Any:
         return ("definition", descs)
@@ -119,23 +159,7 @@ def bench(sizes: list[int], repeats: int, loops: int, new_loops: int) -> dict[st
             for name, (fn, _) in methods.items():
                 samples[name].append(_time(fn, args, loops))
 
-        # Shapes never seen: every call gets n tensors whose (sizes, strides) are new.
-        pool = _fresh_pool(n, new_loops)
-        contiguity, _get_fd = methods["thunder"][1]
-        thunder = methods["thunder"][0]
-        new: dict[str, list[float]] = {"runtime_key-new": [], "thunder-new": []}
-        for _ in range(repeats):
-            descriptors.clear_memos()
-            t0 = timeit.default_timer()
-            for a in pool:
-                runtime_key(a)
-            new["runtime_key-new"].append((timeit.default_timer() - t0) / len(pool))
-            contiguity.cache_clear()
-            t0 = timeit.default_timer()
-            for a in pool:
-                thunder(a)
-            new["thunder-new"].append((timeit.default_timer() - t0) / len(pool))
-        samples.update(new)
+        samples.update(_bench_new(methods, _fresh_pool(n, new_loops), repeats))
 
         # Worst case for the guard: two layouts alternating.
         other = tuple(_layouts(n, salt=1))

@@ -38,6 +38,8 @@ __all__ = ["FusionCache", "flush_all"]
 
 #: counter kind in ``kcache stats``
 COUNTER_KIND = "nvfuser-fusion"
+#: the memo path pushes counts to kcache.counters when its tick is a multiple of this plus one
+_PUSH_EVERY = 4095
 
 _TT = _d._TENSOR_TYPES  # the same set object: types join it as kcache.descriptors meets them
 _T: type = _d._T  # torch.Tensor once kcache.descriptors has met one (synced on every miss)
@@ -166,7 +168,9 @@ class FusionCache:
         # 35 ns), which is also the recency tick. Never a call into kcache.counters on the hit
         # path: its add() takes a lock and costs about as much as the rest of a 1-tensor hit.
         # Deltas go to kcache.counters on every miss (already the slow path, under the lock),
-        # on flush(), and at exit.
+        # every 4096 ticks seen by the memo path (a call shape other than the previous one),
+        # on flush() / flush_all(), and at exit. The two fastest paths (the same call shape
+        # again) only count: a test there would cost as much as the count itself.
         self._hitc = itertools.count(1)
         self._hits0 = 1  # the count's start: hits = next value - _hits0
         self._misses = 0
@@ -191,8 +195,8 @@ class FusionCache:
                 if g.check(*args):
                     next(self._hitc)
                     return e[1]
-            except TypeError:  # another number of arguments
-                pass
+            except Exception:  # another number of arguments (TypeError), or a tensor without
+                pass  # strides (sparse, nested): the Python path below decides or raises
         # Module globals only inside the comprehension: a local would make it a closure, which
         # costs more per call than the global lookups.
         ex = tuple(
@@ -212,8 +216,10 @@ class FusionCache:
         if e is not None:
             # The most recent entry needs no tick: it was stamped when it became the most recent
             # and no other entry has been used since.
-            e[4][1] = next(self._hitc)
+            e[4][1] = t = next(self._hitc)
             self._mru = e
+            if not t & _PUSH_EVERY:
+                self.flush()
             return e[1]
         return self._miss(args, ex)
 
@@ -248,7 +254,9 @@ class FusionCache:
         global _T
         _T = _d._T
         if rk is None:
-            rk = _d.runtime_key(args, static=self._static)
+            # ex is the call's exact key (no static positions on this path): no second read of
+            # the tensors.
+            rk = _d.key_of_exact(ex)
         while True:
             with self._lock:
                 slot = self._defs.get(rk)
