@@ -92,13 +92,42 @@ _EXTRA_TABLES = (
 MAX_MISSES = 256
 
 
+class _Cache(diskcache.Cache):
+    """diskcache's Cache with its retries bounded by kcache's timeout.
+
+    diskcache runs the statements of ``__init__`` and ``reset`` through ``_sql_retry``, which
+    retries a locked database for 60 seconds each, whatever ``timeout`` says: opening the index
+    while another process holds a write transaction would hold a compile up for minutes."""
+
+    def __init__(self, directory: str, *, timeout: float, **kwargs: Any) -> None:
+        self._kcache_retry_s = timeout
+        super().__init__(directory, timeout=timeout, **kwargs)
+
+    @property
+    def _sql_retry(self) -> Any:
+        sql = self._sql
+        limit = self._kcache_retry_s
+
+        def execute(statement: str, *args: Any, **kwargs: Any) -> Any:
+            start = time.monotonic()
+            while True:
+                try:
+                    return sql(statement, *args, **kwargs)
+                except sqlite3.OperationalError as exc:
+                    if str(exc) != "database is locked" or time.monotonic() - start > limit:
+                        raise
+                    time.sleep(0.001)
+
+        return execute
+
+
 class Index:
     """diskcache-backed catalogue. Every method may raise; callers decide how to fail open."""
 
     def __init__(self, directory: Path, timeout: float = 0.25) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.cache = diskcache.Cache(str(directory), disk=RawOnlyDisk, timeout=timeout, **SETTINGS)
+        self.cache = _Cache(str(directory), disk=RawOnlyDisk, timeout=timeout, **SETTINGS)
         # diskcache keeps settings in the database: a crafted or old one must not bring culling back.
         for k, v in SETTINGS.items():
             if getattr(self.cache, k, v) != v:
