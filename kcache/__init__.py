@@ -76,6 +76,10 @@ def enable(
                 pass
             else:
                 _integrations.append(_attach_nvfuser())
+        if triton:  # KCACHE_RECORD, and the check of a prewarmed store's Triton build
+            from .prewarm.record import attach as _attach_prewarm
+
+            _integrations.append(_attach_prewarm(s.record))
         return True
 
 

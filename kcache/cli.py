@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import config as _config
+from .prewarm import cli as _prewarm_cli
 
 if TYPE_CHECKING:
     from .store import Store
@@ -511,6 +512,7 @@ COMMANDS: dict[str, tuple[AddArguments, Run]] = {
     "verify": (_verify_args, _verify_run),
     "explain": (_explain_args, _explain_run),
     "config": (_config_args, _config_run),
+    "prewarm": (_prewarm_cli.add_arguments, _prewarm_cli.run),
     # ---- Other modules register their subcommands here, one line each, e.g.
     #   "prewarm": (prewarm.add_arguments, prewarm.run),   (from . import prewarm, at the top)
     #   "import": (bundle.add_import_arguments, bundle.run_import),

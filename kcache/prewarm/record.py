@@ -1,0 +1,471 @@
+"""``KCACHE_RECORD=FILE``: a running program appends the Triton kernels it compiles to a spec.
+
+Each kernel the program's JIT prepares (compiled, or loaded from a cache: both go through
+``JITFunction._do_compile``) becomes one ``[[triton]]`` entry: the import path of the kernel (the
+autotuner or heuristics object when the kernel is wrapped, with the wrapper's own arguments), the
+arguments (tensors by dtype, shape, strides when not contiguous and alignment when not 16 bytes;
+scalars by value; constexprs), the compile options, the grid when it can be written down, and
+Triton's cache-invalidating environment. Never tensor contents, never a file path.
+
+How: Triton's ``knobs.runtime.jit_cache_hook`` (called before each compile, inside the JIT's
+``run``, whose bound arguments it reads from the stack) and ``jit_post_compile_hook`` (called
+after it succeeded). Both are single slots: kcache chains whatever the program set, before or
+after kcache (the ``knobs.runtime`` object gets a subclass whose two properties call the
+program's hooks after kcache's, and return what they return). The post-compile hook also fires
+on cache hits; entries are deduplicated (per process and in the file).
+
+Concurrent processes append under a lock (``FILE.lock``); each entry is a complete TOML table
+written in one append, so the file is a valid spec after every append. A kernel that cannot be
+imported by name in another process (defined in ``__main__``, inside a function, or in a module
+loaded from a path) is written as a comment saying so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import json
+import math
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import Any
+
+from .._imports import forget, when_imported
+from ..log import logger, warn_once
+
+HEADER = (
+    "# kcache prewarm spec, appended to by programs run with KCACHE_RECORD=<this file>.\n"
+    "# Replay: kcache prewarm <this file> [--target cuda:90]. Tensor contents are never recorded.\n"
+    "version = 1\n"
+)
+_EXCLUDED_OPTIONS = {"debug", "instrumentation_mode", "fpsan_homomorphic_casts"}
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+WORKER_ENV = "KCACHE_PREWARM_WORKER"
+
+
+class Unrecordable(Exception):
+    pass
+
+
+# ------------------------------------------------------------------------------ TOML writing
+def toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, Mapping):
+        if not v:
+            return "{}"
+        return "{ " + ", ".join(f"{toml_key(k)} = {toml_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def toml_key(k: str) -> str:
+    return k if _BARE_KEY.match(k) else json.dumps(k)
+
+
+def entry_toml(entry: Mapping[str, Any], comment: str | None = None) -> str:
+    """One ``[[triton]]`` table: kernel, grid, options, env, then ``[triton.args]``."""
+    lines = []
+    if comment:
+        lines += [f"# {c}" for c in comment.splitlines()]
+    lines.append("[[triton]]")
+    lines.append(f"kernel = {toml_value(entry['kernel'])}")
+    for k in ("grid", "options", "env"):
+        if entry.get(k):
+            lines.append(f"{k} = {toml_value(entry[k])}")
+    lines.append("[triton.args]")
+    for k, v in entry["args"].items():
+        lines.append(f"{toml_key(k)} = {toml_value(v)}")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------ values
+def spec_value(v: Any) -> Any:
+    """A runtime argument -> its spec value (a TOML-ready Python object). Raises Unrecordable."""
+    if v is None:
+        return {"none": True}
+    if isinstance(v, bool) or isinstance(v, str):
+        return v
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        return float(v)
+    if hasattr(v, "data_ptr") and hasattr(v, "dtype") and hasattr(v, "shape") and hasattr(v, "stride"):
+        from .spec import dtype_name
+
+        name = dtype_name(str(v.dtype))
+        if name is None:
+            raise Unrecordable(f"a tensor of dtype {v.dtype}")
+        out: dict[str, Any] = {"tensor": name, "shape": [int(s) for s in v.shape]}
+        try:
+            contiguous = bool(v.is_contiguous())
+        except Exception:
+            contiguous = True
+        if not contiguous:
+            out["strides"] = [int(s) for s in v.stride()]
+        try:
+            ptr = int(v.data_ptr())
+        except Exception:
+            ptr = 0
+        if ptr % 16:
+            out["alignment"] = ptr & -ptr
+        return out
+    cls = type(v)
+    mod = getattr(cls, "__module__", "")
+    if mod.startswith("triton.language") and cls.__name__ == "constexpr":
+        return spec_value(v.value)
+    if mod.startswith("triton.language") and hasattr(v, "name") and cls.__name__.endswith("dtype"):
+        return {"triton_dtype": str(v.name)}
+    if isinstance(v, (list, tuple)):
+        return [spec_value(x) for x in v]
+    raise Unrecordable(f"a {cls.__name__}")
+
+
+# ------------------------------------------------------------------------------ names
+_name_memo: dict[int, tuple[Any, str | None, str | None]] = {}
+
+
+def import_name(obj: Any, fn: Any) -> tuple[str | None, str | None]:
+    """(``module:name`` by which another process can import ``obj``, or None; why not)."""
+    hit = _name_memo.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        return hit[1], hit[2]
+    modname = getattr(fn, "__module__", None) or ""
+    ref, why = None, None
+    mod = sys.modules.get(modname)
+    if modname == "__main__" or mod is None:
+        why = f"{getattr(fn, '__name__', '?')} is defined in the main script (__main__), which another process cannot import"
+    elif "<locals>" in getattr(fn, "__qualname__", ""):
+        why = f"{fn.__qualname__} is defined inside a function"
+    else:
+        name = getattr(fn, "__name__", None)
+        if name and getattr(mod, name, None) is obj:
+            ref = f"{modname}:{name}"
+        else:
+            for k, v in list(vars(mod).items()):
+                if v is obj:
+                    ref = f"{modname}:{k}"
+                    break
+        if ref is None:
+            why = f"{getattr(fn, '__name__', '?')} is not a module-level name of {modname}"
+        elif not _importable(modname, mod):
+            why = f"module {modname} was not imported from sys.path (loaded from a file path?)"
+            ref = None
+    _name_memo[id(obj)] = (obj, ref, why)
+    return ref, why
+
+
+def _importable(modname: str, mod: ModuleType) -> bool:
+    spec = getattr(mod, "__spec__", None)
+    if spec is None:
+        return False
+    top = modname.split(".")[0]
+    if top in sys.builtin_module_names:
+        return True
+    try:
+        found = importlib.machinery.PathFinder.find_spec(top, sys.path)
+    except Exception:
+        found = None
+    if found is None:
+        return False
+    if "." not in modname and spec.origin and found.origin:
+        return os.path.realpath(spec.origin) == os.path.realpath(found.origin)
+    return True
+
+
+# ------------------------------------------------------------------------------ the recorder
+class Recorder:
+    def __init__(self, path: str) -> None:
+        self.path = os.path.abspath(path)
+        self._lock = threading.Lock()
+        self._pending: dict[tuple[int, str], tuple[str, dict[str, Any] | None, str | None]] = {}
+        self._written: set[str] = set()
+        self.recorded = 0
+        self.skipped = 0
+
+    # called by the chained hooks
+    def capture(self, kw: Mapping[str, Any]) -> None:
+        info = kw.get("fn")
+        jit = getattr(info, "jit_function", None)
+        if jit is None:
+            return
+        entry, why = self._build(jit, kw)
+        if entry is None and why is None:
+            return
+        rid = _record_id(entry if entry is not None else {"skip": why, "fn": getattr(jit, "__name__", "")})
+        with self._lock:
+            self._pending[(id(jit), str(kw.get("key")))] = (rid, entry, why)
+
+    def commit(self, kw: Mapping[str, Any]) -> None:
+        info = kw.get("fn")
+        jit = getattr(info, "jit_function", None)
+        with self._lock:
+            got = self._pending.pop((id(jit), str(kw.get("key"))), None)
+            if got is None or got[0] in self._written:
+                return
+            self._written.add(got[0])
+        rid, entry, why = got
+        try:
+            self._append(rid, entry, why)
+        except Exception as e:
+            warn_once("record-write", f"KCACHE_RECORD: cannot append to {self.path}: {e}")
+
+    def _build(self, jit: Any, kw: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+        import inspect
+
+        f = sys._getframe(1)
+        run = None
+        while f is not None:
+            loc = f.f_locals
+            if f.f_code.co_name == "run" and loc.get("self") is jit and "bound_args" in loc:
+                run = f
+                break
+            f = f.f_back
+        if run is None:
+            return None, None  # preload() or an unknown path: nothing to record
+        from triton.runtime.jit import JITFunction, KernelInterface
+
+        from .spec import kernel_chain
+
+        outer, outer_frame = None, None
+        f = run.f_back
+        while f is not None:
+            s = f.f_locals.get("self") if f.f_code.co_name in ("run", "warmup") else None
+            if (
+                s is not None
+                and isinstance(s, KernelInterface)
+                and not isinstance(s, JITFunction)
+                and any(c is jit for c in kernel_chain(s))
+            ):
+                outer, outer_frame = s, f
+            f = f.f_back
+        params = list(inspect.signature(jit.fn).parameters)
+        warmup = bool(kw.get("is_manual_warmup"))
+        obj = outer if outer is not None else jit
+        ref, why = import_name(obj, jit.fn)
+        if ref is None:
+            return None, why
+        if outer is not None:
+            loc = outer_frame.f_locals
+            names = getattr(outer, "arg_names", params)
+            given = dict(zip(names, loc.get("args", ())))
+            given.update(loc.get("kwargs", {}) or {})
+            grid = given.pop("grid", loc.get("grid"))
+            given.pop("warmup", None)
+            if isinstance(getattr(outer, "values", None), dict):  # heuristics add these
+                for k in outer.values:
+                    given.pop(k, None)
+            excluded: set[str] = set()
+        else:
+            loc = run.f_locals
+            given = dict(loc["bound_args"])
+            given.update({k: v for k, v in (loc.get("kwargs") or {}).items() if k not in given})
+            grid = loc.get("grid")
+            excluded = _EXCLUDED_OPTIONS
+        args: dict[str, Any] = {}
+        options: dict[str, Any] = {}
+        for k, v in given.items():
+            if k in excluded:
+                continue
+            try:
+                val = spec_value(v)
+            except Unrecordable as e:
+                return None, f"{ref}: argument {k} is {e}, which a spec cannot describe"
+            if k in params:
+                args[k] = val
+            elif v is not None:
+                options[k] = val
+        entry: dict[str, Any] = {"kernel": ref, "args": args}
+        if options:
+            entry["options"] = options
+        if not warmup:
+            g = _grid_value(grid, given if outer is None else None)
+            if g is not None:
+                entry["grid"] = g
+        env = _env_now()
+        if env:
+            entry["env"] = env
+        return entry, None
+
+    def _append(self, rid: str, entry: dict[str, Any] | None, why: str | None) -> None:
+        from filelock import FileLock
+
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+        if entry is not None:
+            text = entry_toml(entry, comment=f"kcache record-id {rid} ({stamp}, pid {os.getpid()})")
+        else:
+            text = f"# kcache record-id {rid}: not recorded: {why}\n"
+        with FileLock(self.path + ".lock", timeout=30):
+            try:
+                with open(self.path, encoding="utf-8") as fh:
+                    existing = fh.read()
+            except FileNotFoundError:
+                existing = ""
+            if f"record-id {rid}" in existing:
+                return
+            out = ""
+            if not existing.strip():
+                out = HEADER
+            elif not existing.endswith("\n"):
+                out = "\n"
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(out + "\n" + text)
+                fh.flush()
+                os.fsync(fh.fileno())
+        if entry is not None:
+            self.recorded += 1
+        else:
+            self.skipped += 1
+            warn_once(f"record-skip:{why}", f"KCACHE_RECORD: not recorded: {why}")
+
+
+def _grid_value(grid: Any, bound: Mapping[str, Any] | None) -> Any:
+    if grid is None:
+        return None
+    if isinstance(grid, (tuple, list)):
+        return [int(g) for g in grid] if all(isinstance(g, int) for g in grid) else None
+    if callable(grid):
+        qn = getattr(grid, "__qualname__", "")
+        mod = getattr(grid, "__module__", "")
+        if qn and "<" not in qn and mod and mod != "__main__" and "." not in qn:
+            if getattr(sys.modules.get(mod), qn, None) is grid:
+                return f"{mod}:{qn}"
+        if bound is not None:  # a plain kernel: the grid is fixed by its bound arguments
+            try:
+                g = grid(bound)
+                if all(isinstance(x, int) for x in g):
+                    return [int(x) for x in g]
+            except Exception:
+                return None
+    return None
+
+
+def _env_now() -> dict[str, str]:
+    try:
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+
+        return {k: str(v) for k, v in sorted(get_cache_invalidating_env_vars().items())}
+    except Exception:
+        return {}
+
+
+def _record_id(entry: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(entry, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------------ chaining
+def chain_hooks(recorder: Recorder) -> Callable[[], None]:
+    """Route ``knobs.runtime.jit_cache_hook``/``jit_post_compile_hook`` through ``recorder``,
+    keeping (and calling) whatever the program set, now or later. Returns an undo function."""
+    from triton import knobs
+
+    rt = knobs.runtime
+    base = type(rt)
+    if getattr(base, "_kcache_chained", False):
+        base._kcache_recorder = recorder  # type: ignore[attr-defined]
+        return lambda: setattr(base, "_kcache_recorder", None)
+
+    def make(slot: str, before: bool) -> property:
+        user_slot = f"_kcache_user_{slot}"
+
+        def get(self: Any) -> Any:
+            user = self.__dict__.get(user_slot)
+            rec = type(self)._kcache_recorder
+
+            if rec is None:
+                return user
+
+            def hook(**kw: Any) -> Any:
+                try:
+                    (rec.capture if before else rec.commit)(kw)
+                except Exception as e:  # recording never breaks the program
+                    logger.debug("KCACHE_RECORD hook: %s", e)
+                return user(**kw) if user is not None else None
+
+            return hook
+
+        def set_(self: Any, value: Any) -> None:
+            self.__dict__[user_slot] = value
+
+        return property(get, set_)
+
+    chained = type(
+        base.__name__,
+        (base,),
+        {
+            "_kcache_chained": True,
+            "_kcache_recorder": recorder,
+            "jit_cache_hook": make("jit_cache_hook", True),
+            "jit_post_compile_hook": make("jit_post_compile_hook", False),
+        },
+    )
+    for slot in ("jit_cache_hook", "jit_post_compile_hook"):
+        rt.__dict__[f"_kcache_user_{slot}"] = rt.__dict__.pop(slot, None)
+    rt.__class__ = chained
+
+    def undo() -> None:
+        chained._kcache_recorder = None  # type: ignore[attr-defined]
+
+    return undo
+
+
+# ------------------------------------------------------------------------------ attach
+_active: Recorder | None = None
+
+
+def active_recorder() -> Recorder | None:
+    return _active
+
+
+def attach(record_path: str | None) -> Callable[[], None]:
+    """Called by :func:`kcache.enable`: when triton is imported, check the store's prewarm build,
+    and with ``record_path`` (``KCACHE_RECORD``) start recording. In a child of a prewarm, protect
+    this process's puts. Returns a function that undoes it all. Imports nothing heavy."""
+    from .. import active_store
+    from .meta import check_store_build, protect_from_env
+
+    undo: list[Callable[[], None]] = []
+    with_protect = protect_from_env(active_store())
+    if with_protect is not None:
+        undo.append(with_protect)
+
+    def on_triton(mod: ModuleType) -> None:
+        global _active
+        try:
+            check_store_build(active_store())
+        except Exception as e:
+            logger.debug("prewarm build check: %s", e)
+        if record_path and not os.environ.get(WORKER_ENV):
+            rec = Recorder(record_path)
+            undo.append(chain_hooks(rec))
+            _active = rec
+
+    when_imported("triton", on_triton)
+
+    def detach() -> None:
+        global _active
+        forget("triton", on_triton)
+        while undo:
+            try:
+                undo.pop()()
+            except Exception:
+                pass
+        _active = None
+
+    return detach
