@@ -20,7 +20,9 @@ _installed: dict[str, Any] = {}
 def _set_knob(obj: Any, name: str, value: Any) -> None:
     """Set a Triton knob for this process only: knobs export bool/str values to os.environ when
     set normally, and a child Python without kcache must not inherit them."""
-    desc = getattr(type(obj), name, None)
+    # Look the descriptor up without calling it (Triton's knob descriptors fail when read from
+    # the class), so that the value goes into the instance only, and not into os.environ.
+    desc = next((c.__dict__[name] for c in type(obj).__mro__ if name in c.__dict__), None)
     dname = getattr(desc, "name", None)
     if desc is not None and hasattr(desc, "__set__") and isinstance(dname, str):
         obj.__dict__[dname] = value
@@ -37,7 +39,10 @@ def install(triton: ModuleType | None = None) -> None:
     from .keymemo import install_key_memo
     from .manager import KcacheCacheManager
 
-    if os.environ.get("TRITON_CACHE_MANAGER"):
+    user_manager = os.environ.get("TRITON_CACHE_MANAGER", "").strip()
+    if user_manager and user_manager.split(":")[0].startswith("kcache."):
+        pass  # kcache's own manager, named explicitly: it is what Triton builds already
+    elif user_manager:
         warn_once(
             "user-manager",
             f"TRITON_CACHE_MANAGER={os.environ['TRITON_CACHE_MANAGER']} is set: it wins, kcache does not "

@@ -18,6 +18,12 @@ scratch folder, so Triton never notices. ``override`` and ``dump`` managers are 
 A miss on a group takes a per-kernel lock (an flock) until ``put_group``: processes that miss on
 the same kernel at once wait for the first to compile it instead of compiling it too; the wait is
 bounded by :data:`LOCK_TIMEOUT_S` and a holder that dies releases the lock with its process.
+
+A compile that raises never reaches ``put_group``, and its manager may live on (a traceback
+cycle) with the lock. flock locks belong to open files, not processes, so this process would then
+wait on itself. Hence: a process never waits for a kernel lock it holds itself (it compiles), a
+thread's next group lookup releases the locks its earlier, failed compiles still hold (a thread
+compiles one kernel at a time), and a forked child neither uses nor releases its parent's locks.
 """
 
 from __future__ import annotations
@@ -45,6 +51,31 @@ KIND_AUX = "triton-aux"
 
 _scratch_lock = threading.Lock()
 _scratch_root: str | None = None
+_scratch_pid = 0
+
+# Kernel locks this process holds: store key -> (lock, thread id, pid, owner manager's id).
+_held_lock = threading.Lock()
+_held: dict[str, tuple[Any, int, int, int]] = {}
+
+
+def _forget_held_after_fork() -> None:
+    # The child shares the parent's open lock files: releasing them would unlock the parent's.
+    global _held_lock
+    _held_lock = threading.Lock()
+    _held.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_held_after_fork)
+
+
+def _release_lock(lk: Any, pid: int) -> None:
+    if lk is None or pid != os.getpid():
+        return
+    try:
+        lk.release()
+    except Exception as e:
+        logger.debug("lock release: %s", e)
 
 
 def kind_of(filename: str) -> str | None:
@@ -59,9 +90,9 @@ def kind_of(filename: str) -> str | None:
 def _scratch(store: Any) -> str:
     """This process's scratch folder: inside the store (same filesystem: members are hard-linked
     into entries) when writable, else a private temporary folder. Removed at exit."""
-    global _scratch_root
+    global _scratch_root, _scratch_pid
     with _scratch_lock:
-        if _scratch_root is None or not os.path.isdir(_scratch_root):
+        if _scratch_root is None or _scratch_pid != os.getpid() or not os.path.isdir(_scratch_root):
             root = None
             if store is not None and not store.readonly:
                 try:
@@ -71,9 +102,14 @@ def _scratch(store: Any) -> str:
                     root = None
             if root is None:
                 root = tempfile.mkdtemp(prefix="kcache-triton-")
-            _scratch_root = root
-            atexit.register(shutil.rmtree, root, True)
+            _scratch_root, _scratch_pid = root, os.getpid()
+            atexit.register(_remove_scratch, root, _scratch_pid)
         return _scratch_root
+
+
+def _remove_scratch(root: str, pid: int) -> None:
+    if pid == os.getpid():  # not from a forked child that exits normally
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _gpu_model() -> str | None:
@@ -194,8 +230,7 @@ class KcacheCacheManager(CacheManager):
             if hit is None:
                 self._miss_t[filename] = time.perf_counter()
                 # Single flight: whoever holds the kernel's lock is compiling it; wait, then look again.
-                self._lock = store.lock(KIND_GROUP, skey, LOCK_TIMEOUT_S)
-                if self._lock is not None:
+                if self._take_lock(store, skey):
                     hit = store.get(KIND_GROUP, skey, count=False)
                     if hit is not None:
                         self._release()
@@ -208,6 +243,36 @@ class KcacheCacheManager(CacheManager):
         if hit is None:
             return None
         return dict(hit.paths)
+
+    def _take_lock(self, store: Any, skey: str) -> bool:
+        """Take the kernel's cross-process lock (waiting, bounded, while another process compiles
+        it). False when not taken: this process holds it already, read-only store, timeout."""
+        me, pid = threading.get_ident(), os.getpid()
+        with _held_lock:
+            # This thread's earlier compiles that never reached put_group have failed: let go.
+            stale = [
+                k for k, (_, tid, p, owner) in _held.items() if tid == me and p == pid and owner != id(self)
+            ]
+            stale_locks = [_held.pop(k) for k in stale]
+            busy = skey in _held
+        for lk, _, p, _ in stale_locks:
+            _release_lock(lk, p)
+        if busy:  # another thread of this process compiles it (or failed to): do not wait on ourselves
+            return False
+        lk = store.lock(KIND_GROUP, skey, LOCK_TIMEOUT_S)
+        if lk is None:
+            return False
+        with _held_lock:
+            if skey in _held:  # another thread took it meanwhile (the flock is per open file)
+                raced = True
+            else:
+                _held[skey] = (lk, me, pid, id(self))
+                raced = False
+        if raced:
+            _release_lock(lk, pid)
+            return False
+        self._lock = (skey, lk, pid)
+        return True
 
     def put_group(self, filename: str, group: dict[str, str]) -> str | None:
         if self._file is not None:
@@ -238,12 +303,15 @@ class KcacheCacheManager(CacheManager):
         return None
 
     def _release(self) -> None:
-        lk, self._lock = self._lock, None
-        if lk is not None:
-            try:
-                lk.release()
-            except Exception as e:
-                logger.debug("lock release: %s", e)
+        held, self._lock = self._lock, None
+        if held is None:
+            return
+        skey, lk, pid = held
+        with _held_lock:
+            entry = _held.get(skey)
+            if entry is not None and entry[0] is lk:
+                del _held[skey]
+        _release_lock(lk, pid)
 
     def __del__(self) -> None:  # a compile that raised: let the waiters go
         try:
