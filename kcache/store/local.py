@@ -12,8 +12,9 @@ Layout under the store root::
 Guarantees:
 - An entry directory is complete or absent: it is written under tmp/ and renamed into place in
   one step, and never modified afterwards (a replacement first moves the old one to trash/).
-- A hit reads the record and every member and checks sizes and crc32 before returning: torn,
-  truncated, flipped or missing members are a miss (the entry is quarantined, one warning).
+- A hit reads the record and every member and checks sizes and checksums (xxh3, else crc32)
+  before returning: torn, truncated, flipped or missing members are a miss (the entry is
+  quarantined, one warning).
 - Nothing read from disk is unpickled; member names and ids from records are checked to stay
   inside the entry directory; symlinked members and entry directories are refused.
 - The hit path never touches the index. Last-use times go to the index in batches, and the
@@ -36,7 +37,6 @@ import stat
 import threading
 import time
 import uuid
-import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +46,7 @@ import msgpack
 
 from .. import counters as _counters
 from ..log import warn_once
-from .records import RECORD_NAME, CorruptRecord, FileInfo, Record, crc32, entry_id, valid_name
+from .records import RECORD_NAME, CorruptRecord, Record, entry_id, file_info, valid_name
 from .safety import UnsafeStore, check_dir, is_network_fs, make_private_dir
 
 MARKER = "KCACHE_STORE"
@@ -58,7 +58,15 @@ INDEX_BACKOFF_S = 30.0  # after an index failure, leave the index alone this lon
 STALE_TMP_S = 3600.0
 
 _ID_RE = re.compile(r"[0-9a-f]{40}")
-_O_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+# O_NOFOLLOW: a symlinked member is refused; O_NONBLOCK: a FIFO planted as a member is refused
+# (by fstat) instead of blocking the hit forever; it changes nothing for regular files.
+_O_READ = (
+    os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0)
+)
+_O_DIR = (
+    os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+)
+_MAX_RECORD = 1 << 20
 
 
 class StoreError(Exception):
@@ -84,16 +92,20 @@ class Hit:
             return f.read()
 
 
-def _read_fd(fd: int, expect: int) -> bytes:
-    chunks = []
-    left = expect + 1  # one byte more than expected, so growth is seen
+def _read_exact(fd: int, size: int) -> bytes:
+    """``size`` bytes from ``fd`` (fewer only at end of file), in one read when the kernel allows."""
+    b = os.read(fd, size)
+    if len(b) == size or not b:
+        return b
+    chunks = [b]
+    left = size - len(b)
     while left > 0:
-        b = os.read(fd, min(left, 1 << 20))
+        b = os.read(fd, left)
         if not b:
             break
         chunks.append(b)
         left -= len(b)
-    return b"".join(chunks) if len(chunks) != 1 else chunks[0]
+    return b"".join(chunks)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -244,21 +256,40 @@ class Store:
         if not self.valid_id(ident):
             raise _Corrupt(f"invalid entry id {ident!r}")
         d = self.entry_dir(ident)
+        # Everything is opened relative to the entry directory's own descriptor: the directory is
+        # checked once (not a symlink), members cannot be swapped in through a renamed parent, and
+        # each open resolves one path component instead of the whole path.
         try:
-            fd = os.open(os.path.join(d, RECORD_NAME), _O_READ)
+            dfd = os.open(d, _O_DIR)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno in (errno.ENOTDIR, errno.ELOOP):
+                raise _Corrupt("entry is not a directory (or is a symlink)") from None
+            raise
+        try:
+            return self._read_entry_at(dfd, d, ident, kind, key, full)
+        finally:
+            os.close(dfd)
+
+    def _read_entry_at(
+        self, dfd: int, d: str, ident: str, kind: str | None, key: str | None, full: bool
+    ) -> Hit | None:
+        try:
+            fd = os.open(RECORD_NAME, _O_READ, dir_fd=dfd)
         except FileNotFoundError:
             return None
         except OSError as e:
             if e.errno == errno.ELOOP:
                 raise _Corrupt("record is a symlink") from None
-            if e.errno == errno.ENOTDIR:
-                raise _Corrupt("entry is not a directory") from None
             raise
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise _Corrupt("record is not a regular file", st.st_ino)
-            data = _read_fd(fd, 1 << 20)
+            if st.st_size > _MAX_RECORD:
+                raise _Corrupt("record too large", st.st_ino)
+            data = _read_exact(fd, st.st_size)
         finally:
             os.close(fd)
         try:
@@ -267,28 +298,28 @@ class Store:
             raise _Corrupt(str(e), st.st_ino) from None
         if rec.id != ident or (kind is not None and rec.kind != kind) or (key is not None and rec.key != key):
             raise _Corrupt("record does not belong to this entry", st.st_ino)
-        if os.path.islink(d):
-            raise _Corrupt("entry directory is a symlink", st.st_ino)
         paths = {}
         for f in rec.files:
-            p = os.path.join(d, f.name)
             try:
-                mfd = os.open(p, _O_READ)
+                mfd = os.open(f.name, _O_READ, dir_fd=dfd)
             except OSError as e:
                 raise _Corrupt(f"member {f.name}: {e.strerror}", st.st_ino) from None
             try:
-                if not stat.S_ISREG(os.fstat(mfd).st_mode):
+                mst = os.fstat(mfd)
+                if not stat.S_ISREG(mst.st_mode):
                     raise _Corrupt(f"member {f.name} is not a regular file", st.st_ino)
-                blob = _read_fd(mfd, f.size)
+                if mst.st_size != f.size:  # truncated or grown: no need to read it
+                    raise _Corrupt(f"member {f.name}: size {mst.st_size} != {f.size}", st.st_ino)
+                blob = _read_exact(mfd, f.size)
             finally:
                 os.close(mfd)
             if len(blob) != f.size:
                 raise _Corrupt(f"member {f.name}: size {len(blob)} != {f.size}", st.st_ino)
-            if (zlib.crc32(blob) & 0xFFFFFFFF) != f.crc32:
+            if not f.check(blob):
                 raise _Corrupt(f"member {f.name}: checksum mismatch", st.st_ino)
             if full and hashlib.sha256(blob).hexdigest() != f.sha256:
                 raise _Corrupt(f"member {f.name}: sha256 mismatch", st.st_ino)
-            paths[f.name] = p
+            paths[f.name] = d + os.sep + f.name
         hit = Hit(rec, d, paths)
         hit._mtime = st.st_mtime  # type: ignore[attr-defined]
         return hit
@@ -413,7 +444,7 @@ class Store:
                         shutil.copyfile(src, dst)
                     with open(dst, "rb") as f:
                         blob = f.read()
-                infos.append(FileInfo(name, len(blob), crc32(blob), hashlib.sha256(blob).hexdigest()))
+                infos.append(file_info(name, blob))
             rec = Record(
                 kind=kind,
                 key=key,
