@@ -1055,3 +1055,84 @@ def test_index_timeout_is_short(store: Store) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# ------------------------------------------------------------------------------- checksums, FIFOs
+def test_fifo_member_is_refused_without_blocking(store: Store) -> None:
+    import threading
+
+    h = _put(store)
+    p = h.paths["add_kernel.cubin"]
+    os.unlink(p)
+    os.mkfifo(p)
+    result: list = []
+    t = threading.Thread(target=lambda: result.append(store.get("triton", "k")), daemon=True)
+    t.start()
+    t.join(10)
+    if t.is_alive():  # release the blocked reader before failing
+        os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("a FIFO member blocked the hit")
+    assert result == [None]
+
+
+@pytest.mark.parametrize("writer_has_xxh3", [True, False])
+@pytest.mark.parametrize("reader_has_xxh3", [True, False])
+def test_checksums_with_and_without_xxhash(
+    store: Store, monkeypatch, writer_has_xxh3, reader_has_xxh3
+) -> None:
+    from kcache.store import records
+
+    real = records.xxh3
+    if real is None and (writer_has_xxh3 or reader_has_xxh3):
+        pytest.skip("xxhash is not installed")
+    monkeypatch.setattr(records, "xxh3", real if writer_has_xxh3 else None)
+    h = _put(store)
+    assert all((f.xxh3 is not None) == writer_has_xxh3 for f in h.record.files)
+    monkeypatch.setattr(records, "xxh3", real if reader_has_xxh3 else None)
+    assert read_all(store.get("triton", "k")) == TRITON_GROUP
+    data = bytearray(Path(h.paths["add_kernel.ttgir"]).read_bytes())
+    data[3] ^= 0x40
+    Path(h.paths["add_kernel.ttgir"]).write_bytes(bytes(data))
+    assert store.get("triton", "k") is None
+
+
+def test_each_recorded_checksum_is_checked(store: Store) -> None:
+    """A record whose fast checksum disagrees with the bytes is refused, whichever one it is."""
+    from kcache.store import records
+
+    for field in ("crc32", "xxh3"):
+        if field == "xxh3" and records.xxh3 is None:
+            continue
+        h = _put(store, f"k-{field}")
+        rec = h.record
+        if field == "crc32":
+            for f in rec.files:
+                f.xxh3 = None  # a record without xxh3: crc32 is what decides
+        f = rec.files[0]
+        setattr(f, field, (getattr(f, field) + 1) & 0xFFFFFFFF)
+        Path(h.dir, RECORD_NAME).write_bytes(rec.encode())
+        assert store.get("triton", f"k-{field}") is None, field
+
+
+def test_record_member_lists() -> None:
+    from kcache.store.records import CorruptRecord
+
+    r = Record(
+        kind="t", key="k", id="0" * 40, files=[FileInfo("a.bin", 1, 2, "s", 7), FileInfo("b.bin", 1, 2, "s")]
+    )
+    back = Record.decode(r.encode())
+    assert back.files[0].xxh3 == 7 and back.files[1].xxh3 is None
+    for bad in (["a.bin", 1, 2, "s", "x"], ["a.bin", 1, 2, "s", 7, 8], ["a.bin", 1, 2], "a.bin"):
+        d = r.to_dict()
+        d["files"] = [bad]
+        with pytest.raises(CorruptRecord):
+            Record.from_dict(d)
+
+
+def test_entry_dir_replaced_by_a_file_is_a_miss(store: Store) -> None:
+    h = _put(store)
+    shutil.rmtree(h.dir)
+    Path(h.dir).write_bytes(b"not a directory")
+    assert store.get("triton", "k") is None
+    assert store.put("triton", "k", TRITON_GROUP) is not None
+    assert read_all(store.get("triton", "k")) == TRITON_GROUP
