@@ -343,7 +343,7 @@ def runtime_key(args: Sequence[Any], *, static: Sequence[int] | frozenset[int] =
         return last[1]
     k = _CALL_MEMO.get(ex)
     if k is None:
-        k = key_of_exact(ex)
+        k = _new_key(ex)
     _last = (ex, k)
     return k
 
@@ -352,10 +352,15 @@ def key_of_exact(ex: tuple) -> tuple:
     """The runtime key of a call from its :func:`exact_key` (memoised like :func:`runtime_key`)."""
     k = _CALL_MEMO.get(ex)
     if k is None:
-        k = _from_exact(ex)
-        if len(_CALL_MEMO) >= _MEMO_MAX:
-            _CALL_MEMO.clear()
-        _CALL_MEMO[ex] = k
+        k = _new_key(ex)
+    return k
+
+
+def _new_key(ex: tuple) -> tuple:
+    k = _from_exact(ex)
+    if len(_CALL_MEMO) >= _MEMO_MAX:
+        _CALL_MEMO.clear()
+    _CALL_MEMO[ex] = k
     return k
 
 

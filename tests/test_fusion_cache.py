@@ -318,3 +318,27 @@ def test_counts_pushed_periodically_without_flush(monkeypatch):
     assert 30 <= pushed <= 40
     fc.flush()
     assert counters.process_totals()[fcm.COUNTER_KIND].get("hits", 0) - before == 40
+
+
+def test_guard_suspended_on_miss_and_rearmed_on_repeat():
+    if not fcm._tensor_guards_cls():
+        pytest.skip("torch's C++ tensor guards are not usable here")
+    fc = FusionCache(Recorder())
+    a, b = torch.randn(3, 4), torch.randn(4, 3).t()
+    da = fc.lookup((a,))
+    fc.lookup((a,))
+    entry_a = fc._mru
+    guard = entry_a[0]
+    assert guard
+    db = fc.lookup((b,))  # a's guard fails: suspended, kept
+    assert entry_a[0] is False and entry_a[5] is guard
+    assert fc.lookup((a,)) is da  # memo path; still suspended
+    assert entry_a[0] is False
+    assert fc.lookup((a,)) is da  # a repeat: re-armed with the same guard, nothing rebuilt
+    assert entry_a[0] is guard
+    assert fc.lookup((b,)) is db
+    # entries with non-tensor arguments never get a guard
+    fc.lookup((a, 1.0))
+    fc.lookup((a, 1.0))
+    assert fc._mru[0] == 0 and fc._mru[0] is not False
+    assert fc.lookup((a, 2.0)) is fc.lookup((a, 3.0))

@@ -14,8 +14,9 @@ tensor's shape, stride and dtype once:
    the LRU of definitions; only a new runtime key calls ``build(descriptors)``.
 
 Thread safety: the hit path takes no lock. It reads dicts and one ``_mru`` slot that is replaced
-whole (a list ``[guard, definition, exact key, runtime key]``), so a reader never pairs one call's
-key with another's definition. Misses, inserts and eviction take the lock; concurrent misses on
+whole (a list ``[guard state, definition, exact key, runtime key, LRU slot, guard]`` whose key and
+definition never change), so a reader never pairs one call's key with another's definition; the
+guard state is a single reference, any value of which is safe to act on. Misses, inserts and eviction take the lock; concurrent misses on
 the same runtime key build once (the others wait for it). Under a race the ``_mru`` slot may keep
 an evicted definition alive (and serve it: it is still a valid definition for that key) until the
 next different call shape.
@@ -46,7 +47,7 @@ _T: type = _d._T  # torch.Tensor once kcache.descriptors has met one (synced on 
 _exact_item = _d._exact_item
 _MISSING = object()
 #: the most-recent slot when there is none: no guard, an exact key no call has
-_EMPTY: list = [False, None, (_MISSING,), None, [None, 0]]
+_EMPTY: list = [0, None, (_MISSING,), None, [None, 0], 0]
 
 
 def _default_execute(definition: Any, args: Sequence[Any]) -> Any:
@@ -159,7 +160,7 @@ class FusionCache:
         # a hit stores the tick it drew, eviction scans for the smallest. Moving a key in an
         # OrderedDict would hash the runtime key (a nest of tuples, not cached) on every hit.
         self._defs: dict[tuple, list] = {}
-        # exact key -> entry [guard, definition, exact key, runtime key, slot]
+        # exact key -> entry [guard state, definition, exact key, runtime key, slot, guard]
         self._memo: dict[Any, list] = {}
         self._memo_max = max(4096, 4 * maxsize)
         self._pending: dict[tuple, threading.Event] = {}
@@ -197,6 +198,9 @@ class FusionCache:
                     return e[1]
             except Exception:  # another number of arguments (TypeError), or a tensor without
                 pass  # strides (sparse, nested): the Python path below decides or raises
+            # Suspend the guard: calls that alternate between call shapes would otherwise pay a
+            # failing check each. The next repeat of this entry's call shape re-arms it.
+            e[0] = g = False
         # Module globals only inside the comprehension: a local would make it a closure, which
         # costs more per call than the global lookups.
         ex = tuple(
@@ -208,7 +212,10 @@ class FusionCache:
             ]
         )
         if ex == e[2]:
-            if g is None:  # the same call shape twice in a row: worth a C++ guard
+            # The same call shape twice in a row: worth a C++ guard.
+            if g is False:
+                e[0] = e[5]  # re-arm the suspended one
+            elif g is None:
                 self._arm(e, args)
             next(self._hitc)
             return e[1]
@@ -232,20 +239,24 @@ class FusionCache:
         return self._miss(args, None, rk)
 
     def _arm(self, e: list, args: Sequence[Any]) -> None:
-        """Give entry ``e`` a C++ guard made from ``args`` (False when none can be made)."""
+        """Give entry ``e`` a C++ guard made from ``args`` (0 when none can be made).
+
+        ``e[0]`` is the guard state: None not tried yet, a guard, False suspended (the guard
+        is kept in ``e[5]``), 0 none possible (not all arguments are torch tensors, no torch,
+        guards off or unusable).
+        """
         make = _tensor_guards_cls() if self._use_guards else False
-        if not make:  # torch not imported (so no torch tensors here), or no usable guards
-            e[0] = False
-            return
-        g: Any = False
-        try:
-            tensor = sys.modules["torch"].Tensor
-            if all(isinstance(a, tensor) for a in args):
-                g = make(*args)
-                if not g.check(*args):
-                    g = False
-        except Exception:
-            g = False
+        g: Any = 0
+        if make:
+            try:
+                tensor = sys.modules["torch"].Tensor
+                if all(isinstance(a, tensor) for a in args):
+                    g = make(*args)
+                    if not g.check(*args):
+                        g = 0
+            except Exception:
+                g = 0
+        e[5] = g
         e[0] = g
 
     # -- the miss path --------------------------------------------------------------------------
@@ -293,7 +304,7 @@ class FusionCache:
             memo = self._memo
             if len(memo) >= self._memo_max:
                 memo.clear()
-            e = [None, slot[0], ex, rk, slot]
+            e = [None, slot[0], ex, rk, slot, None]
             memo[ex] = e
             self._mru = e
         return slot[0]
