@@ -50,7 +50,7 @@ KIND_AUTOTUNE = "triton-autotune"
 KIND_AUX = "triton-aux"
 
 _scratch_lock = threading.Lock()
-_scratch_root: str | None = None
+_scratch_roots: dict[str | None, str] = {}  # store root (None: no writable store) -> folder
 _scratch_pid = 0
 
 # Kernel locks this process holds: store key -> (lock, thread id, pid, owner manager's id).
@@ -88,13 +88,18 @@ def kind_of(filename: str) -> str | None:
 
 
 def _scratch(store: Any) -> str:
-    """This process's scratch folder: inside the store (same filesystem: members are hard-linked
-    into entries) when writable, else a private temporary folder. Removed at exit."""
-    global _scratch_root, _scratch_pid
+    """This process's scratch folder for ``store``: inside the store (same filesystem: members are
+    hard-linked into entries) when writable, else a private temporary folder. Removed at exit."""
+    global _scratch_pid
+    where = str(store.root) if store is not None and not store.readonly else None
     with _scratch_lock:
-        if _scratch_root is None or _scratch_pid != os.getpid() or not os.path.isdir(_scratch_root):
+        if _scratch_pid != os.getpid():  # a forked child: its parent's folders are not its own
+            _scratch_roots.clear()
+            _scratch_pid = os.getpid()
+        root = _scratch_roots.get(where)
+        if root is None or not os.path.isdir(root):
             root = None
-            if store is not None and not store.readonly:
+            if where is not None:
                 try:
                     root = os.path.join(str(store.tmp), f"triton.{os.getpid()}.{uuid.uuid4().hex[:8]}")
                     os.mkdir(root, 0o700)
@@ -102,9 +107,9 @@ def _scratch(store: Any) -> str:
                     root = None
             if root is None:
                 root = tempfile.mkdtemp(prefix="kcache-triton-")
-            _scratch_root, _scratch_pid = root, os.getpid()
+            _scratch_roots[where] = root
             atexit.register(_remove_scratch, root, _scratch_pid)
-        return _scratch_root
+        return root
 
 
 def _remove_scratch(root: str, pid: int) -> None:

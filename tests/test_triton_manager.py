@@ -1,0 +1,212 @@
+"""kcache's Triton cache manager in this process: what ``put`` writes (as FileCacheManager does),
+override and dump managers, read-only and absent stores, and the per-kernel lock."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("triton")
+
+from kernels.harness import PYTHON, clean_env  # noqa: E402
+from triton.runtime.cache import FileCacheManager  # noqa: E402
+
+import kcache  # noqa: E402
+from kcache.triton import manager as mgr_mod  # noqa: E402
+from kcache.triton.manager import KcacheCacheManager, kind_of  # noqa: E402
+
+KEY = "A" * 52
+KEY2 = "B" * 52
+
+
+class Textish:
+    """Stands in for an MLIR module: Triton stores ``str(module)``."""
+
+    def __str__(self) -> str:
+        return "module {\n  tt.func @k() { tt.return }\n}\n"
+
+
+@pytest.fixture(autouse=True)
+def _no_gpu_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Asking Triton's driver for the device imports torch on a machine without a GPU (seconds).
+    monkeypatch.setattr(mgr_mod, "_gpu_model", lambda: "Test GPU")
+
+
+@pytest.fixture
+def kstore(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """kcache enabled in this process on a fresh store (Triton not patched), disabled afterwards."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+    for k in list(os.environ):
+        if k.startswith("KCACHE"):
+            monkeypatch.delenv(k)
+    assert kcache.enable(dir=tmp_path / "store", triton=False, nvfuser=False)
+    yield kcache.active_store()
+    kcache.disable()
+
+
+@pytest.mark.parametrize("filename", ["k.ttir", "k.json", "k.cubin", "k.autotune.json", "k.cpython-311.so"])
+@pytest.mark.parametrize("binary", [True, False])
+@pytest.mark.parametrize(
+    "data", [b"\x00\x01bytes\xff", "text \u00e9", Textish()], ids=["bytes", "str", "obj"]
+)
+def test_put_writes_what_file_cache_manager_writes(
+    kstore: Any, filename: str, binary: bool, data: Any
+) -> None:
+    ours = KcacheCacheManager(KEY).put(data, filename, binary=binary)
+    theirs = FileCacheManager(KEY).put(data, filename, binary=binary)
+    assert os.path.basename(ours) == filename  # Triton reads the artifact's type from the suffix
+    assert os.path.isfile(ours) and not os.path.islink(ours)
+    assert Path(ours).read_bytes() == Path(theirs).read_bytes()
+    assert not ours.startswith(str(Path(theirs).parent))
+
+
+def test_aux_and_autotune_files_are_entries_of_their_kind(kstore: Any) -> None:
+    m = KcacheCacheManager(KEY)
+    assert m.get_file("launcher.cpython-311-x86_64-linux-gnu.so") is None
+    m.put(b"\x7fELF...", "launcher.cpython-311-x86_64-linux-gnu.so")
+    m.put('{"key": [1], "configs_timings": []}', "k.autotune.json", binary=False)
+    again = KcacheCacheManager(KEY)
+    so = again.get_file("launcher.cpython-311-x86_64-linux-gnu.so")
+    tuned = again.get_file("k.autotune.json")
+    assert so and Path(so).read_bytes() == b"\x7fELF..."
+    assert tuned and Path(tuned).read_text().startswith('{"key"')
+    assert KcacheCacheManager(KEY2).get_file("k.autotune.json") is None
+    kinds = kstore.counts.process_totals()
+    assert kinds["triton-aux"]["puts"] == 1 and kinds["triton-autotune"]["puts"] == 1
+
+
+def test_autotune_entries_are_keyed_by_the_gpu_model(kstore: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mgr_mod, "_gpu_model", lambda: "NVIDIA H100 80GB HBM3")
+    KcacheCacheManager(KEY).put("{}", "k.autotune.json", binary=False)
+    assert KcacheCacheManager(KEY).get_file("k.autotune.json")
+    monkeypatch.setattr(mgr_mod, "_gpu_model", lambda: "NVIDIA H200")
+    assert KcacheCacheManager(KEY).get_file("k.autotune.json") is None  # H100 timings never to an H200
+    # compiled kernels stay keyed by the target only: a group made on one sm_90 GPU serves another
+    m = KcacheCacheManager(KEY)
+    assert m.get_group("k.json") is None
+    p = m.put("{}", "k.json", binary=False)
+    m.put_group("k.json", {"k.json": p})
+    monkeypatch.setattr(mgr_mod, "_gpu_model", lambda: "NVIDIA H100 80GB HBM3")
+    assert KcacheCacheManager(KEY).get_group("k.json") is not None
+
+
+def test_group_roundtrip_and_members_are_real_files(kstore: Any) -> None:
+    m = KcacheCacheManager(KEY)
+    assert m.get_group("k.json") is None
+    group = {n: m.put(f"data of {n}", n) for n in ("k.source", "k.ttir", "k.cubin")}
+    group["k.json"] = m.put('{"name": "k"}', "k.json", binary=False)
+    assert m.get_file("k.ttir") == group["k.ttir"]  # staged files are visible to their manager
+    m.put_group("k.json", group)
+    got = KcacheCacheManager(KEY).get_group("k.json")
+    assert got is not None and set(got) == set(group)
+    for name, path in got.items():
+        assert os.path.basename(path) == name and Path(path).read_text() == Path(group[name]).read_text()
+    assert KcacheCacheManager(KEY2).get_group("k.json") is None
+
+
+def test_override_and_dump_managers_are_tritons(kstore: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("TRITON_OVERRIDE_DIR", str(tmp_path / "override"))
+    monkeypatch.setenv("TRITON_DUMP_DIR", str(tmp_path / "dump"))
+    # dump: Triton writes each stage's IR there
+    ours, theirs = KcacheCacheManager(KEY, dump=True), FileCacheManager(KEY, dump=True)
+    assert isinstance(ours._file, FileCacheManager)
+    p = ours.put("ir text", "k.ttir")
+    assert p == theirs._make_path("k.ttir") == str(tmp_path / "dump" / KEY / "k.ttir")
+    assert Path(p).read_text() == "ir text"
+    assert ours.get_file("k.ttir") == theirs.get_file("k.ttir") == p
+    ours.put_group("k.json", {"k.ttir": p})
+    assert ours.get_group("k.json") == theirs.get_group("k.json") == {"k.ttir": p}
+    # override: Triton only reads from it (the user's replacement IR files)
+    ours, theirs = KcacheCacheManager(KEY, override=True), FileCacheManager(KEY, override=True)
+    assert isinstance(ours._file, FileCacheManager)
+    assert ours.get_file("k.ptx") is None
+    (tmp_path / "override" / KEY).mkdir(parents=True)
+    (tmp_path / "override" / KEY / "k.ptx").write_text("// my ptx")
+    assert ours.get_file("k.ptx") == theirs.get_file("k.ptx") == str(tmp_path / "override" / KEY / "k.ptx")
+    with pytest.raises(AssertionError):  # as Triton's own override manager: it has nowhere to write
+        ours.put("x", "k.ttir")
+    assert kstore.counts.process_totals() == {}  # nothing went to the store
+
+
+def test_read_only_store_returns_real_files_outside_it(tmp_path: Path, monkeypatch: Any) -> None:
+    for k in list(os.environ):
+        if k.startswith("KCACHE"):
+            monkeypatch.delenv(k)
+    store_dir = tmp_path / "store"
+    assert kcache.enable(dir=store_dir, triton=False, nvfuser=False)
+    kcache.disable()
+    assert kcache.enable(dir=store_dir, readonly=True, triton=False, nvfuser=False)
+    try:
+        m = KcacheCacheManager(KEY)
+        assert m.get_group("k.json") is None and m._lock is None  # no lock in a read-only store
+        group = {"k.cubin": m.put(b"\x01\x02", "k.cubin"), "k.json": m.put("{}", "k.json", binary=False)}
+        so = m.put(b"ELF", "x.cpython-311.so")
+        for p in [*group.values(), so]:
+            assert os.path.isfile(p) and not p.startswith(str(store_dir))
+        assert Path(group["k.cubin"]).read_bytes() == b"\x01\x02"
+        m.put_group("k.json", group)  # nothing stored, no error
+        assert KcacheCacheManager(KEY).get_group("k.json") is None
+    finally:
+        kcache.disable()
+
+
+def test_kind_of() -> None:
+    assert kind_of("add_kernel.json") is None and kind_of("add_kernel.cubin") is None
+    assert kind_of("matmul.autotune.json") == "triton-autotune"
+    assert kind_of("__triton_launcher.cpython-312-x86_64-linux-gnu.so") == "triton-aux"
+    assert kind_of("cuda_utils.so") == "triton-aux"
+
+
+# ----------------------------------------------------------------------------------- locks
+def _timed(fn: Any) -> tuple[Any, float]:
+    t = time.perf_counter()
+    return fn(), time.perf_counter() - t
+
+
+def test_a_failed_compile_does_not_make_this_process_wait_on_itself(kstore: Any) -> None:
+    failed = KcacheCacheManager(KEY)  # missed, took the lock, then its compile raised: still alive
+    assert failed.get_group("k.json") is None and failed._lock is not None
+    again, dt = _timed(lambda: KcacheCacheManager(KEY).get_group("k.json"))
+    assert again is None and dt < 1.0, f"waited {dt:.1f}s on a lock this process holds"
+    assert not failed._lock[1].is_locked  # this thread's next lookup let the stale lock go
+    # another thread, while a compile of the same kernel is under way here, does not wait either
+    busy = KcacheCacheManager(KEY2)
+    assert busy.get_group("k.json") is None and busy._lock is not None
+    out: list[float] = []
+    t = threading.Thread(
+        target=lambda: out.append(_timed(lambda: KcacheCacheManager(KEY2).get_group("k.json"))[1])
+    )
+    t.start()
+    t.join(30)
+    assert out and out[0] < 1.0
+    assert busy._lock is not None  # still held by its own thread
+    busy.put_group("k.json", {"k.json": busy.put("{}", "k.json", binary=False)})
+    assert busy._lock is None and not mgr_mod._held
+
+
+def test_compile_errors_twice_in_one_process_fail_fast(tmp_path: Path) -> None:
+    code = """
+import time, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernels.broken import broken_kernel
+for i in range(3):
+    t = time.perf_counter()
+    try:
+        triton.compile(ASTSource(broken_kernel, {"x_ptr": "*fp32", "BLOCK": "constexpr"}, {"BLOCK": 64}),
+                       target=GPUTarget("cuda", 90, 32))
+    except Exception as e:
+        err = e  # keep the traceback (and the failed manager) alive, as a notebook would
+        print("raised", type(e).__name__, round(time.perf_counter() - t, 2))
+"""
+    env = clean_env(tmp_path, kcache_dir=tmp_path / "store")
+    out = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=100)
+    lines = [ln.split() for ln in out.stdout.splitlines() if ln.startswith("raised")]
+    assert len(lines) == 3, out.stderr[-3000:]
+    assert all(ln[1] == "CompilationError" and float(ln[2]) < 20 for ln in lines), lines
