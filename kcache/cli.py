@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sqlite3
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -584,6 +585,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except (CommandError, StoreError, MaintenanceError) as e:
         _fail(str(e))
+        return 1
+    except sqlite3.DatabaseError as e:
+        _fail(f"the store's index is unreadable ({e}); `kcache verify --fix` rebuilds it")
         return 1
     except Exception as e:
         _fail(f"{type(e).__name__}: {e}")

@@ -274,8 +274,8 @@ def test_clear_stale_judges_library_versions_not_the_gpu(store_dir, clean_env):
         put[key] = s.put("triton", key, {"a.bin": key.encode()}, components=comps).record.id
     s.close()
     res = kjson(clean_env, "clear", "--stale", "--dir", str(store_dir))
-    assert {e["key"] for e in res["entries"]} == {"OLDTRITON", "OLDPYTHON"}
-    assert "triton_version" in next(e["why"] for e in res["entries"] if e["key"] == "OLDTRITON")
+    assert {e["id"] for e in res["entries"]} == {put["OLDTRITON"], put["OLDPYTHON"]}
+    assert "triton_version" in next(e["why"] for e in res["entries"] if e["id"] == put["OLDTRITON"])
     left = {r["key"] for r in kjson(clean_env, "inspect", "--dir", str(store_dir))}
     assert left == {"OTHERGPU", "CURRENT", "NOVERSIONS"}
 
