@@ -465,6 +465,8 @@ class Store:
             tmp = None if committed else tmp
             if not committed:
                 existing = self._read_entry(ident, kind, key)
+                if existing is not None:
+                    self._touch(existing)  # returned like a hit: kept from eviction like one
                 return existing
         except Exception as e:
             what = (
@@ -677,9 +679,19 @@ class Store:
                     idx.touch(refreshed)
                 if gone:
                     idx.remove(gone)
-                    self._remove_dirs(gone)
-                    removed += len(gone)
-                    self.counts.add("store", evictions=len(gone))
+                    n = 0
+                    for ident in gone:
+                        # Checked again just before it goes: a hit since the check above has
+                        # refreshed the record's mtime and may be reading the files now. Its row
+                        # comes back with that hit's batched last-use time.
+                        try:
+                            mt = os.lstat(os.path.join(self.entry_dir(ident), RECORD_NAME)).st_mtime
+                        except OSError:
+                            mt = None
+                        if mt is None or mt <= time.time() - GRACE_S:
+                            n += self._remove_dirs([ident])
+                    removed += n
+                    self.counts.add("store", evictions=n)
             self._size_estimate, self._size_checked = total, time.monotonic()
         except Exception as e:
             warn_once("evict", f"eviction failed: {e}")
