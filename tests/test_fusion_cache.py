@@ -342,3 +342,23 @@ def test_guard_suspended_on_miss_and_rearmed_on_repeat():
     fc.lookup((a, 1.0))
     assert fc._mru[0] == 0 and fc._mru[0] is not False
     assert fc.lookup((a, 2.0)) is fc.lookup((a, 3.0))
+
+
+def test_reentrant_build_of_the_same_key_raises_instead_of_hanging():
+    fc: FusionCache
+
+    def build(descs):
+        return fc.lookup((torch.randn(2, 2),))
+
+    fc = FusionCache(build)
+    with pytest.raises(RuntimeError, match="building"):
+        fc.lookup((torch.randn(3, 3),))
+    assert not fc._pending
+
+
+def test_static_negative_positions():
+    fc = FusionCache(Recorder(), static=[-1])
+    a = torch.randn(2, 2)
+    assert fc.lookup((a, "x")) is fc.lookup((torch.randn(3, 3), "x"))
+    assert fc.lookup((a, "x")) is not fc.lookup((a, "y"))
+    assert fc.lookup((a, 1, "x")) is not fc.lookup((a, "x"))

@@ -14,12 +14,12 @@ tensor's shape, stride and dtype once:
    the LRU of definitions; only a new runtime key calls ``build(descriptors)``.
 
 Thread safety: the hit path takes no lock. It reads dicts and one ``_mru`` slot that is replaced
-whole (a list ``[guard state, definition, exact key, runtime key, LRU slot, guard]`` whose key and
-definition never change), so a reader never pairs one call's key with another's definition; the
-guard state is a single reference, any value of which is safe to act on. Misses, inserts and eviction take the lock; concurrent misses on
-the same runtime key build once (the others wait for it). Under a race the ``_mru`` slot may keep
-an evicted definition alive (and serve it: it is still a valid definition for that key) until the
-next different call shape.
+whole (a list ``[guard state, definition, exact key, runtime key, LRU slot, guard]`` whose key
+and definition never change), so a reader never pairs one call's key with another's definition;
+the guard state is a single reference, any value of which is safe to act on. Misses, inserts and
+eviction take the lock; concurrent misses on the same runtime key build once (the others wait for
+it). Under a race the ``_mru`` slot may keep an evicted definition alive (and serve it: it is
+still a valid definition for that key) until the next different call shape.
 """
 
 from __future__ import annotations
@@ -153,7 +153,11 @@ class FusionCache:
         self._build = build
         self._execute = execute if execute is not None else _default_execute
         self.maxsize = maxsize
-        self._static = tuple(static)
+        st = tuple(static)
+        # Non-negative positions are normalised once; negative ones depend on len(args).
+        self._static: tuple | frozenset = (
+            frozenset(st) if all(isinstance(i, int) and i >= 0 for i in st) else st
+        )
         self._use_guards = bool(use_guards) and not self._static
         self._lock = threading.Lock()
         # runtime key -> slot [definition, last-use tick]. Recency is a tick, not an ordering:
@@ -163,7 +167,7 @@ class FusionCache:
         # exact key -> entry [guard state, definition, exact key, runtime key, slot, guard]
         self._memo: dict[Any, list] = {}
         self._memo_max = max(4096, 4 * maxsize)
-        self._pending: dict[tuple, threading.Event] = {}
+        self._pending: dict[tuple, tuple[threading.Event, int]] = {}
         self._mru: list = _EMPTY
         # Counting: a hit is one next() on an itertools.count (atomic under the GIL, about
         # 35 ns), which is also the recency tick. Never a call into kcache.counters on the hit
@@ -274,10 +278,15 @@ class FusionCache:
                 if slot is not None:
                     slot[1] = next(self._hitc)
                     return self._remember(ex, rk, slot)
-                ev = self._pending.get(rk)
-                if ev is None:
-                    ev = self._pending[rk] = threading.Event()
+                me = threading.get_ident()
+                p = self._pending.get(rk)
+                if p is None:
+                    ev = threading.Event()
+                    self._pending[rk] = (ev, me)
                     break
+                ev, owner = p
+                if owner == me:
+                    raise RuntimeError("FusionCache: build() looked up the key it is building")
             ev.wait()  # another thread is building this key: use its result
         try:
             d = self._build(rk)
