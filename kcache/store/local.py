@@ -182,11 +182,17 @@ class Store:
             check_dir(root, readonly=readonly, allow_insecure=allow_insecure)
             marker = root / MARKER
             if not marker.exists():
-                if any(p.name not in (MARKER,) for p in root.iterdir()):
+                # Several processes may create the same new store at once (the ranks of a job):
+                # another one's marker being written (.KCACHE_STORE.* renamed into place) is not
+                # foreign content, and neither is what it adds once its marker is in place.
+                foreign = any(
+                    p.name != MARKER and not p.name.startswith(f".{MARKER}.") for p in root.iterdir()
+                )
+                if foreign and not marker.exists():
                     raise StoreError(f"{root} is not empty and is not a kcache store (no {MARKER} file)")
-                if not readonly:
+                if not foreign and not readonly:
                     _atomic_write(marker, msgpack.packb({"format": "kcache-store", "schema": STORE_SCHEMA}))
-            else:
+            if marker.exists():
                 try:
                     info = msgpack.unpackb(marker.read_bytes(), raw=False)
                     schema = info.get("schema") if isinstance(info, dict) else None
