@@ -1136,3 +1136,68 @@ def test_entry_dir_replaced_by_a_file_is_a_miss(store: Store) -> None:
     assert store.get("triton", "k") is None
     assert store.put("triton", "k", TRITON_GROUP) is not None
     assert read_all(store.get("triton", "k")) == TRITON_GROUP
+
+
+# ------------------------------------------------------------------------ many openers of a new store
+def test_new_store_while_another_process_writes_its_marker(tmp_path: Path) -> None:
+    root = tmp_path / "new"
+    root.mkdir(mode=0o700)
+    (root / f".{store_local.MARKER}.4242.deadbeef").write_bytes(b"")  # another creator, mid-write
+    Store.open(root).close()
+
+
+def test_new_store_created_by_another_process_between_checks(tmp_path: Path, monkeypatch) -> None:
+    root = tmp_path / "new"
+    other = Store.open(tmp_path / "template")  # what the other process leaves: marker, entries/, ...
+    other.close()
+    real_iterdir = Path.iterdir
+
+    def racing_iterdir(self):
+        if self == root and not (root / store_local.MARKER).exists():
+            for p in real_iterdir(tmp_path / "template"):
+                if p.is_dir():
+                    (root / p.name).mkdir(mode=0o700)
+                else:
+                    shutil.copy(p, root / p.name)
+        return real_iterdir(self)
+
+    monkeypatch.setattr(Path, "iterdir", racing_iterdir)
+    s = Store.open(root)
+    assert s.put("triton", "k", {"a.bin": b"a"}) is not None
+    s.close()
+
+
+OPENER = textwrap.dedent(
+    """
+    import sys, time
+    from kcache.store import Store, StoreError
+    root, start = sys.argv[1], float(sys.argv[2])
+    while time.time() < start:
+        pass
+    try:
+        s = Store.open(root)
+    except StoreError as e:
+        print("refused", e)
+        sys.exit(0)
+    print("ok" if s.put("triton", "k", {"a.bin": b"a"}) is not None else "put-failed")
+    """
+)
+
+
+def test_many_processes_create_one_new_store(tmp_path: Path, clean_env) -> None:
+    """The ranks of a job starting together on a fresh machine: every one gets the store."""
+    outs = []
+    for rnd in range(3):
+        root = tmp_path / f"fresh{rnd}"
+        start = time.time() + 1.0
+        procs = [
+            subprocess.Popen(
+                [PYTHON, "-c", OPENER, str(root), str(start)],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=clean_env,
+            )
+            for _ in range(6)
+        ]
+        outs += [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert outs == ["ok"] * len(outs), outs
