@@ -39,6 +39,9 @@ _ID_RE = re.compile(r"^[0-9a-f]{40}$")
 _SHARD_RE = re.compile(r"^[0-9a-f]{2}$")
 _DB_NAME = "cache.db"  # diskcache's database file inside the index directory
 
+#: How long a maintenance command waits for a busy index (a compile waits a quarter second).
+WRITE_TIMEOUT_S = 10.0
+
 #: explain ranks stored entries among this many most recently used of the kind.
 EXPLAIN_SCAN = 20_000
 
@@ -135,7 +138,9 @@ def open_store(settings: Settings, *, write: bool = False) -> Store:
         key_tag=settings.key_tag,
         allow_insecure=settings.allow_insecure,
     )
-    if not write:
+    if write:
+        store.index_timeout = WRITE_TIMEOUT_S
+    else:
         store._index = ReadOnlyIndex(store.index_dir)
     return store
 
@@ -304,7 +309,14 @@ def find_entries(
         d["schema"] = rec.schema
         d["components"] = jsonable(rec.components)
         d["files"] = [
-            {"name": f.name, "size": f.size, "crc32": f.crc32, "sha256": f.sha256} for f in rec.files
+            {
+                "name": f.name,
+                "size": f.size,
+                "crc32": f.crc32,
+                "sha256": f.sha256,
+                "xxh3": getattr(f, "xxh3", None),
+            }
+            for f in rec.files
         ]
         out.append(d)
     return out
