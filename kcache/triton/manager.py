@@ -29,6 +29,7 @@ compiles one kernel at a time), and a forked child neither uses nor releases its
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -166,12 +167,31 @@ class KcacheCacheManager(CacheManager):
         return f"{self.key}/{filename}"
 
     def _write_scratch(self, data: bytes, filename: str) -> str:
-        path = os.path.join(self._stage_dir(), filename)
-        tmp = f"{path}.tmp.{uuid.uuid4().hex[:8]}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        try:
+            path = self._write_in(self._stage_dir(), data, filename)
+        except OSError as e:
+            # The store's filesystem is full or not writable: Triton still needs a real file, and
+            # the compile must not fail for it. The store warns when the entry cannot be written.
+            logger.info("scratch folder in the store unusable (%s); using a private temporary one", e)
+            d = os.path.join(_scratch(None), uuid.uuid4().hex[:16])
+            os.mkdir(d, 0o700)
+            self._dir = d
+            path = self._write_in(d, data, filename)
         self._staged[filename] = path
+        return path
+
+    @staticmethod
+    def _write_in(folder: str, data: bytes, filename: str) -> str:
+        path = os.path.join(folder, filename)
+        tmp = f"{path}.tmp.{uuid.uuid4().hex[:8]}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         return path
 
     # -- the CacheManager interface --------------------------------------------------------------
