@@ -47,11 +47,14 @@ class _Parser(argparse.ArgumentParser):
 
 # ---------------------------------------------------------------------------------- helpers
 def load_settings(args: argparse.Namespace, *, strict: bool = True) -> _config.Settings:
-    """The effective settings with ``--dir`` on top. ``strict``: a bad value is a UsageError
-    (a bad environment value that ``--dir`` overrides does not count)."""
+    """The effective settings with ``--dir`` on top. A bad ``--dir`` is a UsageError; with
+    ``strict``, so is a bad environment value (one that ``--dir`` overrides does not count)."""
     s = _config.load(dir=getattr(args, "dir", None))
     overridden = [_config.ENV[n] + "=" for n, src in s.sources.items() if src == "argument"]
     s.problems = [p for p in s.problems if not p.startswith(tuple(overridden))]
+    from_args = [p for p in s.problems if not p.startswith("KCACHE")]
+    if from_args:  # a bad --dir is a bad argument, for every command
+        raise UsageError("bad argument: " + "; ".join(from_args).replace("dir=", "--dir ", 1))
     if strict and s.problems:
         raise UsageError("bad setting: " + "; ".join(s.problems))
     return s

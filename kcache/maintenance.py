@@ -92,7 +92,8 @@ class ReadOnlyIndex(Index):
         db = directory / _DB_NAME if directory is not None else None
         if db is not None and db.is_file():
             wal = db.with_name(_DB_NAME + "-wal")
-            mode = "mode=ro" if wal.exists() else "immutable=1"
+            self.immutable = not wal.exists()
+            mode = "immutable=1" if self.immutable else "mode=ro"
             conn = sqlite3.connect(
                 f"file:{quote(str(db))}?{mode}", uri=True, timeout=timeout, isolation_level=None
             )
@@ -102,6 +103,7 @@ class ReadOnlyIndex(Index):
             for stmt in _EMPTY_SCHEMA:
                 conn.execute(stmt)
             self.exists = False
+            self.immutable = False
         self.cache = _ReadSQL(conn)  # type: ignore[assignment]
 
     def close(self) -> None:
@@ -480,8 +482,29 @@ def _problem(kind: str, ident: str, detail: str, **extra: Any) -> dict[str, Any]
     return {"type": kind, "id": ident, "detail": detail, **extra}
 
 
+def _read_index(store: Store) -> tuple[list[Any] | None, str | None]:
+    """(every index row, None), or (None, why) when the database is corrupt. Read-only."""
+    for attempt in range(2):
+        idx = ReadOnlyIndex(store.index_dir)
+        try:
+            damage = idx.quick_check()
+            if damage:
+                raise sqlite3.DatabaseError("database disk image is malformed: " + "; ".join(damage[:3]))
+            return list(idx.rows()), None
+        except sqlite3.DatabaseError as e:
+            if not _is_corrupt_db(e):
+                raise MaintenanceError(f"cannot read the index at {store.index_dir}: {e}") from None
+            if attempt or not idx.immutable:
+                return None, f"{store.index_dir}: {e}"
+            # read as immutable while a writer started: look again, through its WAL this time
+            time.sleep(0.05)
+        finally:
+            idx.close()
+    return None, "unreachable"  # pragma: no cover
+
+
 def _check(
-    store: Store, idx: ReadOnlyIndex, known_good: dict[str, Record] | None = None
+    store: Store, known_good: dict[str, Record] | None = None
 ) -> tuple[list[dict[str, Any]], dict[str, Record], int]:
     """(problems, good records by id, entries checked). Reads only. Entries in ``known_good``
     (checked a moment ago) are not read again."""
@@ -529,15 +552,9 @@ def _check(
                         "stray_file", name, f"{x} is not a member of the entry", path=os.path.join(ep, x)
                     )
                 )
-    try:
-        damage = idx.quick_check()
-        if damage:
-            raise sqlite3.DatabaseError("database disk image is malformed: " + "; ".join(damage[:3]))
-        rows = list(idx.rows())
-    except sqlite3.DatabaseError as e:
-        if not _is_corrupt_db(e):
-            raise MaintenanceError(f"cannot read the index at {idx.directory}: {e}") from None
-        problems.append(_problem("index_corrupt", "", f"{idx.directory}: {e}"))
+    rows, why = _read_index(store)
+    if rows is None:
+        problems.append(_problem("index_corrupt", "", str(why)))
         return problems, good, checked
     corrupt = {p["id"] for p in problems if p["type"] == "corrupt_entry"}
     seen = set()
@@ -585,21 +602,13 @@ def verify(store: Store, *, fix: bool = False) -> dict[str, Any]:
     dangling rows, re-index good entries the index lacks, and rebuild an index whose database is
     corrupt from the entry directories (the old one is moved aside to ``index.corrupt``). The
     store is then checked again; ``ok`` says whether problems remain."""
-    idx = ReadOnlyIndex(store.index_dir)
-    try:
-        problems, good, checked = _check(store, idx)
-    finally:
-        idx.close()
+    problems, good, checked = _check(store)
     fixed: list[dict[str, Any]] = []
     if fix and problems:
         if store.readonly:
             raise StoreError(f"{store.root} is read-only: nothing can be fixed")
         fixed = _fix(store, problems, good)
-        idx = ReadOnlyIndex(store.index_dir)  # sees what the writable index committed
-        try:
-            remaining, _good, _checked = _check(store, idx, known_good=good)
-        finally:
-            idx.close()
+        remaining, _good, _checked = _check(store, known_good=good)
     else:
         remaining = problems
     if fix and not store.readonly:

@@ -482,9 +482,10 @@ def test_bad_arguments_exit_2_with_one_line(argv, store_dir, clean_env):
 def test_bad_values_exit_2(store_dir, clean_env, tmp_path):
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    r = kc(clean_env, "stats", "--dir", str(a_file))
-    assert r.returncode == 2 and "not a directory" in r.stderr
-    one_line_error(r)
+    for cmd in ("stats", "config"):
+        r = kc(clean_env, cmd, "--dir", str(a_file))
+        assert r.returncode == 2 and "not a directory" in r.stderr
+        one_line_error(r)
     r = kc(dict(clean_env, KCACHE_MAX_SIZE="banana"), "stats", "--dir", str(store_dir))
     assert r.returncode == 2 and "KCACHE_MAX_SIZE" in r.stderr
     one_line_error(r)
