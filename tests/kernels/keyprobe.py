@@ -1,0 +1,76 @@
+"""Run in a fresh process: Triton's key with kcache's memo and without it, and who sees the memo.
+
+    python -m kernels.keyprobe [--torch] [--enable-late DIR]
+
+Prints one JSON line: both keys, how often libtriton was hashed by the memo (0: the digest came
+from the store), timings, and which modules that bind ``triton_key`` by name got the memo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--torch", action="store_true", help="also import torch's Inductor modules first")
+    p.add_argument("--enable-late", default=None, help="import first, then kcache.enable(dir)")
+    a = p.parse_args()
+    out: dict[str, Any] = {}
+    if a.torch:
+        try:
+            import torch._inductor.codecache  # noqa: F401
+            import torch._inductor.runtime.triton_compat  # noqa: F401
+        except Exception as e:
+            out["torch_error"] = repr(e)
+    import triton.runtime.autotuner as autotuner
+    import triton.runtime.cache as cache_mod
+
+    import kcache
+
+    if a.enable_late:
+        assert not kcache.is_enabled()
+        out["late_enabled"] = kcache.enable(dir=a.enable_late)
+    from kcache.triton import keymemo
+
+    hashed: list[str] = []
+    real_sha = keymemo.sha256_file
+
+    def counting_sha(path: str) -> str:
+        hashed.append(path)
+        return real_sha(path)
+
+    keymemo.sha256_file = counting_sha
+    t = time.perf_counter()
+    memo_key = cache_mod.triton_key()
+    out["t_memo"] = time.perf_counter() - t
+    original = getattr(cache_mod.triton_key, "_kcache_original", None)
+    out["memo_installed"] = original is not None
+    if original is not None:
+        t = time.perf_counter()
+        own_key = getattr(original, "__wrapped__", original)()  # Triton's own, computed afresh
+        out["t_original"] = time.perf_counter() - t
+    else:
+        own_key = memo_key
+    out.update(
+        memo_key=memo_key,
+        own_key=own_key,
+        equal=memo_key == own_key,
+        hashed_libtriton=len(hashed),
+        triton_file=cache_mod.__file__,
+        autotuner_has_memo=autotuner.triton_key is cache_mod.triton_key,
+    )
+    if a.torch and "torch_error" not in out:
+        import torch._inductor.codecache as codecache
+        import torch._inductor.runtime.triton_compat as compat
+
+        out["compat_has_memo"] = compat.triton_key is cache_mod.triton_key
+        out["codecache_key_equal"] = codecache.triton_key() == own_key
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

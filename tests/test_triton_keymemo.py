@@ -1,0 +1,120 @@
+"""The ``triton_key`` memo: the same key as Triton's own, libtriton hashed once per machine (not
+once per process), an edited Triton source still changes the key, and the modules that bind
+``triton_key`` by name (Triton's autotuner, torch's Inductor) get the memo."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("triton")
+
+from kernels.harness import PYTHON, TESTS_DIR, clean_env  # noqa: E402
+
+import kcache  # noqa: E402
+from kcache.triton import keymemo  # noqa: E402
+
+
+def probe(env: dict[str, str], *args: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [PYTHON, "-m", "kernels.keyprobe", *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_memo_key_equals_tritons_own_and_is_reused_by_the_next_process(tmp_path: Path) -> None:
+    env = clean_env(tmp_path, kcache_dir=tmp_path / "store")
+    first = probe(env)
+    assert first["memo_installed"] and first["equal"], first
+    assert first["hashed_libtriton"] == 1  # computed once, and remembered
+    assert first["autotuner_has_memo"]
+    second = probe(env)
+    assert second["equal"] and second["memo_key"] == first["memo_key"]
+    assert second["hashed_libtriton"] == 0  # the digest came from the store
+    assert second["t_memo"] < second["t_original"], second
+
+
+def test_edited_triton_source_changes_the_key_with_the_memo_too(tmp_path: Path) -> None:
+    import triton
+
+    src = Path(triton.__file__).parent
+    site = tmp_path / "site"
+    big = {"_C", "bin", "lib", "include"}  # shared by symlink: 600 MB of binaries, not hashed as sources
+
+    def ignore(d: str, names: list[str]) -> list[str]:
+        return [n for n in names if n in big or n == "__pycache__"]
+
+    shutil.copytree(src, site / "triton", ignore=ignore)
+    for path in src.rglob("*"):
+        if path.name in big and path.is_dir() and "__pycache__" not in path.parts:
+            link = site / "triton" / path.relative_to(src)
+            if link.parent.exists() and not link.exists():
+                link.symlink_to(path, target_is_directory=True)
+    env = clean_env(tmp_path, kcache_dir=tmp_path / "store")
+    env["PYTHONPATH"] = f"{site}{os.pathsep}{TESTS_DIR}"
+    before = probe(env)
+    assert before["triton_file"].startswith(str(site)) and before["equal"]
+    core = site / "triton" / "language" / "core.py"
+    core.write_text(core.read_text() + "\n# an edit\n")
+    after = probe(env)
+    assert after["equal"], after  # Triton's own key, with the memo
+    assert after["memo_key"] != before["memo_key"]  # the edit counts
+    assert after["hashed_libtriton"] == 0  # and libtriton's digest still came from the memo
+
+
+def test_memo_reaches_torch_inductor_modules(tmp_path: Path) -> None:
+    """Both orders, in two processes at once (importing Inductor takes seconds): kcache on from the
+    start (Inductor binds the patched name), and kcache enabled after torch and triton were imported
+    (kcache patches the modules that bound Triton's function)."""
+    pytest.importorskip("torch._inductor.runtime.triton_compat")
+    cmd = [PYTHON, "-m", "kernels.keyprobe", "--torch"]
+    early = subprocess.Popen(
+        cmd,
+        env=clean_env(tmp_path / "a", kcache_dir=tmp_path / "a" / "store"),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    late = subprocess.Popen(
+        [*cmd, "--enable-late", str(tmp_path / "b" / "store")],
+        env=clean_env(tmp_path / "b"),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    results = []
+    for proc in (early, late):
+        stdout, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0
+        results.append(json.loads(stdout.strip().splitlines()[-1]))
+    for r in results:
+        assert "torch_error" not in r, r
+        assert r["memo_installed"] and r["equal"], r
+        assert r["autotuner_has_memo"] and r["compat_has_memo"] and r["codecache_key_equal"], r
+    assert results[1]["late_enabled"]
+
+
+def test_digest_is_keyed_by_file_identity(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in list(os.environ):
+        if k.startswith("KCACHE"):
+            monkeypatch.delenv(k)
+    assert kcache.enable(dir=tmp_path / "store", triton=False, nvfuser=False)
+    try:
+        lib = tmp_path / "libfake.so"
+        lib.write_bytes(b"one" * 1000)
+        d1, memo1 = keymemo.libtriton_digest(str(lib))
+        assert (d1, memo1) == (hashlib.sha256(b"one" * 1000).hexdigest(), False)
+        assert keymemo.libtriton_digest(str(lib)) == (d1, True)
+        lib.write_bytes(b"two" * 1000)  # same size, new contents: mtime/ctime change
+        d2, memo2 = keymemo.libtriton_digest(str(lib))
+        assert (d2, memo2) == (hashlib.sha256(b"two" * 1000).hexdigest(), False)
+        ident = keymemo.file_identity(str(lib))
+        assert "ino=" in ident and "mtime=" in ident and "ctime=" in ident and "triton=" in ident
+    finally:
+        kcache.disable()
