@@ -180,6 +180,15 @@ class Store:
                     raise StoreError(f"{root} does not exist (read-only: nothing to read)")
                 make_private_dir(root)
             check_dir(root, readonly=readonly, allow_insecure=allow_insecure)
+            if not readonly:
+                why = _unwritable(root)
+                if why:
+                    # Used as KCACHE_READONLY=1 would: hits served, nothing written, one warning
+                    # (instead of one per failed lock, write and index update).
+                    warn_once(
+                        "store-unwritable", f"{root} {why}: using it read-only (new kernels are not cached)"
+                    )
+                    readonly = True
             marker = root / MARKER
             if not marker.exists():
                 # Several processes may create the same new store at once (the ranks of a job):
@@ -481,7 +490,7 @@ class Store:
                 else ""
             )
             warn_once(
-                f"write:{type(e).__name__}:{what}",
+                "disk-full" if what else f"write:{type(e).__name__}",
                 f"cannot write to the store at {self.root} ({e}); kernels are compiled but not cached",
             )
             self.counts.add(kind, errors=1)
@@ -583,8 +592,10 @@ class Store:
             return fn(self.index())
         except Exception as e:
             self._index_off_until = time.monotonic() + INDEX_BACKOFF_S
+            full = "full" in str(e).lower()  # SQLITE_FULL: the disk is full, said once for the store
             warn_once(
-                f"index:{type(e).__name__}", f"the store's index is unavailable ({e}); continuing without it"
+                "disk-full" if full else f"index:{type(e).__name__}",
+                f"the store's index is unavailable ({e}); continuing without it",
             )
             if _is_corrupt_db(e):
                 with self._lock:
@@ -761,6 +772,19 @@ class Store:
                             os.unlink(p)
                     n += 1
         return n
+
+
+def _unwritable(root: Path) -> str | None:
+    """Why the store cannot be written (a read-only filesystem, no write permission), or None."""
+    try:
+        if os.statvfs(root).f_flag & getattr(os, "ST_RDONLY", 0):
+            return "is on a read-only filesystem"
+    except OSError:
+        pass
+    for p in (root, root / "entries", root / "tmp", root / "locks"):
+        if p.exists() and not os.access(p, os.W_OK | os.X_OK):
+            return f"is not writable ({p.name} denies this user)"
+    return None
 
 
 def _is_corrupt_db(e: BaseException) -> bool:
