@@ -120,8 +120,8 @@ def check_store_build(store: Any) -> str | None:
 
 
 def protect_puts(store: Any, seconds: float) -> Callable[[], None]:
-    """Make every ``store.put`` of this process protect its entry for ``seconds`` (until first hit).
-    Returns a function that undoes it."""
+    """Make every ``store.put`` of this process protect its entry for ``seconds`` (until first hit),
+    and this process's own hits leave last-use times alone. Returns a function that undoes it."""
     if store is None or seconds <= 0:
         return lambda: None
     inner = store.put
@@ -136,6 +136,11 @@ def protect_puts(store: Any, seconds: float) -> Callable[[], None]:
     put._kcache_protect = seconds  # type: ignore[attr-defined]
     put._kcache_inner = inner  # type: ignore[attr-defined]
     store.put = put
+    # The prewarm's own hits (a second worker finding a launcher the first one built) are not
+    # a first use: they must not end the protection (a hit refreshes the record's mtime).
+    had_touch = "_touch" in vars(store)
+    if hasattr(store, "_touch"):
+        store._touch = lambda hit: None
 
     def undo() -> None:
         if getattr(store, "put", None) is put:
@@ -143,6 +148,8 @@ def protect_puts(store: Any, seconds: float) -> Callable[[], None]:
                 del store.put  # back to the class's method
             except AttributeError:
                 store.put = inner
+        if not had_touch and "_touch" in vars(store):
+            del store._touch
 
     return undo
 

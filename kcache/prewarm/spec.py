@@ -272,7 +272,7 @@ class Entry:
 
     @property
     def label(self) -> str:
-        return f"{self.kind}[{self.index}] {self.name or self.ref}"
+        return f"{self.kind}[{self.index}] ({self.name or self.ref})"
 
 
 @dataclass
