@@ -501,7 +501,10 @@ class Store:
         self.counts.add(kind, puts=1, bytes_written=rec.size)
         access = time.time() + protect_s if protect_s else None
         self._index_call(lambda idx: idx.insert(rec, access_time=access))
-        hit = self._read_entry(ident, kind, key)
+        # The entry is what this call just wrote and checksummed: no need to read it back (and a
+        # read racing a concurrent `kcache clear` could only turn a stored entry into an error).
+        hit = Hit(rec, final, {f.name: final + os.sep + f.name for f in rec.files})
+        hit._mtime = time.time()  # type: ignore[attr-defined]
         self._after_put(rec.size)
         return hit
 
