@@ -352,3 +352,18 @@ def test_env_has_no_triton_settings_exported(cold: dict[str, Any], tmp_path: Pat
     out = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "[]"]
+
+
+def test_importing_kcaches_manager_before_triton_still_installs_it(tmp_path: Path) -> None:
+    code = (
+        "from kcache.triton.manager import KcacheCacheManager\n"
+        "import triton\n"
+        "assert triton.knobs.cache.manager_class is KcacheCacheManager, triton.knobs.cache.manager_class\n"
+        "import triton.runtime.cache as c\n"
+        "assert c.triton_key._kcache_memo\n"
+        "print('ok')\n"
+    )
+    env = clean_env(tmp_path, kcache_dir=tmp_path / "store")
+    out = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert "kcache" not in out.stderr, out.stderr

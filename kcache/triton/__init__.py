@@ -7,6 +7,7 @@ already has); nothing here imports triton until then.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -37,7 +38,17 @@ def install(triton: ModuleType | None = None) -> None:
 
     from .components import install_component_capture
     from .keymemo import install_key_memo
-    from .manager import KcacheCacheManager
+
+    try:
+        from .manager import KcacheCacheManager
+    except ImportError:
+        half = sys.modules.get(f"{__name__}.manager")
+        if half is not None and not hasattr(half, "KcacheCacheManager"):
+            # kcache.triton.manager was imported before triton: its own `import triton` ran this
+            # hook while it was half-built. It finishes the installation at its end.
+            _installed["pending"] = True
+            return
+        raise
 
     user_manager = os.environ.get("TRITON_CACHE_MANAGER", "").strip()
     if user_manager and user_manager.split(":")[0].startswith("kcache."):
@@ -63,6 +74,12 @@ def install(triton: ModuleType | None = None) -> None:
         install_component_capture()
     except Exception as e:
         logger.info("key component capture not installed: %s", e)
+
+
+def install_if_pending() -> None:
+    """Finish an installation that had to wait for kcache.triton.manager (see :func:`install`)."""
+    if _installed.pop("pending", False):
+        install()
 
 
 def uninstall() -> None:

@@ -366,3 +366,10 @@ def _summary(kind: str, filename: str, blob: bytes, comps: dict[str, Any]) -> di
         if comps.get(k) is not None and k not in out:
             out[k] = comps[k]
     return out
+
+
+# Imported before triton, this module's `import triton` ran kcache's import hook while the module
+# was half-built, and the hook had to wait: finish installing now.
+from . import install_if_pending as _install_if_pending  # noqa: E402
+
+_install_if_pending()

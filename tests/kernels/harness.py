@@ -66,10 +66,10 @@ def run_kernels(
 
 
 def start_kernels(
-    env: dict[str, str], out: Path, *, specs: str, barrier: Path | None = None
+    env: dict[str, str], out: Path, *, specs: str, barrier: Path | None = None, rotate: int = 0
 ) -> subprocess.Popen:
     """Start ``python -m kernels.run`` without waiting (single-flight tests)."""
-    cmd = [PYTHON, "-m", "kernels.run", "--out", str(out), "--specs", specs]
+    cmd = [PYTHON, "-m", "kernels.run", "--out", str(out), "--specs", specs, "--rotate", str(rotate)]
     if barrier is not None:
         cmd += ["--barrier", str(barrier)]
     return subprocess.Popen(
@@ -116,3 +116,22 @@ def entries_of_kind(store_dir: Path, kind: str) -> list[tuple[Path, Any]]:
 def copy_store(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst, symlinks=True)
     return dst
+
+
+def release_barrier(barrier: Path, procs: list[subprocess.Popen], timeout: float = 300) -> None:
+    """Wait until every process is ready (``<barrier>.ready.<pid>``), then let them all go."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        ready = {p.pid for p in procs if Path(f"{barrier}.ready.{p.pid}").exists()}
+        if len(ready) == len(procs):
+            break
+        dead = [p for p in procs if p.poll() is not None]
+        if dead:
+            err = dead[0].stderr.read() if dead[0].stderr else ""
+            raise AssertionError(f"a process exited before the barrier: {err[-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError("processes did not get ready in time")
+        time.sleep(0.01)
+    barrier.touch()

@@ -7,8 +7,9 @@ A plan is a list of items ``{"spec", "arch", "options", "env", "module_file", "l
 ``"option_change"`` / ``"env_change"`` naming one of :mod:`kernels.variations`, with ``"tmp"``);
 each is compiled in turn (``env`` set around it). Per item the result has the cubin's sha256, Triton's own
 verdict (the compilation listener's ``cache_hit``), kcache's counters for kind ``triton`` over
-that compile (hits, misses, puts), the time and any error. ``--barrier`` waits for a file to exist
-before compiling (processes started together then compile together); ``--child`` runs the same
+that compile (hits, misses, puts), the time and any error. ``--barrier FILE`` computes Triton's key,
+writes ``FILE.ready.<pid>`` and waits for FILE to exist before compiling (processes started
+together then compile together); ``--rotate N`` starts the plan at its N-th item; ``--child`` runs the same
 plan again in a child process (inheriting this environment) and embeds its result.
 """
 
@@ -80,6 +81,12 @@ def run_plan(plan: list[dict[str, Any]], barrier: str | None = None) -> dict[str
 
     knobs.compilation.listener = listener
     if barrier:
+        # Everything before the first lookup is done (Triton's key too), then: ready, and wait.
+        import triton.runtime.cache as cache_mod
+
+        cache_mod.triton_key()
+        with open(f"{barrier}.ready.{os.getpid()}", "w"):
+            pass
         while not os.path.exists(barrier):
             time.sleep(0.002)
     t_go = time.perf_counter()
@@ -140,6 +147,7 @@ def run_plan(plan: list[dict[str, Any]], barrier: str | None = None) -> dict[str
         "t_import_triton": t_import,
         "t_first": t_first,
         "t_compile_all": time.perf_counter() - t_go,
+        "t_go_wall": time.time() - (time.perf_counter() - t_go),
         "results": results,
         "triton_version": triton.__version__,
     }
@@ -180,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plan", default=None, help="a JSON file with a list of plan items")
     p.add_argument("--barrier", default=None)
     p.add_argument("--child", action="store_true")
+    p.add_argument("--rotate", type=int, default=0, help="start the plan at this item (then wrap)")
     a = p.parse_args(argv)
     from .specs import SPECS
 
@@ -190,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.specs:
         names = list(SPECS) if a.specs == "all" else a.specs.split(",")
         plan += [{"spec": n} for n in names]
+    if plan and a.rotate:
+        r = a.rotate % len(plan)
+        plan = plan[r:] + plan[:r]
     result = run_plan(plan, a.barrier)
     result.update(_state())
     if a.child:
