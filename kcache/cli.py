@@ -507,6 +507,80 @@ def _explain_run(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------- bundles
+def _export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE", help="the bundle to write (.tgz/.gz: compressed)")
+    p.add_argument("--kind", type=_kind, action="append", help="only entries of this kind (repeatable)")
+
+
+def _export_run(args: argparse.Namespace) -> int:
+    """write verified entries to a relocatable, checksummed bundle (signed with KCACHE_SECRET)"""
+    from .bundle import BundleError, export_bundle
+
+    settings = load_settings(args)
+    store = open_for(args)
+    try:
+        res = export_bundle(store, args.file, kinds=args.kind, secret=settings.secret)
+    except (BundleError, OSError) as e:
+        raise CommandError(str(e)) from None
+    if wants_json(args):
+        print_json(res)
+    else:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(res["by_kind"].items())) or "nothing"
+        print(
+            f"exported {res['entries']} entries ({kinds}), {res['bytes']} bytes, to {res['file']}"
+            f"{' (signed)' if res['signed'] else ''}"
+        )
+        for s in res["skipped"]:
+            print(f"  skipped {s['id'][:12]}: {s['why']}")
+    return 0
+
+
+def _import_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE", nargs="?", help="a bundle written by kcache export")
+    p.add_argument(
+        "--triton-cache", metavar="DIR", help="adopt an existing Triton cache folder (~/.triton/cache)"
+    )
+
+
+def _import_run(args: argparse.Namespace) -> int:
+    """import a bundle, or adopt a Triton cache folder (--triton-cache DIR)"""
+    from .bundle import BundleError, import_bundle
+
+    if bool(args.file) == bool(args.triton_cache):
+        raise UsageError("give either a bundle FILE or --triton-cache DIR")
+    settings = load_settings(args)
+    if settings.readonly:
+        raise CommandError(f"{settings.dir} is read-only (KCACHE_READONLY=1): nothing may be imported")
+    from .store import Store
+
+    # Importing into a store that does not exist yet creates it (0700), as enabling kcache would.
+    store = Store.open(
+        settings.dir,
+        max_size=settings.max_size,
+        key_tag=settings.key_tag,
+        allow_insecure=settings.allow_insecure,
+    )
+    try:
+        if args.triton_cache:
+            from .triton.importer import import_triton_cache
+
+            res = import_triton_cache(store, args.triton_cache)
+        else:
+            res = import_bundle(store, args.file, secret=settings.secret)
+    except (BundleError, OSError) as e:
+        raise CommandError(str(e)) from None
+    finally:
+        store.close()
+    if wants_json(args):
+        print_json(res)
+    else:
+        print(" ".join(f"{k}={v}" for k, v in res.items() if not isinstance(v, (list, dict))))
+        for s in res.get("skipped", []):
+            print(f"  skipped {s.get('id', s.get('path', '?'))!s:.40}: {s.get('why')}")
+    return 0
+
+
 # ---------------------------------------------------------------------------------- registry
 #: Subcommands: name -> (add_arguments, run). The help line is the first line of run's docstring.
 COMMANDS: dict[str, tuple[AddArguments, Run]] = {
@@ -517,6 +591,8 @@ COMMANDS: dict[str, tuple[AddArguments, Run]] = {
     "explain": (_explain_args, _explain_run),
     "config": (_config_args, _config_run),
     "prewarm": (_prewarm_cli.add_arguments, _prewarm_cli.run),
+    "export": (_export_args, _export_run),
+    "import": (_import_args, _import_run),
     # ---- Other modules register their subcommands here, one line each, e.g.
     #   "prewarm": (prewarm.add_arguments, prewarm.run),   (from . import prewarm, at the top)
     #   "import": (bundle.add_import_arguments, bundle.run_import),

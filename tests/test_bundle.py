@@ -1,0 +1,188 @@
+"""Bundles: relocatable, checksummed, signed for host code; hostile bundles refused."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tarfile
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from kcache.bundle import BundleError, export_bundle, import_bundle
+from kcache.store import Store
+
+SECRET = b"s3cret"
+
+
+def _fill(store: Store) -> None:
+    store.put("triton", "k1/add.json", {"add.cubin": b"\x7fELF" + b"c" * 500, "add.json": b'{"name": "add"}'})
+    store.put(
+        "triton-autotune", "k2/mm.autotune.json@NVIDIA H200", {"mm.autotune.json": b'{"configs_timings": []}'}
+    )
+    store.put("triton-aux", "k3/__triton_launcher.so", {"__triton_launcher.so": b"\x7fELF-launcher"})
+
+
+def test_round_trip_relocates_and_keeps_bytes(tmp_path: Path) -> None:
+    a = Store.open(tmp_path / "a", max_size=1 << 30)
+    _fill(a)
+    bundle = tmp_path / "b.kcb.tgz"
+    rep = export_bundle(a, bundle, secret=SECRET)
+    assert rep["entries"] == 3 and rep["signed"]
+    a.close()
+    shutil.move(str(tmp_path / "a"), str(tmp_path / "gone"))  # the original is not needed
+    b = Store.open(tmp_path / "b", max_size=1 << 30)
+    rep = import_bundle(b, bundle, secret=SECRET)
+    assert rep["imported"] == 3 and not rep["skipped"]
+    hit = b.get("triton", "k1/add.json")
+    assert hit is not None and hit.read("add.cubin") == b"\x7fELF" + b"c" * 500
+    assert str(tmp_path / "b") in hit.paths["add.cubin"]
+    assert b.get("triton-aux", "k3/__triton_launcher.so") is not None
+    again = import_bundle(b, bundle, secret=SECRET)
+    assert again["imported"] == 0 and again["present"] == 3
+
+
+def test_unsigned_bundle_skips_host_code(tmp_path: Path) -> None:
+    a = Store.open(tmp_path / "a", max_size=1 << 30)
+    _fill(a)
+    export_bundle(a, tmp_path / "b.kcb")
+    b = Store.open(tmp_path / "b", max_size=1 << 30)
+    rep = import_bundle(b, tmp_path / "b.kcb")
+    assert rep["imported"] == 2
+    assert [s["kind"] for s in rep["skipped"]] == ["triton-aux"]
+    assert b.get("triton-aux", "k3/__triton_launcher.so") is None
+    assert b.get("triton", "k1/add.json") is not None
+
+
+def test_wrong_secret_refused_and_nothing_imported(tmp_path: Path) -> None:
+    a = Store.open(tmp_path / "a", max_size=1 << 30)
+    _fill(a)
+    export_bundle(a, tmp_path / "b.kcb", secret=SECRET)
+    b = Store.open(tmp_path / "b", max_size=1 << 30)
+    with pytest.raises(BundleError, match="signature"):
+        import_bundle(b, tmp_path / "b.kcb", secret=b"other")
+    assert list(b.iter_entry_ids()) == []
+
+
+def _rewrite(src: Path, dst: Path, change) -> None:
+    with tarfile.open(src) as t, tarfile.open(dst, "w") as out:
+        for m in t:
+            data = t.extractfile(m).read()
+            m2, data = change(m, data)
+            if m2 is not None:
+                m2.size = len(data)
+                out.addfile(m2, io.BytesIO(data))
+
+
+def test_tampered_file_is_skipped(tmp_path: Path) -> None:
+    a = Store.open(tmp_path / "a", max_size=1 << 30)
+    _fill(a)
+    export_bundle(a, tmp_path / "ok.kcb")
+
+    def flip(m, data):
+        if m.name.endswith("add.cubin"):
+            data = data[:-1] + b"X"
+        return m, data
+
+    _rewrite(tmp_path / "ok.kcb", tmp_path / "bad.kcb", flip)
+    b = Store.open(tmp_path / "b", max_size=1 << 30)
+    rep = import_bundle(b, tmp_path / "bad.kcb")
+    assert b.get("triton", "k1/add.json") is None
+    assert any("checksum" in s["why"] for s in rep["skipped"])
+
+
+@pytest.mark.parametrize("name", ["../evil", "e/../../evil", "/etc/evil", "e/" + "0" * 40 + "/../x"])
+def test_escaping_member_refuses_the_bundle(tmp_path: Path, name: str) -> None:
+    a = Store.open(tmp_path / "a", max_size=1 << 30)
+    _fill(a)
+    export_bundle(a, tmp_path / "ok.kcb")
+
+    def add_evil(m, data):
+        return m, data
+
+    _rewrite(tmp_path / "ok.kcb", tmp_path / "evil.kcb", add_evil)
+    with tarfile.open(tmp_path / "evil.kcb", "a") as t:
+        info = tarfile.TarInfo(name)
+        info.size = 4
+        t.addfile(info, io.BytesIO(b"evil"))
+    b = Store.open(tmp_path / "b", max_size=1 << 30)
+    with pytest.raises(BundleError, match="unexpected member"):
+        import_bundle(b, tmp_path / "evil.kcb")
+    assert list(b.iter_entry_ids()) == []
+    assert not (tmp_path / "evil").exists()
+
+
+def test_symlink_member_refused(tmp_path: Path) -> None:
+    a = Store.open(tmp_path / "a", max_size=1 << 30)
+    _fill(a)
+    export_bundle(a, tmp_path / "ok.kcb")
+    rec_id = next(a.iter_entry_ids())
+    shutil.copy(tmp_path / "ok.kcb", tmp_path / "link.kcb")
+    with tarfile.open(tmp_path / "link.kcb", "a") as t:
+        info = tarfile.TarInfo(f"e/{rec_id}/x.cubin")
+        info.type = tarfile.SYMTYPE
+        info.linkname = "/etc/passwd"
+        t.addfile(info)
+    b = Store.open(tmp_path / "b", max_size=1 << 30)
+    with pytest.raises(BundleError):
+        import_bundle(b, tmp_path / "link.kcb")
+
+
+def test_key_tag_mismatch_refused(tmp_path: Path) -> None:
+    a = Store.open(tmp_path / "a", max_size=1 << 30, key_tag="v1")
+    _fill(a)
+    export_bundle(a, tmp_path / "b.kcb")
+    b = Store.open(tmp_path / "b", max_size=1 << 30, key_tag="v2")
+    with pytest.raises(BundleError, match="KCACHE_KEY_TAG"):
+        import_bundle(b, tmp_path / "b.kcb")
+
+
+def test_not_a_bundle(tmp_path: Path) -> None:
+    (tmp_path / "junk").write_bytes(b"garbage")
+    with tarfile.open(tmp_path / "nomanifest.tar", "w") as t:
+        info = tarfile.TarInfo("x")
+        info.size = 1
+        t.addfile(info, io.BytesIO(b"x"))
+    with tarfile.open(tmp_path / "badschema.tar", "w") as t:
+        body = msgpack.packb({"format": "kcache-bundle", "schema": 99, "records": []})
+        data = msgpack.packb({"body": body, "hmac": None})
+        info = tarfile.TarInfo("MANIFEST")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    b = Store.open(tmp_path / "b", max_size=1 << 30)
+    for name in ("junk", "nomanifest.tar", "badschema.tar"):
+        with pytest.raises(BundleError):
+            import_bundle(b, tmp_path / name)
+
+
+def test_cli_export_import_round_trip(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    a = Store.open(tmp_path / "a", max_size=1 << 30)
+    _fill(a)
+    a.close()
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KCACHE_SECRET": "s3cret"}
+    run = [sys.executable, "-m", "kcache"]
+    out = subprocess.run(
+        [*run, "export", str(tmp_path / "b.tgz"), "--dir", str(tmp_path / "a"), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["entries"] == 3
+    out = subprocess.run(
+        [*run, "import", str(tmp_path / "b.tgz"), "--dir", str(tmp_path / "new"), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["imported"] == 3
+    bad = subprocess.run(
+        [*run, "import", "--dir", str(tmp_path / "new")], capture_output=True, text=True, env=env
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
