@@ -54,7 +54,8 @@ STORE_SCHEMA = 1
 GRACE_S = 120.0  # eviction leaves entries used this recently alone
 TOUCH_EVERY_S = 60.0  # a hit refreshes the record's mtime at most this often
 FLUSH_EVERY_S = 1.0  # batched index writes (last use, counters, misses) at most this often
-INDEX_BACKOFF_S = 30.0  # after an index failure, leave the index alone this long
+INDEX_BACKOFF_S = 5.0  # after an index failure, leave the index alone this long
+MAX_PENDING = 10_000  # index inserts kept for a later flush while the index is busy
 STALE_TMP_S = 3600.0
 
 _ID_RE = re.compile(r"[0-9a-f]{40}")
@@ -152,6 +153,7 @@ class Store:
         self._touches: dict[str, tuple[float, int]] = {}
         self._touched_records: dict[str, Record] = {}
         self._misses: list[tuple[float, str, str, dict[str, Any]]] = []
+        self._pending: dict[str, tuple[Record, float | None]] = {}
         self._last_flush = time.monotonic()
         self._size_estimate: int | None = None
         self._size_checked = 0.0
@@ -500,7 +502,17 @@ class Store:
                 shutil.rmtree(tmp, ignore_errors=True)
         self.counts.add(kind, puts=1, bytes_written=rec.size)
         access = time.time() + protect_s if protect_s else None
-        self._index_call(lambda idx: idx.insert(rec, access_time=access))
+
+        def insert(idx: Any) -> bool:
+            idx.insert(rec, access_time=access)
+            return True
+
+        if not self._index_call(insert):
+            # The index was busy (many writers at once) or is backing off: keep the row for the
+            # next flush, so the entry is counted for stats and eviction rather than lost to them.
+            with self._lock:
+                if len(self._pending) < MAX_PENDING:
+                    self._pending[rec.id] = (rec, access)
         # The entry is what this call just wrote and checksummed: no need to read it back (and a
         # read racing a concurrent `kcache clear` could only turn a stored entry into an error).
         hit = Hit(rec, final, {f.name: final + os.sep + f.name for f in rec.files})
@@ -598,7 +610,7 @@ class Store:
             full = "full" in str(e).lower()  # SQLITE_FULL: the disk is full, said once for the store
             warn_once(
                 "disk-full" if full else f"index:{type(e).__name__}",
-                f"the store's index is unavailable ({e}); continuing without it",
+                f"the store's index is unavailable ({type(e).__name__}: {e}); continuing without it",
             )
             if _is_corrupt_db(e):
                 with self._lock:
@@ -621,18 +633,23 @@ class Store:
         self._last_flush = time.monotonic()
         if self.readonly:
             return
+        if force:
+            self._index_off_until = 0.0  # at exit and on request: one more try, bounded by the timeout
         with self._lock:
             touches, self._touches = self._touches, {}
             recs, self._touched_records = self._touched_records, {}
             misses, self._misses = self._misses, []
+            pending, self._pending = self._pending, {}
         deltas = self.counts.drain()
         if self.drain_global:
             for k, v in _counters.drain().items():
                 deltas[k] = deltas.get(k, 0.0) + v
-        if not (touches or misses or deltas):
+        if not (touches or misses or deltas or pending):
             return
 
-        def write(idx: Any) -> None:
+        def write(idx: Any) -> bool:
+            for rec, access in pending.values():
+                idx.insert(rec, access_time=access)
             if deltas:
                 idx.add_counters(deltas)
             if touches:
@@ -641,9 +658,14 @@ class Store:
                         idx.insert(recs[ident], access_time=touches[ident][0])
             if misses:
                 idx.add_misses(misses)
+            return True
 
-        if self._index_call(write) is None and time.monotonic() < self._index_off_until:
-            self.counts.restore(deltas)  # keep the counts for the next flush
+        if not self._index_call(write):
+            self.counts.restore(deltas)  # keep the counts and rows for the next flush
+            with self._lock:
+                for ident, item in pending.items():
+                    if len(self._pending) < MAX_PENDING:
+                        self._pending.setdefault(ident, item)
 
     # ------------------------------------------------------------------ eviction
     def _after_put(self, size: int) -> None:
