@@ -369,3 +369,31 @@ def test_kcache_prewarm_is_callable_after_the_package_is_imported() -> None:
 
     assert callable(kcache.prewarm) and kcache.prewarm is pw
     assert callable(pw.prewarm)
+
+
+def test_fit_grid_writes_an_autotuned_lambda_grid_as_expressions() -> None:
+    triton = pytest.importorskip("triton")
+    from kcache.prewarm.spec import eval_expr
+
+    class Tuner:
+        configs = [
+            triton.Config({"BLOCK_M": 32, "BLOCK_N": 64}),
+            triton.Config({"BLOCK_M": 64, "BLOCK_N": 64}),
+            triton.Config({"BLOCK_M": 128, "BLOCK_N": 32}),
+        ]
+
+    given = {"a_ptr": object(), "M": 1000, "N": 256, "K": 64, "B": 4}
+
+    def grid(meta: dict) -> tuple[int, int, int]:
+        return (
+            triton.cdiv(meta["M"], meta["BLOCK_M"]) * triton.cdiv(meta["N"], meta["BLOCK_N"]),
+            1,
+            meta["B"],
+        )
+
+    fitted = rec.fit_grid(grid, given, Tuner)
+    assert fitted is not None and fitted[1:] == [1, 4]
+    for cfg in Tuner.configs:
+        names = {**{k: v for k, v in given.items() if isinstance(v, int)}, **cfg.kwargs}
+        assert eval_expr(fitted[0].lstrip("="), names) == grid({**given, **cfg.kwargs})[0]
+    assert rec.fit_grid(lambda meta: (meta["M"] ** 2 % 7 + meta["BLOCK_M"],), given, Tuner) is None

@@ -9,6 +9,7 @@ nothing changed).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from typing import Any
@@ -64,26 +65,30 @@ def run(args: argparse.Namespace) -> int:
         protect = parse_age(args.protect)
     except ValueError as e:
         return fail(f"--protect: {e}")
+    as_json = bool(getattr(args, "json", False))
+    real_stdout = sys.stdout
     try:
-        summary = runner.prewarm(
-            args.spec,
-            target=args.target,
-            jobs=args.jobs,
-            dry_run=args.dry_run,
-            dir=getattr(args, "dir", None),
-            progress=False if args.no_progress else None,
-            protect_s=protect,
-            paths=args.path,
-            in_process=True,
-        )
+        # The modules a spec names may print: with --json, stdout carries the summary only.
+        with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+            summary = runner.prewarm(
+                args.spec,
+                target=args.target,
+                jobs=args.jobs,
+                dry_run=args.dry_run,
+                dir=getattr(args, "dir", None),
+                progress=False if args.no_progress else None,
+                protect_s=protect,
+                paths=args.path,
+                in_process=True,
+            )
     except SpecError as e:
         return fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     except KeyboardInterrupt:
         print("kcache prewarm: interrupted", file=sys.stderr)
         return 130
-    if getattr(args, "json", False):
-        json.dump(summary.as_dict(), sys.stdout, indent=1, default=str)
-        sys.stdout.write("\n")
+    if as_json:
+        json.dump(summary.as_dict(), real_stdout, indent=1, default=str)
+        real_stdout.write("\n")
     else:
         print(summary.format())
     return summary.exit_code

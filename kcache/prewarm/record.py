@@ -296,6 +296,8 @@ class Recorder:
             entry["options"] = options
         if not warmup:
             g = _grid_value(grid, given if outer is None else None)
+            if g is None and callable(grid) and outer is not None:
+                g = fit_grid(grid, given, outer)  # an autotuner's lambda: per config
             if g is not None:
                 entry["grid"] = g
         env = _env_now()
@@ -354,6 +356,61 @@ def _grid_value(grid: Any, bound: Mapping[str, Any] | None) -> Any:
             except Exception:
                 return None
     return None
+
+
+def fit_grid(grid: Any, given: Mapping[str, Any], tuner: Any) -> list[Any] | None:
+    """An autotuned kernel's grid is a function of the config (``lambda META: (cdiv(M,
+    META["BLOCK_M"]), ...)``): find, per dimension, a constant or an expression over the integer
+    arguments and the configs' constexprs (``cdiv(A, C)``, ``cdiv(A, C) * cdiv(A2, C2)``, ``A``)
+    that gives the grid's value for EVERY config. None if no such expression fits."""
+    from .spec import _FUNCS
+
+    configs = list(getattr(tuner, "configs", None) or [])
+    if not configs:
+        return None
+    ints = {k: v for k, v in given.items() if isinstance(v, int) and not isinstance(v, bool)}
+    metas = []
+    for cfg in configs:
+        try:
+            metas.append({**given, **cfg.all_kwargs()})
+        except Exception:
+            return None
+    try:
+        values = [tuple(int(x) for x in grid(m)) for m in metas]
+    except Exception:
+        return None
+    ndim = max(len(v) for v in values)
+    if ndim > 3 or any(len(v) != ndim for v in values):
+        return None
+    ckeys = sorted(
+        {k for m, cfg in zip(metas, configs) for k, v in cfg.kwargs.items() if isinstance(v, int) and v > 0}
+    )
+    cdiv = _FUNCS["cdiv"]
+    singles = [(f"cdiv({a}, {c})", lambda m, a=a, c=c: cdiv(m[a], m[c])) for a in ints for c in ckeys]
+    singles += [(a, lambda m, a=a: m[a]) for a in ints]
+    out: list[Any] = []
+    for d in range(ndim):
+        want = [v[d] for v in values]
+        if len(set(want)) == 1:
+            out.append(want[0])
+            continue
+        found = None
+        for text, f in singles:
+            if all(f(m) == w for m, w in zip(metas, want)):
+                found = text
+                break
+        if found is None:
+            for i, (t1, f1) in enumerate(singles):
+                for t2, f2 in singles[i:]:
+                    if all(f1(m) * f2(m) == w for m, w in zip(metas, want)):
+                        found = f"{t1} * {t2}"
+                        break
+                if found:
+                    break
+        if found is None:
+            return None
+        out.append("=" + found)
+    return out
 
 
 def _env_now() -> dict[str, str]:
