@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Triton kernels cold and warm, through kcache and through Triton's own cache (CPU, no GPU).
+
+    python tools/bench_triton.py [--repeats 5] [--json OUT.json]
+
+Each measurement is a fresh process (``python -m kernels.run --specs all --key-first``, from
+tests/kernels) compiling the 10-kernel set for ``cuda:90`` (elementwise, reduction, three
+``tl.dot`` matmul configurations, a helper call, constexpr branches, divisibility):
+
+* ``kcache cold``: ``KCACHE=1`` on a fresh store; ``kcache warm``: on the store a first run filled;
+* ``triton cold``: no kcache, a fresh ``TRITON_CACHE_DIR``; ``triton warm``: the one a run filled.
+
+Reported, median of ``--repeats`` (the four conditions interleaved in every round):
+
+* ``kernels``: the time to get all 10 compiled kernels in the process, once Triton's key is known
+  (``triton_key()`` is called first and timed on its own): what the cache itself changes;
+* ``process``: the process's whole wall time, start to exit (interpreter, imports, key, kernels);
+* ``triton_key``: ``triton_key()`` in the same processes: Triton's own (it hashes libtriton, about
+  415 MB) and kcache's memo (the digest from the store).
+
+Targets: kcache warm within 1.05x of Triton warm (``kernels``); warm at most 5% of cold
+(``kernels``); the triton_key saving is shown on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from kernels.harness import PYTHON, clean_env  # noqa: E402
+from kernels.specs import SPECS  # noqa: E402
+
+
+def run_once(tmp: Path, out: Path, kcache_dir: Path | None, triton_dir: Path) -> dict[str, Any]:
+    env = clean_env(tmp, kcache_dir=kcache_dir, TRITON_CACHE_DIR=str(triton_dir))
+    cmd = [PYTHON, "-m", "kernels.run", "--out", str(out), "--specs", "all", "--key-first"]
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, cwd=str(tmp), capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    r = json.loads(out.read_text())
+    compiled = sum(x["cache_hit"] is False for x in r["results"])
+    errors = sum(x["error"] is not None for x in r["results"])
+    return {
+        "process_s": wall,
+        "kernels_s": r["t_compile_all"],
+        "key_s": r["t_key"],
+        "import_s": r["t_import_triton"],
+        "compiled": compiled,
+        "errors": errors,
+        "kcache_hits": r["process"].get("triton", {}).get("hits", 0),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="kcache-bench-triton-"))
+    n = len(SPECS)
+    conds = ["kcache cold", "kcache warm", "triton cold", "triton warm"]
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in conds}
+    try:
+        warm_store, warm_triton = root / "warm-store", root / "warm-triton"
+        # fill the warm caches (not measured)
+        run_once(root, root / "fill-k.json", warm_store, root / "unused-triton")
+        run_once(root, root / "fill-t.json", None, warm_triton)
+        for rep in range(a.repeats):
+            for c in conds:
+                d = root / f"{c.replace(' ', '-')}-{rep}"
+                d.mkdir()
+                if c == "kcache cold":
+                    r = run_once(d, d / "r.json", d / "store", d / "triton")
+                elif c == "kcache warm":
+                    r = run_once(d, d / "r.json", warm_store, d / "triton")
+                elif c == "triton cold":
+                    r = run_once(d, d / "r.json", None, d / "triton")
+                else:
+                    r = run_once(d, d / "r.json", None, warm_triton)
+                runs[c].append(r)
+                print(
+                    f"  round {rep + 1} {c:<12} process {r['process_s']:.3f}s  kernels {r['kernels_s']:.4f}s"
+                    f"  triton_key {r['key_s']:.4f}s  compiled {r['compiled']}/{n}",
+                    flush=True,
+                )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    med: dict[str, dict[str, float]] = {}
+    for c, rs in runs.items():
+        med[c] = {
+            k: statistics.median(r[k] for r in rs) for k in ("process_s", "kernels_s", "key_s", "import_s")
+        }
+        med[c]["compiled"] = max(r["compiled"] for r in rs)
+        med[c]["errors"] = sum(r["errors"] for r in rs)
+    print(f"\n{n} kernels, fresh processes, median of {a.repeats}:")
+    print(f"{'condition':<14}{'kernels s':>11}{'process s':>11}{'triton_key s':>14}{'compiled':>10}")
+    for c in conds:
+        m = med[c]
+        print(
+            f"{c:<14}{m['kernels_s']:>11.4f}{m['process_s']:>11.3f}{m['key_s']:>14.4f}{int(m['compiled']):>7}/{n}"
+        )
+    kw, tw = med["kcache warm"], med["triton warm"]
+    kc, tc = med["kcache cold"], med["triton cold"]
+    ratios = {
+        "kcache_warm_vs_triton_warm_kernels": kw["kernels_s"] / tw["kernels_s"],
+        "kcache_warm_vs_cold_kernels": kw["kernels_s"] / kc["kernels_s"],
+        "triton_warm_vs_cold_kernels": tw["kernels_s"] / tc["kernels_s"],
+        "kcache_warm_vs_triton_warm_process": kw["process_s"] / tw["process_s"],
+        "kcache_warm_vs_cold_process": kw["process_s"] / kc["process_s"],
+        "triton_key_saving_s": tw["key_s"] - kw["key_s"],
+    }
+    targets = {
+        "kcache warm within 1.05x of Triton warm (kernels)": ratios["kcache_warm_vs_triton_warm_kernels"]
+        <= 1.05,
+        "kcache warm at most 5% of cold (kernels)": ratios["kcache_warm_vs_cold_kernels"] <= 0.05,
+        "warm processes compile nothing": kw["compiled"] == 0 and tw["compiled"] == 0,
+    }
+    print()
+    print(
+        f"kcache warm / Triton warm, kernels: {ratios['kcache_warm_vs_triton_warm_kernels']:.3f}x (target <= 1.05)"
+    )
+    print(
+        f"kcache warm / kcache cold, kernels: {ratios['kcache_warm_vs_cold_kernels'] * 100:.1f}% (target <= 5%)"
+    )
+    print(f"kcache warm / Triton warm, whole process: {ratios['kcache_warm_vs_triton_warm_process']:.3f}x")
+    print(
+        f"triton_key(): Triton's own {tw['key_s'] * 1000:.0f} ms, kcache's memo {kw['key_s'] * 1000:.1f} ms "
+        f"(saves {ratios['triton_key_saving_s'] * 1000:.0f} ms per process)"
+    )
+    for t, ok in targets.items():
+        print(f"  {'met' if ok else 'MISSED'}: {t}")
+    if a.json:
+        import triton
+
+        Path(a.json).write_text(
+            json.dumps(
+                {
+                    "date": datetime.date.today().isoformat(),
+                    "python": platform.python_version(),
+                    "triton": triton.__version__,
+                    "repeats": a.repeats,
+                    "kernels": n,
+                    "median": med,
+                    "runs": runs,
+                    "ratios": ratios,
+                    "targets": targets,
+                },
+                indent=1,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
