@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -397,3 +398,60 @@ def test_fit_grid_writes_an_autotuned_lambda_grid_as_expressions() -> None:
         names = {**{k: v for k, v in given.items() if isinstance(v, int)}, **cfg.kwargs}
         assert eval_expr(fitted[0].lstrip("="), names) == grid({**given, **cfg.kwargs})[0]
     assert rec.fit_grid(lambda meta: (meta["M"] ** 2 % 7 + meta["BLOCK_M"],), given, Tuner) is None
+
+
+def test_generated_tensors_have_the_asked_layout_on_a_real_device() -> None:
+    torch = pytest.importorskip("torch")
+    from kcache.prewarm.triton_aot import make_tensor
+
+    t = make_tensor(TensorArg("float16", [4, 8], [1, 4], alignment=4), "cpu")
+    assert t.shape == (4, 8) and t.stride() == (1, 4) and t.dtype == torch.float16
+    assert t.data_ptr() % 16 == 4
+    assert make_tensor(TensorArg("float32", [3, 5]), "cpu").data_ptr() % 16 == 0
+    z = make_tensor(TensorArg("int32", [7], fill="arange"), "cpu")
+    assert z.tolist() == list(range(7))
+    m = make_tensor(TensorArg("bfloat16", [2, 3], alignment=2), "meta")
+    assert m.device.type == "meta" and m.data_ptr() == 2
+
+
+def test_gpu_mode_launches_with_the_specs_grid_args_and_options(
+    mod_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU path's plumbing, with the launch itself captured (this machine has no GPU)."""
+    pytest.importorskip("triton")
+    torch = pytest.importorskip("torch")
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+
+    from kcache.prewarm import triton_aot
+    from kcache.prewarm.spec import resolve
+
+    calls: list[tuple[str, Any, tuple, dict]] = []
+
+    def capture(kind: str) -> Any:
+        def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
+            calls.append((kind, grid, args, kwargs))
+
+        return run
+
+    monkeypatch.setattr(JITFunction, "run", capture("jit"))
+    monkeypatch.setattr(Autotuner, "run", capture("autotune"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    real = triton_aot.make_args
+    monkeypatch.setattr(triton_aot, "make_args", lambda args, device: real(args, "cpu"))
+    text = (
+        "[[triton]]\nkernel = 'pwmod:k'\nsizes = [{ N = 100 }]\noptions = { num_warps = 2 }\n"
+        "grid = ['=cdiv(N, BLOCK)', 3]\n[triton.args]\nx_ptr = { tensor = 'fp32', shape = ['=N'] }\n"
+        "n = '=N'\nBLOCK = 32\n"
+        "[[triton]]\nkernel = 'pwmod:tuned'\ngrid = ['=cdiv(n, BLOCK)']\n[triton.args]\n"
+        "x_ptr = { tensor = 'fp32', shape = [64] }\nn = 64\n"
+    )
+    sp = load(text)
+    resolve(sp, extra_paths=[str(mod_dir)])
+    for it in sp.items():
+        triton_aot.run_on_gpu(it.entry.obj, it.args, it.entry.options, it.entry.grid, it.symbols)
+    (k1, g1, a1, kw1), (k2, g2, a2, kw2) = calls
+    assert k1 == "jit" and kw1 == {"num_warps": 2} and a1[1:] == (100, 32) and a1[0].shape == (100,)
+    assert g1({"n": 100, "BLOCK": 32}) == (4, 3)
+    assert k2 == "autotune" and a2[1] == 64 and kw2 == {}
+    assert g2({"n": 64, "BLOCK": 32}) == (2,) and g2({"n": 64, "BLOCK": 64}) == (1,)

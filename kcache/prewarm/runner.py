@@ -323,6 +323,10 @@ class Executor:
                 )
             self._enabled_here = True
         self.store = kcache.active_store()
+        if self.store.readonly:
+            raise UsageError(
+                f"the store at {self.store.root} is read-only (KCACHE_READONLY): nothing can be prewarmed into it"
+            )
         self._undo.append(protect_puts(self.store, self.protect_s))
         if not any(e.kind == "triton" for e in self.spec.entries) and self.arch is None:
             return
