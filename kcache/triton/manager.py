@@ -44,11 +44,11 @@ from triton.runtime.cache import CacheManager, FileCacheManager
 from .. import active_store
 from ..log import logger, warn_once
 from .components import components_for
+from .kinds import KIND_AUTOTUNE, KIND_AUX, KIND_GROUP, kind_of, store_key
+
+__all__ = ["KIND_AUTOTUNE", "KIND_AUX", "KIND_GROUP", "KcacheCacheManager", "kind_of"]
 
 LOCK_TIMEOUT_S = 120.0
-KIND_GROUP = "triton"
-KIND_AUTOTUNE = "triton-autotune"
-KIND_AUX = "triton-aux"
 
 _scratch_lock = threading.Lock()
 _scratch_roots: dict[str | None, str] = {}  # store root (None: no writable store) -> folder
@@ -77,15 +77,6 @@ def _release_lock(lk: Any, pid: int) -> None:
         lk.release()
     except Exception as e:
         logger.debug("lock release: %s", e)
-
-
-def kind_of(filename: str) -> str | None:
-    """The kind of a file Triton puts on its own (None: a member of a group)."""
-    if filename.endswith(".autotune.json"):
-        return KIND_AUTOTUNE
-    if filename.endswith((".so", ".pyd", ".dylib")) or ".so." in filename:
-        return KIND_AUX
-    return None
 
 
 def _scratch(store: Any) -> str:
@@ -162,9 +153,7 @@ class KcacheCacheManager(CacheManager):
         return self._dir
 
     def _skey(self, filename: str, kind: str | None) -> str:
-        if kind == KIND_AUTOTUNE:
-            return f"{self.key}/{filename}@{_gpu_model() or 'no-gpu'}"
-        return f"{self.key}/{filename}"
+        return store_key(self.key, filename, _gpu_model() if kind == KIND_AUTOTUNE else None)
 
     def _write_scratch(self, data: bytes, filename: str) -> str:
         try:
