@@ -820,9 +820,31 @@ def test_flush_stores_before_exit(fake_nvfuser: Path, tmp_path: Path, store_dir:
     store.close()
     # the folder left behind by os._exit is adopted (and removed) by the next process
     assert any(p.name.startswith(kdb.ROOT_PREFIX) for p in tmp_path.iterdir())
-    warm = _run_driver(fake_nvfuser, store_dir, "direct", env, nfus=0)
+    warm = _run_driver(fake_nvfuser, store_dir, "direct", env, nfus=1)
     assert warm["status"]["seeded"] == 2
     assert not any(p.name.startswith(kdb.ROOT_PREFIX) for p in tmp_path.iterdir())
+
+
+def test_import_alone_creates_nothing(fake_nvfuser: Path, tmp_path: Path, store_dir: Path, clean_env) -> None:
+    """Nothing happens at import beyond wrapping execute (no fingerprint, so no CUDA driver
+    initialisation, no folder); the session starts at the first execute."""
+    code = textwrap.dedent(
+        f"""
+        import sys, json
+        sys.path.insert(0, {str(fake_nvfuser)!r})
+        import kcache
+        from kcache.nvfuser import kerneldb
+        assert kcache.enable(dir={str(store_dir)!r}, triton=False)
+        import nvfuser_direct as nd
+        before = kerneldb.status()
+        nd.FusionDefinition("a").execute([1])
+        print(json.dumps([before, sorted(kerneldb.status())]))
+        """
+    )
+    env = dict(clean_env, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [{}, ["nvfuser_direct"]]
 
 
 def test_without_kcache_nothing_changes(fake_nvfuser: Path, tmp_path: Path, clean_env) -> None:

@@ -828,6 +828,7 @@ class Session:
         self.added = 0
         self.adopted = 0
         self.harvests: list[HarvestResult] = []
+        self.start_s = 0.0  # fingerprint, folder, seeding and pointing nvFuser at it
         self.direct: DirectKernelDb | None = None
         self.tmpdir_pending = False  # tmpdir mode, nvFuser not seen opening the folder yet
         self.slow = False  # the wrapper must look at the session (tmpdir pending, or forked)
@@ -1024,6 +1025,7 @@ class Session:
             "seeded": len(self.seed_result.seeded),
             "seed_source": self.seed_result.source,
             "seed_ms": round(self.seed_result.seconds * 1e3, 2),
+            "start_ms": round(self.start_s * 1e3, 2),
             "shadowed": self.seed_result.shadowed,
             "new_rows": self.new_rows(),
             "stored": self.added,
@@ -1113,6 +1115,7 @@ def adopt_stale(store: Any, fp: Fingerprint, base: str, exclude: str = "") -> in
 
 _lock = threading.RLock()
 _sessions: dict[str, Session] = {}
+_states: dict[str, _ModuleState] = {}
 _wrapped: dict[str, tuple[Any, Callable[..., Any]]] = {}  # module name -> (class, original execute)
 _fork_registered = False
 _KERNEL_DB = ("kernel_db",)
@@ -1121,8 +1124,56 @@ _KERNEL_DB = ("kernel_db",)
 PREFER = "direct"
 
 
-def _make_execute(orig: Callable[..., Any], session: Session) -> Callable[..., Any]:
+class _ModuleState:
+    """kcache's hold on one nvFuser module: its store and, once started, its session."""
+
+    def __init__(self, module: ModuleType) -> None:
+        self.module = module
+        self.name = module.__name__
+        self.store: Any = None
+        self.session: Session | None = None
+        self.failed = False
+
+
+def _start(st: _ModuleState) -> Session | None:
+    """Create the module's session (fingerprint, private folder, seeding, pointing nvFuser at it).
+
+    For ``nvfuser_direct`` this runs at the first ``execute``, not at import: the fingerprint's
+    ``arch`` initialises the CUDA driver, which an import must not do (a process that forks
+    before using CUDA keeps CUDA usable in its children); at the first execute the inputs are
+    already CUDA tensors."""
+    with _lock:
+        if st.session is not None or st.failed:
+            return st.session
+        if st.store is None:
+            return None
+        try:
+            t0 = time.perf_counter()
+            fp = current_fingerprint(st.module)
+            s = Session.create(st.store, fp, st.name)
+            s.point(st.module, prefer=PREFER)
+            s.start_s = time.perf_counter() - t0
+            if st.name == "nvfuser":
+                from .legacy import LegacyFusionCache
+
+                s.legacy = LegacyFusionCache.install(st.module, s)
+        except Exception as e:
+            st.failed = True
+            warn_once("nvfuser-attach", f"nvfuser: kernels are not kept by kcache in this process: {e}")
+            return None
+        st.session = s
+        _sessions[st.name] = s
+    logger.info("nvfuser: kernels kept by kcache (%s mode, %s)", s.mode, s.db_dir)
+    return s
+
+
+def _make_execute(orig: Callable[..., Any], st: _ModuleState) -> Callable[..., Any]:
     def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        session = st.session
+        if session is None:
+            session = _start(st)
+            if session is None:
+                return orig(self, *args, **kwargs)
         if session.disabled:
             return orig(self, *args, **kwargs)
         opts = kwargs.get("_enable_options")
@@ -1146,15 +1197,15 @@ def _make_execute(orig: Callable[..., Any], session: Session) -> Callable[..., A
     return execute
 
 
-def _wrap(module: ModuleType, session: Session) -> bool:
-    cls = getattr(module, "FusionDefinition", None)
+def _wrap(st: _ModuleState) -> bool:
+    cls = getattr(st.module, "FusionDefinition", None)
     orig = getattr(cls, "execute", None) if cls is not None else None
     if orig is None:
         return False
     if getattr(orig, "_kcache_kerneldb", False):
         orig = orig.__wrapped__
-    cls.execute = _make_execute(orig, session)
-    _wrapped[module.__name__] = (cls, orig)
+    cls.execute = _make_execute(orig, st)
+    _wrapped[st.name] = (cls, orig)
     return True
 
 
@@ -1177,23 +1228,18 @@ def _install(module: ModuleType) -> None:
     if store is None:
         return
     with _lock:
-        s = _sessions.get(name)
-        if s is not None:  # kcache enabled again: keep nvFuser's folder, use the new store
-            s.store = store
-        else:
-            fp = current_fingerprint(module)
-            s = Session.create(store, fp, name)
-            s.point(module, prefer=PREFER)
-            if name == "nvfuser":
-                from .legacy import LegacyFusionCache
-
-                s.legacy = LegacyFusionCache.install(module, s)
-            _sessions[name] = s
-        if not _wrap(module, s):
+        st = _states.get(name)
+        if st is None:
+            st = _states[name] = _ModuleState(module)
+        st.store = store
+        if st.session is not None:  # kcache enabled again: keep nvFuser's folder, use the new store
+            st.session.store = store
+        if not _wrap(st):
             warn_once(
                 f"nvfuser-wrap:{name}",
                 f"nvfuser: {name}.FusionDefinition.execute not found; kernels not kept",
             )
+            return
         if name == "nvfuser":
             import warnings
 
@@ -1206,7 +1252,10 @@ def _install(module: ModuleType) -> None:
         if not _fork_registered and hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=_after_fork)
             _fork_registered = True
-    logger.info("nvfuser: kernels kept by kcache (%s mode, %s)", s.mode, s.db_dir)
+    if name == "nvfuser":
+        # The legacy FusionCache must be loaded before the first definition fills it (and
+        # FusionCache.get initialises CUDA itself): start now.
+        _start(st)
 
 
 def _on_import(module: ModuleType) -> None:
@@ -1256,12 +1305,14 @@ def attach() -> Callable[[], None]:
         forget("nvfuser_direct", _on_import)
         forget("nvfuser", _on_import)
         with _lock:
-            for name, s in list(_sessions.items()):
+            for s in list(_sessions.values()):
                 try:
                     s.flush()
                 except Exception as e:
                     warn_once("nvfuser-detach", f"nvfuser: could not store new kernels: {e}")
-                _unwrap(name)
                 s.store = None
+            for name, st in list(_states.items()):
+                _unwrap(name)
+                st.store = None
 
     return detach
