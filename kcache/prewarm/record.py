@@ -414,10 +414,11 @@ def fit_grid(grid: Any, given: Mapping[str, Any], tuner: Any) -> list[Any] | Non
 
 
 def _env_now() -> dict[str, str]:
-    try:
-        from triton._C.libtriton import get_cache_invalidating_env_vars
+    from .runner import env_vars_function
 
-        return {k: str(v) for k, v in sorted(get_cache_invalidating_env_vars().items())}
+    try:
+        fn = env_vars_function()
+        return {k: str(v) for k, v in sorted(fn().items())} if fn is not None else {}
     except Exception:
         return {}
 

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..log import logger
+from .record import WORKER_ENV
 from .spec import Item, Spec, SpecError, UsageError, load, resolve
 
 STATUSES = ("prepared", "cached", "failed", "skipped", "planned")
@@ -217,12 +218,26 @@ class Progress:
 
 
 # ------------------------------------------------------------------------------ environment
-def current_invalidating_env() -> dict[str, str]:
+def env_vars_function() -> Any:
+    """Triton's ``get_cache_invalidating_env_vars`` (libtriton in 3.4-3.9; ``triton.runtime.cache``
+    in some builds), or None without Triton."""
     try:
         from triton._C.libtriton import get_cache_invalidating_env_vars
+
+        return get_cache_invalidating_env_vars
     except Exception:
-        return {}
-    return dict(get_cache_invalidating_env_vars())
+        pass
+    try:
+        from triton.runtime.cache import get_cache_invalidating_env_vars  # type: ignore[attr-defined]
+
+        return get_cache_invalidating_env_vars
+    except Exception:
+        return None
+
+
+def current_invalidating_env() -> dict[str, str]:
+    fn = env_vars_function()
+    return dict(fn()) if fn is not None else {}
 
 
 def check_env_names(spec: Spec) -> None:
@@ -233,9 +248,8 @@ def check_env_names(spec: Spec) -> None:
     names = {k for _, env in groups if env for k in env}
     if not names:
         return
-    try:
-        from triton._C.libtriton import get_cache_invalidating_env_vars
-    except Exception:
+    get_cache_invalidating_env_vars = env_vars_function()
+    if get_cache_invalidating_env_vars is None:
         return  # no Triton: nothing to check against
     saved = {k: os.environ.get(k) for k in names}
     bad: set[str] = set()
@@ -276,6 +290,19 @@ def applied_env(env: Mapping[str, str]) -> Iterator[list[str]]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _env_set(name: str, value: str) -> Iterator[None]:
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
 
 
 def _env_key(env: Mapping[str, str]) -> str:
@@ -582,6 +609,8 @@ def prewarm(
                 summary.env = {"0": env0}
                 summary.env_unset = unset
                 ex = Executor(sp, arch=arch, store_dir=store_dir, protect_s=protect)
+                # KCACHE_RECORD is for programs: a prewarm does not record itself
+                stack.enter_context(_env_set(WORKER_ENV, "1"))
                 try:
                     ex.setup()
                     summary.build, summary.host_code, summary.utils_builds = (
@@ -632,7 +661,6 @@ def _run_workers(
     prog: Progress,
 ) -> None:
     from .meta import PROTECT_ENV
-    from .record import WORKER_ENV
 
     current = current_invalidating_env()
     procs: list[tuple[subprocess.Popen, int, set[int], str]] = []
