@@ -158,6 +158,7 @@ class Store:
         self._size_estimate: int | None = None
         self._size_checked = 0.0
         self._closed = False
+        self._real_shards: set[str] = set()  # shard dirs seen to be real directories, not symlinks
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -273,6 +274,14 @@ class Store:
         if not self.valid_id(ident):
             raise _Corrupt(f"invalid entry id {ident!r}")
         d = self.entry_dir(ident)
+        if ident[:2] not in self._real_shards:
+            # The entry directory is opened with O_NOFOLLOW, which covers its last component only:
+            # entries/ and the shard must be real directories too (checked once per process).
+            if not (_real_dir(self._entries) and _real_dir(os.path.dirname(d))):
+                if not os.path.lexists(os.path.dirname(d)):
+                    return None
+                raise _Corrupt("entries/ or its shard directory is a symlink")
+            self._real_shards.add(ident[:2])
         # Everything is opened relative to the entry directory's own descriptor: the directory is
         # checked once (not a symlink), members cannot be swapped in through a renamed parent, and
         # each open resolves one path component instead of the whole path.
@@ -544,6 +553,8 @@ class Store:
             if not self.valid_id(ident):
                 continue  # not a path of ours (a crafted index row): only its row goes
             d = self.entry_dir(ident)
+            if not _real_dir(os.path.dirname(d)) or not _real_dir(self._entries):
+                continue  # never move (and delete) what a symlinked shard points to outside
             t = os.path.join(str(self.trash), f"{ident}.{uuid.uuid4().hex[:8]}")
             try:
                 os.rename(d, t)
@@ -797,6 +808,14 @@ class Store:
                             os.unlink(p)
                     n += 1
         return n
+
+
+def _real_dir(path: str) -> bool:
+    """A directory, not a symlink to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _unwritable(root: Path) -> str | None:
