@@ -100,6 +100,14 @@ def _make_methods(build: Any) -> dict[str, Any]:
     }
 
 
+def _alternate(fn: Any, calls: list[Any]) -> Any:
+    def two() -> None:
+        for a in calls:
+            fn(a)
+
+    return two
+
+
 def _time(fn: Any, args: Any, loops: int) -> float:
     return timeit.Timer("fn(args)", globals={"fn": fn, "args": args}).timeit(loops) / loops
 
@@ -171,32 +179,30 @@ def bench(sizes: list[int], repeats: int, loops: int, new_loops: int, new_passes
 
         samples.update(_bench_new(methods, _fresh_pool(n, new_loops), repeats, new_passes))
 
-        # Worst case for the guard: two layouts alternating.
+        # Worst case for the guard: two layouts alternating (interleaved like the rest).
         other = tuple(_layouts(n, salt=1))
-        alt_args = [args, other]
-        alt: dict[str, list[float]] = {}
         floor_table[tuple([(a.dtype, a.shape, a.stride()) for a in other])] = build(runtime_key(other))
-        for name in ("floor", "kcache", "kcache-py"):
-            fn = methods[name][0]
-            alt[name] = []
-
-            def two(fn: Any = fn, alt_args: list = alt_args) -> None:
-                for a in alt_args:
-                    fn(a)
-
+        twos = {
+            name: _alternate(methods[name][0], [args, other]) for name in ("floor", "kcache", "kcache-py")
+        }
+        alt: dict[str, list[float]] = {name: [] for name in twos}
+        for two in twos.values():
             for _ in range(3):
                 two()
-            for _ in range(repeats):
+        for _ in range(repeats):
+            for name, two in twos.items():
                 alt[name].append(timeit.Timer(two).timeit(loops // 2) / (loops // 2) / 2)
 
         med = {k: statistics.median(v) for k, v in samples.items()}
         mins = {k: min(v) for k, v in samples.items()}
         amed = {k: statistics.median(v) for k, v in alt.items()}
+        amin = {k: min(v) for k, v in alt.items()}
         fc = methods["kcache"][1]
         results[str(n)] = {
             "us": {k: v * 1e6 for k, v in med.items()},
             "us_min": {k: v * 1e6 for k, v in mins.items()},
             "us_alternating": {k: v * 1e6 for k, v in amed.items()},
+            "us_alternating_min": {k: v * 1e6 for k, v in amin.items()},
             "ratio_to_floor": {k: med[k] / med["floor"] for k in methods},
             "thunder_over": {k: med["thunder"] / med[k] for k in ("kcache", "kcache-py", "runtime_key")},
             "fusion_cache_info": fc.cache_info(),
