@@ -250,8 +250,10 @@ def test_dry_run_lists_and_writes_nothing(
     mod_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spec = tmp_path / "ok.toml"
-    spec.write_text(
-        GOOD + "\n[[triton]]\nkernel = 'pwmod:tuned'\nsizes = [{ N = 8 }, { N = 16 }]\n"
+    spec.write_text(  # TRITON_DEBUG: not in Triton's list, in its key all the same (the debug option)
+        "[env]\nTRITON_DEBUG = '1'\nTRITON_DEFAULT_FP_FUSION = '0'\n"
+        + GOOD.replace("version = 1\n", "")
+        + "\n[[triton]]\nkernel = 'pwmod:tuned'\nsizes = [{ N = 8 }, { N = 16 }]\n"
         "[triton.args]\nx_ptr = { tensor = 'fp32', shape = ['=N'] }\nn = '=N'\n"
     )
     store = tmp_path / "store"

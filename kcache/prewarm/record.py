@@ -414,11 +414,10 @@ def fit_grid(grid: Any, given: Mapping[str, Any], tuner: Any) -> list[Any] | Non
 
 
 def _env_now() -> dict[str, str]:
-    from .runner import env_vars_function
+    from .runner import current_invalidating_env
 
     try:
-        fn = env_vars_function()
-        return {k: str(v) for k, v in sorted(fn().items())} if fn is not None else {}
+        return dict(sorted(current_invalidating_env().items()))
     except Exception:
         return {}
 

@@ -235,9 +235,28 @@ def env_vars_function() -> Any:
         return None
 
 
+#: Not in Triton's list, but in its key all the same: read at import into the ``debug`` option.
+EXTRA_ENV = ("TRITON_DEBUG",)
+#: Unset before Triton is imported when a spec's env does not name them (Triton reads some at
+#: import); after the import, Triton's own list decides. Triton 3.6-3.9's list, and EXTRA_ENV.
+_KNOWN_ENV = EXTRA_ENV + (
+    "TRITON_DEFAULT_FP_FUSION", "TRITON_DISABLE_LINE_INFO", "TRITON_F32_DEFAULT", "TRITON_OVERRIDE_ARCH",
+    "TRITON_ENABLE_ASAN", "TRITON_ENABLE_LLVM_DEBUG", "TRITON_LLVM_DEBUG_ONLY", "TRITON_DUMP_MIR",
+    "TRITON_ENABLE_EXPERIMENTAL_CONSAN", "TRITON_FORCE_DISABLE_FP_FUSION", "DISABLE_LLVM_OPT",
+    "DISABLE_PTXAS_OPT", "DISABLE_MMA_V3", "DISABLE_MMA_V5", "LLVM_IR_ENABLE_DUMP", "MLIR_ENABLE_DUMP",
+    "NVPTX_ENABLE_DUMP", "USE_IR_LOC",
+)  # fmt: skip
+
+
 def current_invalidating_env() -> dict[str, str]:
+    """The variables of this process that are in Triton's key: those Triton lists (as it reports
+    them) and :data:`EXTRA_ENV`. Imports Triton."""
     fn = env_vars_function()
-    return dict(fn()) if fn is not None else {}
+    out = {k: str(v) for k, v in (fn() if fn is not None else {}).items()}
+    for k in EXTRA_ENV:
+        if os.environ.get(k):
+            out[k] = os.environ[k]
+    return out
 
 
 def check_env_names(spec: Spec) -> None:
@@ -254,7 +273,7 @@ def check_env_names(spec: Spec) -> None:
     saved = {k: os.environ.get(k) for k in names}
     bad: set[str] = set()
     try:
-        for k in names:
+        for k in names - set(EXTRA_ENV):
             os.environ[k] = "1"
             if k not in get_cache_invalidating_env_vars():
                 bad.add(k)
@@ -275,20 +294,23 @@ def check_env_names(spec: Spec) -> None:
 
 @contextlib.contextmanager
 def applied_env(env: Mapping[str, str]) -> Iterator[list[str]]:
-    """Set ``env`` and unset Triton's other cache-invalidating variables; restore afterwards."""
-    current = current_invalidating_env()
-    unset = sorted(k for k in current if k not in env)
-    saved = {k: os.environ.get(k) for k in [*env, *unset]}
+    """Set ``env`` and unset Triton's other cache-invalidating variables; restore afterwards.
+    The spec's values are set before Triton is imported here (it reads some at import)."""
+    saved = dict(os.environ)
     try:
+        unset = [k for k in _KNOWN_ENV if k in os.environ and k not in env]
         for k in unset:
             os.environ.pop(k, None)
         os.environ.update(env)
-        yield unset
+        more = [k for k in current_invalidating_env() if k not in env]
+        for k in more:
+            os.environ.pop(k, None)
+        yield sorted(set(unset) | set(more))
     finally:
+        for k in [k for k in os.environ if k not in saved]:
+            os.environ.pop(k, None)
         for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
+            if os.environ.get(k) != v:
                 os.environ[k] = v
 
 
