@@ -170,8 +170,9 @@ class FusionCache:
         self._pending: dict[tuple, tuple[threading.Event, int]] = {}
         self._mru: list = _EMPTY
         # Counting: a hit is one next() on an itertools.count (atomic under the GIL, about
-        # 35 ns), which is also the recency tick. Never a call into kcache.counters on the hit
-        # path: its add() takes a lock and costs about as much as the rest of a 1-tensor hit.
+        # 45 ns), which is also the recency tick. Never a call into kcache.counters on the hit
+        # path: its add() takes a lock and two dict updates, about 1 us measured on the 2-core
+        # box, more than a whole 1-tensor hit.
         # Deltas go to kcache.counters on every miss (already the slow path, under the lock),
         # every 4096 ticks seen by the memo path (a call shape other than the previous one),
         # on flush() / flush_all(), and at exit. The two fastest paths (the same call shape
