@@ -453,23 +453,25 @@ def test_recorded_spec_replays_to_the_same_entries(tmp_path: Path) -> None:
 
 
 def test_triton_debug_is_applied_before_triton_is_imported(tmp_path: Path) -> None:
-    """TRITON_DEBUG is read when Triton is imported (into the debug option, part of the key)."""
-    spec = tmp_path / "debug.toml"
-    spec.write_text(
-        "[env]\nTRITON_DEBUG = '1'\n[[triton]]\nkernel = 'kernels:add_kernel'\n[triton.args]\n"
-        "x_ptr = { tensor = 'float32', shape = [4096] }\ny_ptr = { tensor = 'float32', shape = [4096] }\n"
-        "out_ptr = { tensor = 'float32', shape = [4096] }\nn_elements = 4096\nBLOCK_SIZE = 1024\n"
+    """TRITON_DEBUG is read when Triton is imported (into the debug option, part of the key); two
+    environments in one spec run in two processes."""
+    add = (
+        "[[triton]]\nkernel = 'kernels:add_kernel'\n{env}[triton.args]\n"
+        "x_ptr = {{ tensor = 'float32', shape = [4096] }}\ny_ptr = {{ tensor = 'float32', shape = [4096] }}\n"
+        "out_ptr = {{ tensor = 'float32', shape = [4096] }}\nn_elements = 4096\nBLOCK_SIZE = 1024\n"
     )
+    spec = tmp_path / "debug.toml"
+    spec.write_text(add.format(env="env = { TRITON_DEBUG = '1' }\n") + add.format(env=""))
     store = tmp_path / "store"
     s = _prewarm(spec, store, tmp_path, "--target", "cuda:90", paths=(EXAMPLE_DIR,))
-    assert s["totals"]["kernel_compiles"] == 1
+    assert s["totals"]["kernel_compiles"] == 2 and len(s["env"]) == 2
     from kcache.store import Store
 
     st = Store.open(store, readonly=True)
     recs = [
         h.record for h in (st.read_any(i)[0] for i in st.iter_entry_ids()) if h and h.record.kind == "triton"
     ]
-    assert [r.components.get("option.debug") for r in recs] == [True]
+    assert sorted(r.components.get("option.debug") for r in recs) == [False, True]
     body = "import kernels\nx = meta((4096,))\nkernels.add_kernel.warmup(x, x, x, 4096, BLOCK_SIZE=1024, grid=(1,))\ncontrol = None\n"
     r = _program(body, tmp_path, store, EXAMPLE_DIR, TRITON_DEBUG="1")
     assert r["compiled"] == [] and r["store_hits"] == 1
