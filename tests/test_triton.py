@@ -367,3 +367,27 @@ def test_importing_kcaches_manager_before_triton_still_installs_it(tmp_path: Pat
     out = subprocess.run([PYTHON, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
     assert "kcache" not in out.stderr, out.stderr
+
+
+def test_rocm_target_goes_through_the_same_manager(tmp_path: Path) -> None:
+    """Triton's AMD backend compiles for ``hip:gfx942`` without a GPU too: its kernels (``.hsaco``)
+    take the same path through kcache: stored cold, served warm byte for byte, keyed by arch."""
+    names = ["add", "row_sum", "matmul_64x64x32", "helper", "act_relu", "copy_div16"]
+    plan = [{"spec": n, "backend": "hip", "arch": "gfx942"} for n in names]
+    env = clean_env(tmp_path, kcache_dir=tmp_path / "store")
+    cold = run_kernels(env, tmp_path / "cold.json", plan=plan)
+    for r in cold["results"]:
+        assert r["error"] is None and r["kcache"]["puts"] == 1, r
+    plan.append({"spec": "add", "label": "add-gfx90a", "backend": "hip", "arch": "gfx90a"})
+    warm = run_kernels(env, tmp_path / "warm.json", plan=plan)
+    res = by_label(warm)
+    for r in cold["results"]:
+        w = res[r["label"]]
+        assert w["cache_hit"] is True and w["kcache"]["hits"] == 1, w
+        assert w["cubin_sha256"] == r["cubin_sha256"]
+    _assert_missed(res["add-gfx90a"])
+    assert any(
+        f.name.endswith(".hsaco")
+        for _, rec in entries_of_kind(tmp_path / "store", "triton")
+        for f in rec.files
+    )

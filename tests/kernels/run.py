@@ -3,7 +3,7 @@
     python -m kernels.run --out RESULT.json [--specs add,row_sum|all] [--plan PLAN.json]
                           [--barrier FILE] [--child]
 
-A plan is a list of items ``{"spec", "arch", "options", "env", "module_file", "label"}`` (or
+A plan is a list of items ``{"spec", "arch", "backend", "options", "env", "module_file", "label"}`` (or
 ``"option_change"`` / ``"env_change"`` naming one of :mod:`kernels.variations`, with ``"tmp"``);
 each is compiled in turn (``env`` set around it). Per item the result has the cubin's sha256, Triton's own
 verdict (the compilation listener's ``cache_hit``), kcache's counters for kind ``triton`` over
@@ -121,11 +121,13 @@ def run_plan(
                 probe.__enter__()
             k = compile_spec(
                 spec,
-                arch=int(item.get("arch", 90)),
+                arch=item.get("arch", 90),
+                backend=item.get("backend", "cuda"),
                 options=options,
                 module_file=item.get("module_file"),
             )
-            out["cubin_sha256"] = hashlib.sha256(k.asm["cubin"]).hexdigest()
+            binary = k.asm["hsaco"] if "hsaco" in k.asm else k.asm["cubin"]
+            out["cubin_sha256"] = hashlib.sha256(binary).hexdigest()
             if item.get("save_ttir"):
                 with open(item["save_ttir"], "w") as f:
                     f.write(k.asm["ttir"])

@@ -159,11 +159,13 @@ def load_module(spec: Spec, module_file: str | None = None) -> ModuleType:
 def compile_spec(
     spec: Spec,
     *,
-    arch: int = 90,
+    arch: int | str = 90,
     options: dict[str, Any] | None = None,
     module_file: str | None = None,
+    backend: str = "cuda",
 ) -> Any:
-    """``triton.compile`` of one spec for ``cuda:<arch>`` (no GPU needed)."""
+    """``triton.compile`` of one spec for ``<backend>:<arch>`` (``cuda:90``, ``hip:gfx942``; no GPU
+    needed)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -171,4 +173,5 @@ def compile_spec(
     fn = getattr(load_module(spec, module_file), spec.fn)
     src = ASTSource(fn, dict(spec.signature), dict(spec.constexprs), dict(spec.attrs))
     opts = {**spec.options, **(options or {})}
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=opts or None)
+    target = GPUTarget(backend, arch, 64 if backend == "hip" else 32)
+    return triton.compile(src, target=target, options=opts or None)
