@@ -367,9 +367,7 @@ class Executor:
             and os.path.abspath(str(kcache.active_store().root)) != os.path.abspath(self.store_dir)
         ):
             if not kcache.enable(dir=self.store_dir):
-                raise UsageError(
-                    f"the store at {self.store_dir or kcache.settings().dir} cannot be used (see above)"
-                )
+                raise UsageError(f"the store at {self.store_dir} cannot be used: {_why_not(self.store_dir)}")
             self._enabled_here = True
         self.store = kcache.active_store()
         if self.store.readonly:
@@ -511,6 +509,23 @@ class Executor:
         kwargs = {k: make_value(v, "cuda", torch=torch) for k, v in item.kwargs.items()}
         fn(*values, **kwargs)
         torch.cuda.synchronize()
+
+
+def _why_not(store_dir: str | None) -> str:
+    """Why kcache.enable() refused (it warns; the one-line error should say it too)."""
+    from .. import config
+    from ..store import Store, StoreError
+
+    s = config.load(dir=store_dir)
+    if s.problems:
+        return "; ".join(s.problems)
+    try:
+        Store.open(s.dir, max_size=s.max_size, readonly=s.readonly, allow_insecure=s.allow_insecure).close()
+    except StoreError as e:
+        return str(e)
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "see the warning above"
 
 
 # ------------------------------------------------------------------------------ the driver
