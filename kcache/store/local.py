@@ -277,10 +277,13 @@ class Store:
         if ident[:2] not in self._real_shards:
             # The entry directory is opened with O_NOFOLLOW, which covers its last component only:
             # entries/ and the shard must be real directories too (checked once per process).
-            if not (_real_dir(self._entries) and _real_dir(os.path.dirname(d))):
-                if not os.path.lexists(os.path.dirname(d)):
-                    return None
-                raise _Corrupt("entries/ or its shard directory is a symlink")
+            for p in (self._entries, os.path.dirname(d)):
+                try:
+                    mode = os.lstat(p).st_mode
+                except FileNotFoundError:
+                    return None  # not created yet (or being created by another writer): a miss
+                if not stat.S_ISDIR(mode):
+                    raise _Corrupt("entries/ or its shard directory is a symlink")
             self._real_shards.add(ident[:2])
         # Everything is opened relative to the entry directory's own descriptor: the directory is
         # checked once (not a symlink), members cannot be swapped in through a renamed parent, and
