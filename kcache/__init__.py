@@ -65,6 +65,10 @@ def enable(
         if _store is not None:
             disable()
         _store, _settings = store, s
+        import atexit
+
+        # atexit runs last-registered first: integrations' counts reach the store before it closes.
+        atexit.register(_push_integration_counts)
         if triton:
             from .triton import attach as _attach_triton
 
@@ -123,10 +127,24 @@ def settings() -> _config.Settings:
     return _settings if _settings is not None and _store is not None else _config.load()
 
 
+def _push_integration_counts() -> None:
+    """Integrations that count hits without a lock push their counts to kcache.counters now."""
+    import sys
+
+    mod = sys.modules.get("kcache.nvfuser.fusion_cache")
+    if mod is not None:
+        try:
+            mod.flush_all()
+        except Exception:
+            pass
+
+
 def stats() -> dict[str, Any]:
     """Entries, bytes and counters of the active store, and this process's own counters."""
     from . import counters
     from .report import store_stats
+
+    _push_integration_counts()
 
     out: dict[str, Any] = {"enabled": _store is not None}
     if _store is not None:
