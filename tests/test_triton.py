@@ -359,8 +359,8 @@ def test_importing_kcaches_manager_before_triton_still_installs_it(tmp_path: Pat
         "from kcache.triton.manager import KcacheCacheManager\n"
         "import triton\n"
         "assert triton.knobs.cache.manager_class is KcacheCacheManager, triton.knobs.cache.manager_class\n"
-        "import triton.runtime.cache as c\n"
-        "assert c.triton_key._kcache_memo\n"
+        "from kernels.compat import triton_key_module\n"
+        "assert triton_key_module().triton_key._kcache_memo\n"
         "print('ok')\n"
     )
     env = clean_env(tmp_path, kcache_dir=tmp_path / "store")
@@ -376,6 +376,8 @@ def test_rocm_target_goes_through_the_same_manager(tmp_path: Path) -> None:
     plan = [{"spec": n, "backend": "hip", "arch": "gfx942"} for n in names]
     env = clean_env(tmp_path, kcache_dir=tmp_path / "store")
     cold = run_kernels(env, tmp_path / "cold.json", plan=plan)
+    if "ld.lld" in (cold["results"][0]["error"] or ""):  # wheels before 3.5 do not ship the linker
+        pytest.skip("this Triton wheel has no ROCm linker: " + cold["results"][0]["error"])
     for r in cold["results"]:
         assert r["error"] is None and r["kcache"]["puts"] == 1, r
     plan.append({"spec": "add", "label": "add-gfx90a", "backend": "hip", "arch": "gfx90a"})

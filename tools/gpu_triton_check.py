@@ -170,8 +170,11 @@ def _counts() -> dict[str, Any]:
 
 def _own_triton_key_cost() -> float:
     """What Triton's own triton_key() costs here, computed afresh (the memo bypassed)."""
-    import triton.runtime.cache as cache_mod
+    import importlib
 
+    cache_mod = importlib.import_module("triton.runtime.cache")
+    if not hasattr(cache_mod, "triton_key"):  # Triton 3.4
+        cache_mod = importlib.import_module("triton.compiler.compiler")
     fn = getattr(cache_mod.triton_key, "_kcache_original", cache_mod.triton_key)
     fn = getattr(fn, "__wrapped__", fn)
     t = time.perf_counter()

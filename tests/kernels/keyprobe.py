@@ -27,7 +27,10 @@ def main() -> None:
         except Exception as e:
             out["torch_error"] = repr(e)
     import triton.runtime.autotuner as autotuner
-    import triton.runtime.cache as cache_mod
+
+    from kernels.compat import triton_key_module
+
+    cache_mod = triton_key_module()
 
     import kcache
 
@@ -61,7 +64,8 @@ def main() -> None:
         equal=memo_key == own_key,
         hashed_libtriton=len(hashed),
         triton_file=cache_mod.__file__,
-        autotuner_has_memo=autotuner.triton_key is cache_mod.triton_key,
+        # 3.5+ bind it by name at import; 3.4 imports it from the compiler module at each call
+        autotuner_has_memo=getattr(autotuner, "triton_key", cache_mod.triton_key) is cache_mod.triton_key,
     )
     if a.torch and "torch_error" not in out:
         import torch._inductor.codecache as codecache

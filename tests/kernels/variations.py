@@ -36,6 +36,8 @@ OPTION_CHANGES: dict[str, Any] = {
     "arch": "sm80",
     "instrumentation_mode": "consan",
     "ir_override": "ttir-file",  # the kernel's own TTIR, from a file
+    # 3.4
+    "cluster_dims": (2, 1, 1),
     # 3.7+
     "sched4reg": True,
     "fpsan_homomorphic_casts": True,
