@@ -1,0 +1,535 @@
+#!/usr/bin/env python
+"""Benchmark of kcache's local store against Triton's FileCacheManager and plain file reads.
+
+Measures (issue 7, point 8), all in one run so that the machine's state is shared:
+
+- hit latency: ``Store.get`` (reads the record and every member, checks sizes and crc32), the
+  same plus reading the members' bytes back (what Triton does with the paths it gets), Triton's
+  ``FileCacheManager`` (construct, ``get_group``, read every file: what ``triton.compile`` does on
+  a hit) and, as the floor, plain ``open``/``read`` of the same member files;
+- put latency: ``Store.put`` of a group, FileCacheManager's ``put`` of each file plus
+  ``put_group``, and plain writes of the same files into a new directory (no rename, no checks);
+- for Triton-shaped groups (6 files, about 4 KB) with 1,000, 10,000 and 100,000 entries in the
+  store, and for 100 KB and 2 MB groups with 1,000 entries;
+- ``kcache stats --json`` and ``kcache inspect --limit 50`` wall time (subprocess, so including
+  interpreter start-up) at the largest size, and the in-process cost of what they compute.
+
+p50 and p99 are taken over the samples of one pass; with ``--runs R`` each figure is the median
+over R passes. Stores are filled through the store API (``Store.put`` / ``FileCacheManager.put``)
+in parallel processes, one per CPU.
+
+    python tools/bench_store.py             # the full run (1k, 10k, 100k entries; several minutes)
+    python tools/bench_store.py --quick     # a smaller run (300 and 3,000 entries)
+    python tools/bench_store.py --json      # machine-readable results on stdout
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import concurrent.futures
+import datetime
+import hashlib
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+# A Triton group: the files triton.compile stores for one kernel (its __grp__ index aside), sized
+# like those of a small elementwise kernel: about 4 KB in all.
+SHAPE_4K = (
+    ("add_kernel.ttir", 560),
+    ("add_kernel.ttgir", 780),
+    ("add_kernel.llir", 940),
+    ("add_kernel.ptx", 820),
+    ("add_kernel.cubin", 760),
+    ("add_kernel.json", 236),
+)
+GROUP_NAME = "add_kernel.json"  # triton.compile looks a kernel up by its metadata file
+KIND = "triton"
+
+_BLOCK = random.Random(0).randbytes(4 << 20)
+
+
+def shape_for(total: int) -> tuple[tuple[str, int], ...]:
+    """The 4 KB shape, or one of ``total`` bytes with the binary (cubin, ptx) taking the rest."""
+    if total <= 4096:
+        return SHAPE_4K
+    small = sum(n for name, n in SHAPE_4K if not name.endswith((".cubin", ".ptx")))
+    rest = total - small
+    return tuple(
+        (
+            name,
+            rest * 2 // 3
+            if name.endswith(".cubin")
+            else rest - rest * 2 // 3
+            if name.endswith(".ptx")
+            else n,
+        )
+        for name, n in SHAPE_4K
+    )
+
+
+def group_files(i: int, shape: tuple[tuple[str, int], ...]) -> dict[str, bytes]:
+    """Deterministic, distinct content for entry ``i``."""
+    out = {}
+    for j, (name, size) in enumerate(shape):
+        tag = f"{i}:{j}:".encode()
+        off = (i * 7919 + j * 104729) % (len(_BLOCK) - size)
+        out[name] = (tag + _BLOCK[off : off + size])[:size]
+    return out
+
+
+def store_key(i: int) -> str:
+    return f"bench-{i}"
+
+
+def triton_key(i: int) -> str:
+    """A key shaped like Triton's: base32 of a sha256."""
+    return base64.b32encode(hashlib.sha256(f"bench-{i}".encode()).digest()).decode().rstrip("=")
+
+
+# ---------------------------------------------------------------------------------- filling
+def _fill_kcache(root: str, start: int, stop: int, total: int) -> float:
+    from kcache.store import Store
+
+    s = Store.open(root, max_size=1 << 50)
+    shape = shape_for(total)
+    t = time.perf_counter()
+    for i in range(start, stop):
+        if s.put(KIND, store_key(i), group_files(i, shape), compile_s=0.5) is None:
+            raise RuntimeError("put failed")
+    s.close()
+    return time.perf_counter() - t
+
+
+def _fcm(cache_dir: str) -> type:
+    os.environ["TRITON_CACHE_DIR"] = cache_dir
+    from triton import knobs
+    from triton.runtime.cache import FileCacheManager
+
+    knobs.cache.dir = cache_dir
+    return FileCacheManager
+
+
+def _fcm_put(fcm: type, i: int, files: dict[str, bytes]) -> None:
+    m = fcm(triton_key(i))
+    paths = {name: m.put(data, name, binary=True) for name, data in files.items()}
+    m.put_group(GROUP_NAME, paths)
+
+
+def _fill_fcm(cache_dir: str, start: int, stop: int, total: int) -> float:
+    fcm = _fcm(cache_dir)
+    shape = shape_for(total)
+    t = time.perf_counter()
+    for i in range(start, stop):
+        _fcm_put(fcm, i, group_files(i, shape))
+    return time.perf_counter() - t
+
+
+def fill(
+    pool: concurrent.futures.Executor, fn: Callable, where: str, start: int, stop: int, total: int
+) -> float:
+    """Entries [start, stop) through the store's own API, split over the pool. Returns wall s."""
+    if stop <= start:
+        return 0.0
+    n = getattr(pool, "_max_workers", 1)
+    step = -(-(stop - start) // n)
+    t = time.perf_counter()
+    futs = [pool.submit(fn, where, a, min(a + step, stop), total) for a in range(start, stop, step)]
+    for f in futs:
+        f.result()
+    return time.perf_counter() - t
+
+
+# ---------------------------------------------------------------------------------- timing
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t = time.perf_counter_ns()
+    fn()
+    return (time.perf_counter_ns() - t) / 1000.0  # µs
+
+
+def read_files(paths) -> int:
+    n = 0
+    for p in paths:
+        with open(p, "rb") as f:
+            n += len(f.read())
+    return n
+
+
+class Bench:
+    def __init__(self, work: Path, runs: int, quick: bool, log: Callable[[str], None]) -> None:
+        from kcache.store import Store
+
+        self.work = work
+        self.runs = runs
+        self.quick = quick
+        self.log = log
+        self.results: list[dict[str, Any]] = []
+        self.admin: dict[str, Any] = {}
+        self.fill_rates: list[dict[str, Any]] = []
+        self.pool = concurrent.futures.ProcessPoolExecutor(max_workers=os.cpu_count() or 1)
+        self.Store = Store
+
+    def close(self) -> None:
+        self.pool.shutdown()
+
+    def dataset(self, label: str, total: int, sizes: list[int], hit_samples: int, put_samples: int) -> None:
+        kroot = self.work / f"kcache-{label}"
+        froot = self.work / f"fcm-{label}"
+        have = 0
+        next_new = 10**9  # keys for put samples: never collide with the filled ones
+        for n in sizes:
+            t_k = fill(self.pool, _fill_kcache, str(kroot), have, n, total)
+            t_f = fill(self.pool, _fill_fcm, str(froot), have, n, total)
+            if n > have:
+                self.fill_rates.append(
+                    {
+                        "group": label,
+                        "entries": n - have,
+                        "kcache_puts_per_s": round((n - have) / t_k),
+                        "fcm_groups_per_s": round((n - have) / t_f),
+                    }
+                )
+                self.log(
+                    f"  filled {label} to {n} entries: kcache {n - have} puts in {t_k:.1f}s, "
+                    f"FileCacheManager in {t_f:.1f}s ({self.pool._max_workers} processes)"
+                )
+            have = n
+            row = self.measure(label, total, kroot, froot, n, hit_samples, put_samples, next_new)
+            next_new += put_samples * (self.runs + 1)
+            self.results.append(row)
+            self.log(
+                "  "
+                + ", ".join(
+                    f"{k} p50 {v['p50']:.0f}us"
+                    for k, v in row["hit"].items()
+                    if isinstance(v, dict) and "p50" in v
+                )
+            )
+
+    def measure(
+        self,
+        label: str,
+        total: int,
+        kroot: Path,
+        froot: Path,
+        n: int,
+        hit_samples: int,
+        put_samples: int,
+        new0: int,
+    ) -> dict[str, Any]:
+        store = self.Store.open(kroot, max_size=1 << 50)
+        fcm = _fcm(str(froot))
+        rng = random.Random(n)
+        sample = rng.sample(range(n), min(hit_samples, n))
+        names = [name for name, _ in shape_for(total)]
+        # The plain floor reads the very files a kcache hit reads (the members, not the record).
+        plain_paths = {
+            i: [os.path.join(store.entry_dir(store.entry_id(KIND, store_key(i))), nm) for nm in names]
+            for i in sample
+        }
+
+        def k_get(i: int) -> None:
+            if store.get(KIND, store_key(i)) is None:
+                raise RuntimeError("kcache miss in the benchmark")
+
+        def k_get_read(i: int) -> None:
+            h = store.get(KIND, store_key(i))
+            read_files(h.paths.values())
+
+        def f_get(i: int) -> None:
+            g = fcm(triton_key(i)).get_group(GROUP_NAME)
+            if not g:
+                raise RuntimeError("FileCacheManager miss in the benchmark")
+            read_files(g.values())
+
+        def plain(i: int) -> None:
+            read_files(plain_paths[i])
+
+        hit_impls = {
+            "plain read": plain,
+            "kcache get": k_get,
+            "kcache get+read": k_get_read,
+            "FileCacheManager": f_get,
+        }
+        for fn in hit_impls.values():  # warm-up pass: every variant reads warm page cache
+            for i in sample:
+                fn(i)
+        hit_runs: dict[str, list[tuple[float, float]]] = {k: [] for k in hit_impls}
+        order = list(hit_impls)
+        for _ in range(self.runs):
+            rng.shuffle(sample)
+            times: dict[str, list[float]] = {k: [] for k in hit_impls}
+            for j, i in enumerate(sample):
+                # Interleaved, in a rotating order: each variant sees the same machine state.
+                for k in order[j % len(order) :] + order[: j % len(order)]:
+                    times[k].append(timed(lambda fn=hit_impls[k], i=i: fn(i)))
+            for k, xs in times.items():
+                hit_runs[k].append((pct(xs, 0.5), pct(xs, 0.99)))
+
+        shape = shape_for(total)
+        pdir = self.work / f"plainwrite-{label}-{n}"
+        pdir.mkdir()
+
+        def k_put(i: int, files: dict[str, bytes]) -> None:
+            if store.put(KIND, store_key(i), files, compile_s=0.5) is None:
+                raise RuntimeError("kcache put failed")
+
+        def f_put(i: int, files: dict[str, bytes]) -> None:
+            _fcm_put(fcm, i, files)
+
+        def plain_put(i: int, files: dict[str, bytes]) -> None:
+            d = os.path.join(pdir, str(i))
+            os.mkdir(d)
+            for name, data in files.items():
+                with open(os.path.join(d, name), "wb") as f:
+                    f.write(data)
+
+        put_impls = {"plain write": plain_put, "kcache put": k_put, "FileCacheManager": f_put}
+        put_runs: dict[str, list[tuple[float, float]]] = {k: [] for k in put_impls}
+        nxt = new0
+        for _ in range(self.runs):
+            times = {k: [] for k in put_impls}
+            for j in range(put_samples):
+                files = group_files(nxt, shape)
+                for k in order_rot(list(put_impls), j):
+                    times[k].append(timed(lambda fn=put_impls[k], i=nxt, f=files: fn(i, f)))
+                nxt += 1
+            for k, xs in times.items():
+                put_runs[k].append((pct(xs, 0.5), pct(xs, 0.99)))
+        shutil.rmtree(pdir, ignore_errors=True)
+        store.close()
+
+        def summarise(runs: dict[str, list[tuple[float, float]]]) -> dict[str, dict[str, float]]:
+            return {
+                k: {
+                    "p50": statistics.median(r[0] for r in v),
+                    "p99": statistics.median(r[1] for r in v),
+                    "p50_runs": [round(r[0], 1) for r in v],
+                }
+                for k, v in runs.items()
+            }
+
+        return {
+            "group": label,
+            "group_bytes": sum(s for _, s in shape),
+            "files": len(shape),
+            "entries": n,
+            "hit_samples": len(sample),
+            "put_samples": put_samples,
+            "hit": summarise(hit_runs),
+            "put": summarise(put_runs),
+        }
+
+    def admin_commands(self, label: str, n: int) -> None:
+        from kcache.report import store_stats
+
+        kroot = self.work / f"kcache-{label}"
+        cli = Path(__file__).resolve().parents[1] / "kcache" / "cli.py"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE")}
+        out: dict[str, Any] = {"entries": n}
+        if cli.exists():
+            for name, args in (("stats", ["stats", "--json"]), ("inspect", ["inspect", "--limit", "50"])):
+                walls = []
+                for _ in range(max(3, self.runs)):
+                    t = time.perf_counter()
+                    r = subprocess.run(
+                        [sys.executable, "-m", "kcache", args[0], "--dir", str(kroot), *args[1:]],
+                        capture_output=True,
+                        text=True,
+                        env=env,
+                    )
+                    walls.append(time.perf_counter() - t)
+                    if r.returncode != 0:
+                        raise RuntimeError(f"kcache {name} failed: {r.stderr.strip()[-500:]}")
+                    if name == "stats":
+                        entries = json.loads(r.stdout)["entries"]
+                        if entries < n:
+                            raise RuntimeError(f"kcache stats saw {entries} entries, expected {n}")
+                out[f"cli_{name}_s"] = statistics.median(walls)
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "import kcache.cli"], env=env, check=True)
+            out["cli_import_s"] = time.perf_counter() - t
+        store = self.Store.open(kroot, max_size=1 << 50)
+        stats_t, rows_t = [], []
+        for _ in range(max(3, self.runs)):
+            store._index = None  # a cold open, as a fresh `kcache` process would have
+            t = time.perf_counter()
+            st = store_stats(store)
+            stats_t.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            rows = list(store.index().rows(limit=50))
+            rows_t.append(time.perf_counter() - t)
+        assert st["entries"] >= n and len(rows) == 50
+        out["store_stats_s"] = statistics.median(stats_t)
+        out["index_rows50_s"] = statistics.median(rows_t)
+        store.close()
+        self.admin = out
+
+
+def order_rot(xs: list[str], j: int) -> list[str]:
+    j %= len(xs)
+    return xs[j:] + xs[:j]
+
+
+# ---------------------------------------------------------------------------------- report
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for mod in ("diskcache", "msgpack", "triton", "filelock"):
+        try:
+            m = __import__(mod)
+            v = getattr(m, "__version__", None) or ".".join(map(str, getattr(m, "version", ()))) or "?"
+            out[mod] = str(v)
+        except ImportError:
+            out[mod] = "absent"
+    import kcache
+
+    out["kcache"] = kcache.__version__
+    return out
+
+
+def targets(results: list[dict[str, Any]], admin: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+
+    def add(name: str, value: float, limit: float, unit: str = "x") -> None:
+        out.append(
+            {"target": name, "value": round(value, 3), "limit": limit, "unit": unit, "met": value <= limit}
+        )
+
+    small = sorted((r for r in results if r["group"] == "4KB"), key=lambda r: r["entries"])
+    for r in results:
+        h = r["hit"]
+        tag = f"{r['group']} @ {r['entries']}"
+        add(f"hit p50 / plain read ({tag})", h["kcache get"]["p50"] / h["plain read"]["p50"], 1.5)
+        add(f"hit p50 / FileCacheManager ({tag})", h["kcache get"]["p50"] / h["FileCacheManager"]["p50"], 1.0)
+    for r in results:
+        if r["group"] == "100KB":
+            add(
+                f"put p50 at 100 KB ({r['entries']} entries)",
+                r["put"]["kcache put"]["p50"] / 1000.0,
+                2.0,
+                "ms",
+            )
+    if len(small) >= 2:
+        a, b = small[0], small[-1]
+        add(
+            f"hit p50 slowdown {a['entries']} -> {b['entries']} entries",
+            b["hit"]["kcache get"]["p50"] / a["hit"]["kcache get"]["p50"],
+            1.5,
+        )
+        add(
+            f"put p50 slowdown {a['entries']} -> {b['entries']} entries",
+            b["put"]["kcache put"]["p50"] / a["put"]["kcache put"]["p50"],
+            1.5,
+        )
+    for k in ("cli_stats_s", "cli_inspect_s", "store_stats_s", "index_rows50_s"):
+        if k in admin:
+            add(f"{k} at {admin['entries']} entries", admin[k], 2.0, "s")
+    return out
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = [
+        f"{'group':>6} {'entries':>8} | {'op':4} {'implementation':18} | {'p50 us':>9} {'p99 us':>9} | {'vs floor':>8}",
+        "-" * 78,
+    ]
+    for r in results:
+        for op, floor in (("hit", "plain read"), ("put", "plain write")):
+            base = r[op][floor]["p50"]
+            for impl, v in r[op].items():
+                lines.append(
+                    f"{r['group']:>6} {r['entries']:>8} | {op:4} {impl:18} | {v['p50']:9.1f} {v['p99']:9.1f} | "
+                    f"{v['p50'] / base:7.2f}x"
+                )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smaller stores and fewer samples")
+    ap.add_argument("--json", action="store_true", help="results as JSON on stdout")
+    ap.add_argument("--runs", type=int, default=3, help="measurement passes per figure (median)")
+    ap.add_argument("--dir", help="work directory (default: a temporary one, removed at the end)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    ap.add_argument("--sizes", help="entry counts for the 4 KB groups, e.g. 1000,10000,100000")
+    args = ap.parse_args(argv)
+    if args.runs < 1:
+        ap.error("--runs must be at least 1")
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+    if args.sizes:
+        try:
+            sizes = sorted(int(x) for x in args.sizes.split(","))
+        except ValueError:
+            ap.error("--sizes takes integers, e.g. 1000,10000")
+    else:
+        sizes = [300, 3000] if args.quick else [1000, 10000, 100000]
+    big_n = 300 if args.quick else 1000
+    hit_s, put_s = (400, 200) if args.quick else (2000, 500)
+    work = Path(args.dir or tempfile.mkdtemp(prefix="kcache-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    b = Bench(work, args.runs, args.quick, log)
+    try:
+        log(f"kcache store benchmark in {work} ({os.cpu_count()} CPUs, runs={args.runs})")
+        b.dataset("4KB", 4096, sizes, hit_s, put_s)
+        b.admin_commands("4KB", sizes[-1])
+        log(
+            f"  admin at {sizes[-1]} entries: "
+            + ", ".join(f"{k} {v:.3f}" for k, v in b.admin.items() if k != "entries")
+        )
+        b.dataset("100KB", 100 * 1024, [big_n], hit_s // 2, put_s // 2)
+        b.dataset("2MB", 2 * 1024 * 1024, [big_n], max(100, hit_s // 10), max(50, put_s // 10))
+        out = {
+            "date": datetime.date.today().isoformat(),
+            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}",
+            "versions": versions(),
+            "runs": args.runs,
+            "quick": args.quick,
+            "wall_s": round(time.time() - started, 1),
+            "fill": b.fill_rates,
+            "results": b.results,
+            "admin": b.admin,
+            "targets": targets(b.results, b.admin),
+        }
+        # Results first: removing a few hundred thousand files can take minutes.
+        if args.json:
+            print(json.dumps(out, indent=1), flush=True)
+        else:
+            print()
+            print(table(b.results))
+            print("admin (s):", json.dumps(b.admin))
+            print()
+            for t in out["targets"]:
+                print(
+                    f"{'ok  ' if t['met'] else 'MISS'} {t['target']}: {t['value']}{t['unit']} (limit {t['limit']}{t['unit']})"
+                )
+            sys.stdout.flush()
+    finally:
+        b.close()
+        if not args.keep and not args.dir:
+            log(f"removing {work}")
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
