@@ -89,6 +89,9 @@ def _python_abi() -> str:
 
 @component("triton_version")
 def _triton_version() -> str | None:
+    mod = sys.modules.get("triton")  # imported already: its own attribute, no metadata scan
+    if mod is not None and isinstance(getattr(mod, "__version__", None), str):
+        return mod.__version__
     return _dist_version("triton", "pytorch-triton", "triton-nightly")
 
 

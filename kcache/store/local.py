@@ -155,6 +155,8 @@ class Store:
         self._misses: list[tuple[float, str, str, dict[str, Any]]] = []
         self._pending: dict[str, tuple[Record, float | None]] = {}
         self._last_flush = time.monotonic()
+        self._flush_lock = threading.Lock()
+        self._flusher_pid: int | None = None
         self._size_estimate: int | None = None
         self._size_checked = 0.0
         self._closed = False
@@ -639,11 +641,37 @@ class Store:
             return None
 
     def _maybe_flush(self) -> None:
-        if time.monotonic() - self._last_flush >= FLUSH_EVERY_S:
-            self.flush()
+        """Have the batched index writes done soon, off the caller's path.
+
+        A hit or miss only notes what to write; a daemon thread (one per process, started on
+        first need, again in a forked child) writes it at most once a second. Opening the index
+        and a SQLite transaction cost milliseconds: they must not land inside a kernel launch."""
+        if self.readonly or self._closed:
+            return
+        if self._flusher_pid != os.getpid():
+            with self._lock:
+                if self._flusher_pid != os.getpid():
+                    self._flusher_pid = os.getpid()
+                    t = threading.Thread(target=self._flush_loop, name="kcache-flush", daemon=True)
+                    t.start()
+
+    def _flush_loop(self) -> None:
+        pid = os.getpid()
+        while not self._closed and os.getpid() == pid:
+            time.sleep(FLUSH_EVERY_S)
+            if self._closed:
+                return
+            try:
+                self.flush()
+            except Exception:  # flush never raises; a thread must not die loudly either
+                pass
 
     def flush(self, force: bool = False) -> None:
         """Write batched last-use times, counters and misses to the index. Never raises."""
+        with self._flush_lock:
+            self._flush_locked(force)
+
+    def _flush_locked(self, force: bool) -> None:
         self._last_flush = time.monotonic()
         if self.readonly:
             return
