@@ -49,6 +49,7 @@ from .kinds import KIND_AUTOTUNE, KIND_AUX, KIND_GROUP, kind_of, store_key
 __all__ = ["KIND_AUTOTUNE", "KIND_AUX", "KIND_GROUP", "KcacheCacheManager", "kind_of"]
 
 LOCK_TIMEOUT_S = 120.0
+POLL_MIN_S, POLL_MAX_S = 0.001, 0.01  # how often a waiter looks for the lock and the kernel
 
 _scratch_lock = threading.Lock()
 _scratch_roots: dict[str | None, str] = {}  # store root (None: no writable store) -> folder
@@ -68,6 +69,46 @@ def _forget_held_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_held_after_fork)
+
+
+def _wait_for_kernel(store: Any, skey: str) -> tuple[Any, Any]:
+    """(lock, None) once this process holds the kernel's lock, (None, hit) as soon as another
+    process has committed the kernel, (None, None) on a read-only store, a lock error or after
+    :data:`LOCK_TIMEOUT_S`. The wait polls both every few milliseconds: a waiter picks up a
+    finished kernel within ~10 ms (filelock's own blocking wait polls every 50 ms)."""
+    if store.readonly:
+        return None, None
+    from filelock import FileLock, Timeout
+
+    try:
+        lk = FileLock(
+            os.path.join(str(store.locks), store.entry_id(KIND_GROUP, skey) + ".lock"), thread_local=False
+        )
+    except Exception as e:
+        warn_once("lock-error", f"cannot lock in {store.locks}: {e}")
+        return None, None
+    deadline = time.monotonic() + LOCK_TIMEOUT_S
+    delay = POLL_MIN_S
+    while True:
+        try:
+            lk.acquire(timeout=0)
+            return lk, None
+        except Timeout:
+            pass
+        except Exception as e:
+            warn_once("lock-error", f"cannot lock in {store.locks}: {e}")
+            return None, None
+        hit = store.get(KIND_GROUP, skey, count=False)
+        if hit is not None:
+            return None, hit
+        if time.monotonic() >= deadline:
+            warn_once(
+                "lock-timeout",
+                f"waited {LOCK_TIMEOUT_S:.0f}s for another process compiling the same kernel; compiling here",
+            )
+            return None, None
+        time.sleep(delay)
+        delay = min(delay * 2, POLL_MAX_S)
 
 
 def _release_lock(lk: Any, pid: int) -> None:
@@ -243,14 +284,16 @@ class KcacheCacheManager(CacheManager):
             hit = store.get(KIND_GROUP, skey, comps)
             if hit is None:
                 self._miss_t[filename] = time.perf_counter()
-                # Single flight: whoever holds the kernel's lock is compiling it; wait, then look again.
-                if self._take_lock(store, skey):
+                # Single flight: whoever holds the kernel's lock is compiling it; wait for its entry.
+                locked, hit = self._take_lock(store, skey)
+                if locked:  # ours now; the entry may have been committed just before we got it
                     hit = store.get(KIND_GROUP, skey, count=False)
                     if hit is not None:
                         self._release()
-                        store.counts.add(KIND_GROUP, hits=1, misses=-1, waited=1)
                     else:
                         self._miss_t[filename] = time.perf_counter()
+                if hit is not None:
+                    store.counts.add(KIND_GROUP, hits=1, misses=-1, waited=1)
         except Exception as e:
             warn_once("triton-group", f"kcache lookup failed ({e}); compiling")
             return None
@@ -258,9 +301,11 @@ class KcacheCacheManager(CacheManager):
             return None
         return dict(hit.paths)
 
-    def _take_lock(self, store: Any, skey: str) -> bool:
-        """Take the kernel's cross-process lock (waiting, bounded, while another process compiles
-        it). False when not taken: this process holds it already, read-only store, timeout."""
+    def _take_lock(self, store: Any, skey: str) -> tuple[bool, Any]:
+        """Take the kernel's cross-process lock, or the kernel itself if another process commits
+        it meanwhile. Returns (True, None) when locked, (False, hit) when the entry appeared while
+        waiting, (False, None) when neither (this process holds the lock already, a read-only
+        store, a lock error, the wait bound reached): then compile without the lock."""
         me, pid = threading.get_ident(), os.getpid()
         with _held_lock:
             # This thread's earlier compiles that never reached put_group have failed: let go.
@@ -272,10 +317,10 @@ class KcacheCacheManager(CacheManager):
         for lk, _, p, _ in stale_locks:
             _release_lock(lk, p)
         if busy:  # another thread of this process compiles it (or failed to): do not wait on ourselves
-            return False
-        lk = store.lock(KIND_GROUP, skey, LOCK_TIMEOUT_S)
+            return False, None
+        lk, hit = _wait_for_kernel(store, skey)
         if lk is None:
-            return False
+            return False, hit
         with _held_lock:
             if skey in _held:  # another thread took it meanwhile (the flock is per open file)
                 raced = True
@@ -284,9 +329,9 @@ class KcacheCacheManager(CacheManager):
                 raced = False
         if raced:
             _release_lock(lk, pid)
-            return False
+            return False, None
         self._lock = (skey, lk, pid)
-        return True
+        return True, None
 
     def put_group(self, filename: str, group: dict[str, str]) -> str | None:
         if self._file is not None:
@@ -302,12 +347,16 @@ class KcacheCacheManager(CacheManager):
             t0 = self._miss_t.pop(filename, None)
             comps = components_for(self.key, filename)
             meta = files.get(filename)
+            meta_blob = b""
+            if meta:
+                with open(meta, "rb") as f:
+                    meta_blob = f.read()
             self._store.put(
                 KIND_GROUP,
                 self._skey(filename, None),
                 files,
                 components=comps,
-                summary=_summary(KIND_GROUP, filename, open(meta, "rb").read() if meta else b"", comps),
+                summary=_summary(KIND_GROUP, filename, meta_blob, comps),
                 compile_s=(time.perf_counter() - t0) if t0 is not None else 0.0,
             )
         except Exception as e:
