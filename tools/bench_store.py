@@ -30,6 +30,7 @@ import base64
 import concurrent.futures
 import datetime
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -390,16 +391,19 @@ def order_rot(xs: list[str], j: int) -> list[str]:
 # ---------------------------------------------------------------------------------- report
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
-    for mod in ("diskcache", "msgpack", "triton", "filelock"):
+    for mod in ("diskcache", "msgpack", "triton", "filelock", "xxhash"):
         try:
-            m = __import__(mod)
-            v = getattr(m, "__version__", None) or ".".join(map(str, getattr(m, "version", ()))) or "?"
-            out[mod] = str(v)
+            __import__(mod)
+            out[mod] = importlib.metadata.version(mod)
         except ImportError:
             out[mod] = "absent"
+        except importlib.metadata.PackageNotFoundError:
+            out[mod] = "?"
     import kcache
+    from kcache.store import records
 
     out["kcache"] = kcache.__version__
+    out["hit_checksum"] = "xxh3" if records.xxh3 is not None else "crc32"
     return out
 
 
@@ -468,7 +472,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", help="work directory (default: a temporary one, removed at the end)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     ap.add_argument("--sizes", help="entry counts for the 4 KB groups, e.g. 1000,10000,100000")
+    ap.add_argument(
+        "--crc32-only",
+        action="store_true",
+        help="store and check without xxh3, as a process without the xxhash module does",
+    )
     args = ap.parse_args(argv)
+    if args.crc32_only:
+        from kcache.store import records
+
+        records.xxh3 = None  # the fill workers are forked after this, and inherit it
     if args.runs < 1:
         ap.error("--runs must be at least 1")
 
