@@ -74,6 +74,12 @@ def install(triton: ModuleType | None = None) -> None:
         install_component_capture()
     except Exception as e:
         logger.info("key component capture not installed: %s", e)
+    try:
+        from .toolmemo import install_tool_memo
+
+        install_tool_memo()
+    except Exception as e:
+        logger.info("tool version memo not installed: %s", e)
 
 
 def install_if_pending() -> None:
