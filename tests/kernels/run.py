@@ -153,6 +153,7 @@ def run_plan(
                 else:
                     os.environ[name] = value
         out["seconds"] = time.perf_counter() - t
+        out["t_done_wall"] = time.time()
         if t_first is None:
             t_first = time.perf_counter() - T0
         out["cache_hit"] = verdicts[n_verdicts] if len(verdicts) > n_verdicts else None
