@@ -72,6 +72,8 @@ def export_bundle(
     )
     manifest = msgpack.packb({"body": body, "hmac": _sign(secret, body)}, use_bin_type=True)
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise BundleError(f"{path} exists and is not a regular file; not replacing it")
     mode = "w:gz" if path.name.endswith((".gz", ".tgz")) else "w"
     tmp = path.with_name(f".{path.name}.tmp")
     nbytes = 0

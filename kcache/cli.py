@@ -121,8 +121,8 @@ def _count(text: str) -> int:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    if n < 0 or n > 10**9:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1000000000, got {text!r}")
     return n
 
 

@@ -354,14 +354,8 @@ def test_any_invocation_exits_cleanly_and_changes_nothing_unasked(
         restore(pg, dir_name)
 
 
-@pytest.mark.xfail(
-    reason="kcache/cli.py: `inspect --limit` accepts integers SQLite cannot hold (exit 1, OverflowError); "
-    "a bad argument should exit 2 (reported)",
-    strict=False,
-)
 def test_huge_limit_is_a_bad_argument(tmp_path: Path) -> None:
-    """A number no command can use is a bad argument (exit 2), not a runtime failure. (Huge
-    --limit/--nearest for explain work: they are only limits.)"""
+    """A number no command can use is a bad argument (exit 2), not a runtime failure."""
     from .conftest import load_chaos
 
     load_chaos().open_store(tmp_path / "store").close()
