@@ -57,8 +57,9 @@ from typing import Any  # noqa: E402
 HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
 KERNELS = ["vector_add", "softmax", "layer_norm", "matmul_autotuned"]
-PROC_TIMEOUT_S = 240
-BUDGET_S = 230  # stop starting new measurements after this (the whole run must stay under ~4 min)
+PROC_TIMEOUT_S = 180  # one process at most this long, and never past HARD_LIMIT_S
+BUDGET_S = 190  # start no new measurement after this
+HARD_LIMIT_S = 235  # the whole run stays under ~4 minutes
 
 _WORKER = __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "--worker"
 _KERNEL_WORKER = _WORKER and sys.argv[2] == "kernels"
@@ -446,16 +447,17 @@ class Runner:
         out = self.root / f"{label}.json"
         env = dict(env, KC_SPAWN_T=repr(time.time()))
         t = time.perf_counter()
+        timeout = max(20.0, min(PROC_TIMEOUT_S, HARD_LIMIT_S - (time.monotonic() - self.started)))
         try:
             proc = subprocess.run(
                 [sys.executable, str(HERE), "--worker", *args, str(out)],
                 env=env,
                 capture_output=True,
                 text=True,
-                timeout=PROC_TIMEOUT_S,
+                timeout=timeout,
             )
         except subprocess.TimeoutExpired:
-            self.failures.append(f"{label}: timed out after {PROC_TIMEOUT_S}s")
+            self.failures.append(f"{label}: timed out after {timeout:.0f}s")
             return None
         wall = time.perf_counter() - t
         if proc.returncode != 0 or not out.exists():
