@@ -33,6 +33,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -299,7 +300,10 @@ class KcacheCacheManager(CacheManager):
             return None
         if hit is None:
             return None
-        return dict(hit.paths)
+        paths = dict(hit.paths)
+        if "torch._inductor" in sys.modules:
+            _mirror_for_inductor(self.key, filename, paths)
+        return paths
 
     def _take_lock(self, store: Any, skey: str) -> tuple[bool, Any]:
         """Take the kernel's cross-process lock, or the kernel itself if another process commits
@@ -351,7 +355,7 @@ class KcacheCacheManager(CacheManager):
             if meta:
                 with open(meta, "rb") as f:
                     meta_blob = f.read()
-            self._store.put(
+            hit = self._store.put(
                 KIND_GROUP,
                 self._skey(filename, None),
                 files,
@@ -359,6 +363,8 @@ class KcacheCacheManager(CacheManager):
                 summary=_summary(KIND_GROUP, filename, meta_blob, comps),
                 compile_s=(time.perf_counter() - t0) if t0 is not None else 0.0,
             )
+            if hit is not None and "torch._inductor" in sys.modules:
+                _mirror_for_inductor(self.key, filename, dict(hit.paths))
         except Exception as e:
             warn_once("triton-put-group", f"kcache could not store kernel {filename} ({e})")
         finally:
@@ -381,6 +387,46 @@ class KcacheCacheManager(CacheManager):
             self._release()
         except Exception:
             pass
+
+
+def _mirror_for_inductor(key: str, filename: str, paths: dict[str, str]) -> None:
+    """Give torch's Inductor the layout it reads directly: ``<TRITON_CACHE_DIR>/<key>/<file>``.
+
+    Inductor (torch 2.13, open-source defaults) bypasses the cache manager twice: its static CUDA
+    launcher wants ``<dir>/<key>/<kernel>.cubin`` to exist, and its TritonBundler copies the whole
+    ``<dir>/<key>/`` folder into FX graph cache entries. Without these files a kernel served by
+    kcache would silently lose the static launcher and be left out of the bundle. The files are
+    hard links to the entry's (no copy, no extra space while both exist) and a ``__grp__`` file in
+    Triton's own format; they are Triton's cache, outside kcache's size bound. Only done when
+    Inductor is loaded. Never raises."""
+    try:
+        from triton import knobs
+
+        base = knobs.cache.dir
+        if not base:
+            return
+        d = os.path.join(base, key)
+        grp = os.path.join(d, f"__grp__{filename}")
+        if os.path.exists(grp):
+            return
+        os.makedirs(d, exist_ok=True)
+        mirrored = {}
+        for child, src in paths.items():
+            dst = os.path.join(d, child)
+            if not os.path.exists(dst):
+                tmp = f"{dst}.kcache.{uuid.uuid4().hex[:8]}"
+                try:
+                    os.link(src, tmp)
+                except OSError:
+                    shutil.copyfile(src, tmp)
+                os.replace(tmp, dst)
+            mirrored[child] = dst
+        tmp = f"{grp}.kcache.{uuid.uuid4().hex[:8]}"
+        with open(tmp, "w") as f:
+            json.dump({"child_paths": mirrored}, f)
+        os.replace(tmp, grp)
+    except Exception as e:
+        logger.debug("mirror for Inductor: %s", e)
 
 
 def _summary(kind: str, filename: str, blob: bytes, comps: dict[str, Any]) -> dict[str, Any]:
