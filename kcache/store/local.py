@@ -29,14 +29,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
-import hashlib
 import os
 import re
-import shutil
 import stat
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +88,18 @@ class Hit:
     def read(self, name: str) -> bytes:
         with open(self.paths[name], "rb") as f:
             return f.read()
+
+
+def _shutil():  # imported on first use: the .pth hook imports this module at every start-up
+    import shutil
+
+    return shutil
+
+
+def _sha256(data: bytes):
+    import hashlib
+
+    return hashlib.sha256(data)
 
 
 def _read_exact(fd: int, size: int) -> bytes:
@@ -227,7 +236,7 @@ class Store:
             # SQLite's locks are not safe on NFS/Lustre: entries stay shared (they are written by
             # rename and checked on read), the catalogue is kept on this node.
             base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kcache-index"
-            index_dir = base / hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
+            index_dir = base / _sha256(str(root.resolve()).encode()).hexdigest()[:16]
             warn_once(
                 "nfs",
                 f"{root} is on a network filesystem; its index is kept node-local in {index_dir} "
@@ -348,7 +357,7 @@ class Store:
                 raise _Corrupt(f"member {f.name}: size {len(blob)} != {f.size}", st.st_ino)
             if not f.check(blob):
                 raise _Corrupt(f"member {f.name}: checksum mismatch", st.st_ino)
-            if full and hashlib.sha256(blob).hexdigest() != f.sha256:
+            if full and _sha256(blob).hexdigest() != f.sha256:
                 raise _Corrupt(f"member {f.name}: sha256 mismatch", st.st_ino)
             paths[f.name] = d + os.sep + f.name
         hit = Hit(rec, d, paths)
@@ -459,7 +468,7 @@ class Store:
             for name in files:
                 if not valid_name(name):
                     raise ValueError(f"invalid member name {name!r}")
-            tmp = os.path.join(str(self.tmp), f"{ident}.{os.getpid()}.{uuid.uuid4().hex[:12]}")
+            tmp = os.path.join(str(self.tmp), f"{ident}.{os.getpid()}.{os.urandom(6).hex()}")
             os.mkdir(tmp, 0o700)
             for name, data in files.items():
                 dst = os.path.join(tmp, name)
@@ -472,7 +481,7 @@ class Store:
                     try:
                         os.link(src, dst)
                     except OSError:
-                        shutil.copyfile(src, dst)
+                        _shutil().copyfile(src, dst)
                     with open(dst, "rb") as f:
                         blob = f.read()
                 infos.append(file_info(name, blob))
@@ -513,7 +522,7 @@ class Store:
             return None
         finally:
             if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
+                _shutil().rmtree(tmp, ignore_errors=True)
         self.counts.add(kind, puts=1, bytes_written=rec.size)
         access = time.time() + protect_s if protect_s else None
 
@@ -560,13 +569,13 @@ class Store:
             d = self.entry_dir(ident)
             if not _real_dir(os.path.dirname(d)) or not _real_dir(self._entries):
                 continue  # never move (and delete) what a symlinked shard points to outside
-            t = os.path.join(str(self.trash), f"{ident}.{uuid.uuid4().hex[:8]}")
+            t = os.path.join(str(self.trash), f"{ident}.{os.urandom(4).hex()}")
             try:
                 os.rename(d, t)
             except OSError:
                 continue
             n += 1
-            shutil.rmtree(t, ignore_errors=True)
+            _shutil().rmtree(t, ignore_errors=True)
         return n
 
     # ------------------------------------------------------------------ single flight
@@ -612,7 +621,7 @@ class Store:
                         "index-corrupt", f"the index at {self.index_dir} is corrupt ({e}); starting a new one"
                     )
                     os.rename(self.index_dir, aside)
-                    shutil.rmtree(aside, ignore_errors=True)
+                    _shutil().rmtree(aside, ignore_errors=True)
                     self._index = Index(self.index_dir, timeout=self.index_timeout)
             return self._index
 
@@ -636,7 +645,7 @@ class Store:
                     aside = self.index_dir.with_name(f"{self.index_dir.name}.corrupt.{int(time.time())}")
                     with contextlib.suppress(OSError):
                         os.rename(self.index_dir, aside)
-                        shutil.rmtree(aside, ignore_errors=True)
+                        _shutil().rmtree(aside, ignore_errors=True)
                 self._index_off_until = 0.0
             return None
 
@@ -833,7 +842,7 @@ class Store:
                     continue
                 if sub == self.trash or (pid is not None and not _pid_alive(pid)) or age > min_age:
                     if os.path.isdir(p) and not os.path.islink(p):
-                        shutil.rmtree(p, ignore_errors=True)
+                        _shutil().rmtree(p, ignore_errors=True)
                     else:
                         with contextlib.suppress(OSError):
                             os.unlink(p)
@@ -872,7 +881,7 @@ def _is_corrupt_db(e: BaseException) -> bool:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
     with open(tmp, "xb") as f:
         f.write(data)
     os.replace(tmp, path)

@@ -15,7 +15,6 @@ the record or this process lacks xxh3.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import struct
 import time
@@ -45,6 +44,8 @@ def valid_name(name: str) -> bool:
 
 def entry_id(kind: str, key: str, tag: str = "") -> str:
     """The entry's directory name: a hash of kind, key tag and key (the full key is in the record)."""
+    import hashlib  # here, not at the top: the .pth hook imports this module at start-up
+
     h = hashlib.sha256()
     h.update(f"kcache/{SCHEMA}\0{kind}\0{tag}\0".encode())
     h.update(key.encode("utf-8", "surrogatepass"))
@@ -78,6 +79,8 @@ class FileInfo:
 
 def file_info(name: str, blob: bytes) -> FileInfo:
     """A member's sizes and checksums, as put records them."""
+    import hashlib
+
     return FileInfo(
         name, len(blob), crc32(blob), hashlib.sha256(blob).hexdigest(), xxh3(blob) if xxh3 else None
     )
