@@ -54,7 +54,12 @@ print(json.dumps({"enabled": kcache.is_enabled(), "ok": ok_add and ok_scale,
 
 def main() -> int:
     d = tempfile.mkdtemp(prefix="kcache-smoke-")
-    env = {**os.environ, "KCACHE": "1", "KCACHE_DIR": os.path.join(d, "store"), "TRITON_CACHE_DIR": os.path.join(d, "triton")}
+    env = {
+        **os.environ,
+        "KCACHE": "1",
+        "KCACHE_DIR": os.path.join(d, "store"),
+        "TRITON_CACHE_DIR": os.path.join(d, "triton"),
+    }
     script = os.path.join(d, "child.py")
     with open(script, "w") as f:
         f.write(CHILD)

@@ -33,10 +33,18 @@ def compile_once() -> None:
 
     sig = {"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"}
     t1 = time.perf_counter()
-    kernel = triton.compile(ASTSource(fn=add, signature=sig, constexprs={"BLOCK": 1024}), target=GPUTarget("cuda", 90, 32))
+    kernel = triton.compile(
+        ASTSource(fn=add, signature=sig, constexprs={"BLOCK": 1024}), target=GPUTarget("cuda", 90, 32)
+    )
     t2 = time.perf_counter()
     counts = kcache.active_store().counts.process_totals().get("triton", {}) if kcache.is_enabled() else {}
-    how = "hit (from kcache)" if counts.get("hits") else "compiled and stored" if counts.get("puts") else "compiled"
+    how = (
+        "hit (from kcache)"
+        if counts.get("hits")
+        else "compiled and stored"
+        if counts.get("puts")
+        else "compiled"
+    )
     print(
         f"  {kernel.name}: {len(kernel.asm['cubin'])} byte cubin for sm_90, {how}: "
         f"compile call {1000 * (t2 - t1):.0f} ms, process total {1000 * (t2 - t0):.0f} ms"
