@@ -81,10 +81,29 @@ def enable(
             else:
                 _integrations.append(_attach_nvfuser())
         if triton:  # KCACHE_RECORD, and the check of a prewarmed store's Triton build
-            from .prewarm.record import attach as _attach_prewarm
+            import os
 
-            _integrations.append(_attach_prewarm(s.record))
+            if s.record or os.environ.get("KCACHE_PREWARM_PROTECT_S"):
+                from .prewarm.record import attach as _attach_prewarm
+
+                _integrations.append(_attach_prewarm(s.record))
+            else:
+                # Only the build check is needed: a hook, with kcache.prewarm loaded when triton is.
+                from ._imports import forget, when_imported
+
+                when_imported("triton", _check_prewarm_build)
+                _integrations.append(lambda: forget("triton", _check_prewarm_build))
         return True
+
+
+def _check_prewarm_build(_mod: Any) -> None:
+    from .log import logger
+    from .prewarm.meta import check_store_build
+
+    try:
+        check_store_build(_store)
+    except Exception as e:
+        logger.debug("prewarm build check: %s", e)
 
 
 def _enable_from_env() -> None:

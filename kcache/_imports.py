@@ -6,7 +6,6 @@ start-up would cost seconds in every process, most of which never compile a kern
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.util
 import sys
 import threading
@@ -29,7 +28,7 @@ def _run(name: str, module: ModuleType) -> None:
             logger.warning("could not attach to %s: %s", name, e)
 
 
-class _Loader(importlib.abc.Loader):
+class _Loader:  # a loader by protocol (importlib.abc costs ~8 ms to import at start-up)
     def __init__(self, inner: Any, name: str) -> None:
         self._inner = inner
         self._name = name
@@ -45,7 +44,7 @@ class _Loader(importlib.abc.Loader):
         return getattr(self._inner, attr)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:  # a meta path finder by protocol
     def __init__(self) -> None:
         self._busy = threading.local()
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,22 +78,40 @@ def default_dir(env: Mapping[str, str]) -> Path:
     return base / "kcache"
 
 
-@dataclass
 class Settings:
-    """The effective settings; ``sources`` says where each value came from."""
+    """The effective settings; ``sources`` says where each value came from. (A plain class: the
+    .pth hook builds one in every process, and importing dataclasses costs ~9 ms.)"""
 
-    enabled: bool = False
-    dir: Path = field(default_factory=lambda: default_dir(os.environ))
-    max_size: int = DEFAULT_MAX_SIZE
-    remote: str | None = None
-    readonly: bool = False
-    key_tag: str = ""
-    secret: bytes | None = None
-    log: str = "warning"
-    record: str | None = None
-    allow_insecure: bool = False
-    sources: dict[str, str] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
+    def __init__(
+        self,
+        enabled: bool = False,
+        dir: Path | None = None,
+        max_size: int = DEFAULT_MAX_SIZE,
+        remote: str | None = None,
+        readonly: bool = False,
+        key_tag: str = "",
+        secret: bytes | None = None,
+        log: str = "warning",
+        record: str | None = None,
+        allow_insecure: bool = False,
+        sources: dict[str, str] | None = None,
+        problems: list[str] | None = None,
+    ) -> None:
+        self.enabled = enabled
+        self.dir = default_dir(os.environ) if dir is None else dir
+        self.max_size = max_size
+        self.remote = remote
+        self.readonly = readonly
+        self.key_tag = key_tag
+        self.secret = secret
+        self.log = log
+        self.record = record
+        self.allow_insecure = allow_insecure
+        self.sources = {} if sources is None else sources
+        self.problems = [] if problems is None else problems
+
+    def __repr__(self) -> str:
+        return f"Settings({self.as_dict()!r})"
 
     def as_dict(self) -> dict[str, Any]:
         """Values safe to print (the secret is shown only as set/unset)."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.metadata as md
 import os
 import re
 import subprocess
@@ -74,6 +73,8 @@ def reset() -> None:
 
 
 def _dist_version(*dists: str) -> str | None:
+    import importlib.metadata as md  # imported when asked: ~20 ms at start-up otherwise
+
     for d in dists:
         try:
             return md.version(d)
@@ -112,6 +113,8 @@ def _cuda_runtime() -> str | None:
 
 def _torch_attr(attr: str) -> str | None:
     """torch/version.py holds __version__, git_version and cuda: read it without importing torch."""
+    import importlib.metadata as md
+
     mod = sys.modules.get("torch.version")
     if mod is not None:
         v = getattr(mod, attr if attr != "__version__" else "__version__", None)
@@ -130,6 +133,8 @@ def _torch_attr(attr: str) -> str | None:
 
 @component("nvfuser_version")
 def _nvfuser_version() -> str | None:
+    import importlib.metadata as md
+
     for dist in md.distributions():
         name = (dist.metadata.get("Name") or "").lower()
         if name.startswith("nvfuser"):
@@ -258,6 +263,8 @@ def _nvrtc() -> str | None:
 @component("ptxas")
 def _ptxas() -> str | None:
     """The version of the ptxas Triton uses (its bundled one unless TRITON_PTXAS_PATH says)."""
+    import importlib.metadata as md
+
     path = os.environ.get("TRITON_PTXAS_PATH")
     if not path:
         try:

@@ -1304,15 +1304,20 @@ def attach() -> Callable[[], None]:
     def detach() -> None:
         forget("nvfuser_direct", _on_import)
         forget("nvfuser", _on_import)
-        with _lock:
-            for s in list(_sessions.values()):
-                try:
-                    s.flush()
-                except Exception as e:
-                    warn_once("nvfuser-detach", f"nvfuser: could not store new kernels: {e}")
-                s.store = None
-            for name, st in list(_states.items()):
-                _unwrap(name)
-                st.store = None
+        detach_all()
 
     return detach
+
+
+def detach_all() -> None:
+    """Store what is new, then unwrap nvFuser and forget the store (kcache.disable())."""
+    with _lock:
+        for s in list(_sessions.values()):
+            try:
+                s.flush()
+            except Exception as e:
+                warn_once("nvfuser-detach", f"nvfuser: could not store new kernels: {e}")
+            s.store = None
+        for name, st in list(_states.items()):
+            _unwrap(name)
+            st.store = None

@@ -35,7 +35,6 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,13 +76,14 @@ class _Corrupt(Exception):
         self.ino = ino
 
 
-@dataclass
 class Hit:
     """A verified entry: ``paths`` maps member names to absolute paths of real files."""
 
-    record: Record
-    dir: str
-    paths: dict[str, str]
+    def __init__(self, record: Record, dir: str, paths: dict[str, str]) -> None:
+        self.record, self.dir, self.paths = record, dir, paths
+
+    def __repr__(self) -> str:
+        return f"Hit({self.record!r}, dir={self.dir!r})"
 
     def read(self, name: str) -> bytes:
         with open(self.paths[name], "rb") as f:

@@ -19,7 +19,6 @@ import re
 import struct
 import time
 import zlib
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -62,13 +61,22 @@ except ImportError:  # optional: crc32 alone then
     xxh3 = None
 
 
-@dataclass
 class FileInfo:
-    name: str
-    size: int
-    crc32: int
-    sha256: str
-    xxh3: int | None = None
+    """A member: name, size and checksums. (Plain classes here, not dataclasses: importing
+    dataclasses costs ~9 ms, and the .pth hook imports this module in every process.)"""
+
+    __slots__ = ("name", "size", "crc32", "sha256", "xxh3")
+
+    def __init__(self, name: str, size: int, crc32: int, sha256: str, xxh3: int | None = None) -> None:
+        self.name, self.size, self.crc32, self.sha256, self.xxh3 = name, size, crc32, sha256, xxh3
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FileInfo) and all(
+            getattr(self, a) == getattr(other, a) for a in self.__slots__
+        )
+
+    def __repr__(self) -> str:
+        return f"FileInfo({self.name!r}, {self.size}, {self.crc32}, {self.sha256[:12]!r}..., {self.xxh3})"
 
     def check(self, blob: bytes) -> bool:
         """The fast check of a hit: xxh3 when both the record and this process have it, else crc32."""
@@ -86,17 +94,37 @@ def file_info(name: str, blob: bytes) -> FileInfo:
     )
 
 
-@dataclass
 class Record:
-    kind: str
-    key: str
-    id: str
-    files: list[FileInfo]
-    created: float = field(default_factory=time.time)
-    compile_s: float = 0.0
-    components: dict[str, Any] = field(default_factory=dict)
-    summary: dict[str, Any] = field(default_factory=dict)
-    schema: int = SCHEMA
+    """What the store knows about one entry (see the module doc)."""
+
+    __slots__ = ("kind", "key", "id", "files", "created", "compile_s", "components", "summary", "schema")
+
+    def __init__(
+        self,
+        kind: str,
+        key: str,
+        id: str,
+        files: list[FileInfo],
+        created: float | None = None,
+        compile_s: float = 0.0,
+        components: dict[str, Any] | None = None,
+        summary: dict[str, Any] | None = None,
+        schema: int = SCHEMA,
+    ) -> None:
+        self.kind, self.key, self.id, self.files = kind, key, id, files
+        self.created = time.time() if created is None else created
+        self.compile_s = compile_s
+        self.components = {} if components is None else components
+        self.summary = {} if summary is None else summary
+        self.schema = schema
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Record) and all(
+            getattr(self, a) == getattr(other, a) for a in self.__slots__
+        )
+
+    def __repr__(self) -> str:
+        return f"Record(kind={self.kind!r}, key={self.key!r}, id={self.id!r}, files={len(self.files)})"
 
     @property
     def size(self) -> int:
