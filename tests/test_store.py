@@ -1201,3 +1201,26 @@ def test_many_processes_create_one_new_store(tmp_path: Path, clean_env) -> None:
         ]
         outs += [p.communicate(timeout=60)[0].strip() for p in procs]
     assert outs == ["ok"] * len(outs), outs
+
+
+def test_readonly_stats_never_write(tmp_path: Path) -> None:
+    """kcache.stats() on a KCACHE_READONLY store reads the index without diskcache (whose open
+    writes its settings table): no file in the store changes."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "ro"
+    s = Store.open(root, max_size=1 << 30)
+    s.put("triton", "k", {"a.cubin": b"x" * 100})
+    s.flush(force=True)
+    s.close()
+    before = {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*") if p.is_file()}
+    code = (
+        "import kcache; assert kcache.enable(readonly=True, triton=False); print(kcache.stats()['entries'])"
+    )
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KCACHE_DIR": str(root)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "1"
+    after = {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*") if p.is_file()}
+    assert after == before

@@ -606,6 +606,11 @@ class Store:
     def index(self) -> Any:
         """The index, opened on first use; raises if it cannot be opened (callers catch)."""
         with self._lock:
+            if self._index is None and self.readonly:
+                # Read-only: never through diskcache, whose open writes its settings table.
+                from ..maintenance import ReadOnlyIndex
+
+                self._index = ReadOnlyIndex(self.index_dir)
             if self._index is None:
                 from .index import Index
 
