@@ -281,7 +281,14 @@ def test_example_prewarms_for_cuda90_without_a_gpu(example: dict[str, Any]) -> N
     # add: 1 kernel (both sizes specialise alike); softmax: 2 (1000 is not divisible by 16); matmul: 4 configs
     assert t["kernel_compiles"] == 7, s
     assert t["configs_compiled"] == 8  # 4 configs for each of the 2 sizes (the second from the cache)
-    assert t["launcher_builds"] >= 1 or s["host_code"]
+    # Host code: Triton <= 3.6 builds a launcher per signature; 3.7+ has one generic launcher
+    # inside the driver's utility module, which is built either way.
+    import triton
+
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) <= (3, 6):
+        assert t["launcher_builds"] >= 1 or s["host_code"]
+    else:
+        assert t["launcher_builds"] == 0 and (t["utils_builds"] >= 1 or s["host_code"])
     assert any("autotune timings need the GPU" in n for n in s["not_prepared"])
     names = sorted(_triton_entries(example["store"]).values())
     assert names == [
