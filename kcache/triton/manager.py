@@ -194,8 +194,14 @@ class KcacheCacheManager(CacheManager):
             self._dir = d
         return self._dir
 
-    def _skey(self, filename: str, kind: str | None) -> str:
-        return store_key(self.key, filename, _gpu_model() if kind == KIND_AUTOTUNE else None)
+    def _key_and_components(self, filename: str, kind: str) -> tuple[str, dict[str, Any]]:
+        """The store key of a file Triton puts on its own, and its named components (the GPU
+        model too for autotune results, asked once for both)."""
+        comps = components_for(self.key, filename)
+        gpu = None
+        if kind == KIND_AUTOTUNE:
+            gpu = comps["gpu_name"] = _gpu_model()
+        return store_key(self.key, filename, gpu), comps
 
     def _write_scratch(self, data: bytes, filename: str) -> str:
         try:
@@ -235,10 +241,8 @@ class KcacheCacheManager(CacheManager):
         if kind is None or self._store is None:
             return None
         try:
-            comps = components_for(self.key, filename)
-            if kind == KIND_AUTOTUNE:
-                comps["gpu_name"] = _gpu_model()
-            hit = self._store.get(kind, self._skey(filename, kind), comps)
+            skey, comps = self._key_and_components(filename, kind)
+            hit = self._store.get(kind, skey, comps)
         except Exception as e:
             warn_once("triton-get", f"kcache lookup failed ({e}); compiling")
             return None
@@ -256,12 +260,10 @@ class KcacheCacheManager(CacheManager):
         if kind is not None and self._store is not None:
             try:
                 t0 = self._miss_t.pop(filename, None)
-                comps = components_for(self.key, filename)
-                if kind == KIND_AUTOTUNE:
-                    comps["gpu_name"] = _gpu_model()
+                skey, comps = self._key_and_components(filename, kind)
                 hit = self._store.put(
                     kind,
-                    self._skey(filename, kind),
+                    skey,
                     {filename: blob},
                     components=comps,
                     summary=_summary(kind, filename, blob, comps),
@@ -279,7 +281,7 @@ class KcacheCacheManager(CacheManager):
         store = self._store
         if store is None:
             return None
-        skey = self._skey(filename, None)
+        skey = store_key(self.key, filename)
         try:
             comps = components_for(self.key, filename)
             hit = store.get(KIND_GROUP, skey, comps)
@@ -357,7 +359,7 @@ class KcacheCacheManager(CacheManager):
                     meta_blob = f.read()
             hit = self._store.put(
                 KIND_GROUP,
-                self._skey(filename, None),
+                store_key(self.key, filename),
                 files,
                 components=comps,
                 summary=_summary(KIND_GROUP, filename, meta_blob, comps),
