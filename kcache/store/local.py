@@ -163,7 +163,6 @@ class Store:
         self._touched_records: dict[str, Record] = {}
         self._misses: list[tuple[float, str, str, dict[str, Any]]] = []
         self._pending: dict[str, tuple[Record, float | None]] = {}
-        self._last_flush = time.monotonic()
         self._flush_lock = threading.Lock()
         self._flusher_pid: int | None = None
         self._size_estimate: int | None = None
@@ -686,7 +685,6 @@ class Store:
             self._flush_locked(force)
 
     def _flush_locked(self, force: bool) -> None:
-        self._last_flush = time.monotonic()
         if self.readonly:
             return
         if force:
