@@ -1,4 +1,4 @@
-"""kcache.descriptors: nvFuser-exact tensor descriptors and the per-call runtime key."""
+"""kcache.nvfuser.descriptors: nvFuser-exact tensor descriptors and the per-call runtime key."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kcache import descriptors as D
-from kcache.descriptors import (
+from kcache.nvfuser import descriptors as D
+from kcache.nvfuser.descriptors import (
     SequenceDescriptor,
     StaticDescriptor,
     TensorDescriptor,

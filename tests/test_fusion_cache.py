@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from kcache import counters
-from kcache.descriptors import TensorDescriptor, runtime_key
 from kcache.nvfuser import FusionCache
 from kcache.nvfuser import fusion_cache as fcm
+from kcache.nvfuser.descriptors import TensorDescriptor, runtime_key
 
 
 class Recorder:

@@ -120,7 +120,7 @@ def nvfuser_entries(store: Store) -> dict[str, str]:
 
 
 def manifest(store: Store, fp: Fingerprint) -> list[str] | None:
-    return kdb._read_manifest(store, fp, count=False)
+    return kdb.entries.read_manifest(store, fp, count=False)
 
 
 # -- folder format and fingerprint ----------------------------------------------------------------
@@ -302,7 +302,7 @@ def test_corrupt_stored_cubin_is_not_seeded_and_leaves_the_manifest(
 def test_entry_that_disagrees_with_its_key_is_not_seeded(tmp_path: Path, store: Store) -> None:
     fp = make_fp()
     good, bad = make_kernel(1), make_kernel(2)
-    kdb._put_kernel(store, fp, good)
+    kdb.entries.put_kernel(store, fp, good)
     # a well-formed entry whose content is not the kernel its key names
     store.put(
         kdb.KIND,
@@ -719,7 +719,7 @@ def _run_driver(fake: Path, store: Path, mode: str, env: dict[str, str], nfus: i
 
 def test_stand_in_exports_nvfusers_symbol(fake_nvfuser: Path) -> None:
     lib = ctypes.CDLL(str(fake_nvfuser / "lib" / "libnvfuser_codegen.so"))
-    assert getattr(lib, kdb._GET_SYMBOL) is not None
+    assert getattr(lib, kdb.direct.GET_SYMBOL) is not None
 
 
 @pytest.mark.parametrize("mode", ["direct", "tmpdir"])
@@ -877,9 +877,9 @@ def test_direct_state_reads_the_singleton_layout() -> None:
 
 
 def test_std_string_layout() -> None:
-    s, keep = kdb._std_string(b"/tmp/some/long/path/nvfuser_kernel_db")
+    s, keep = kdb.direct.std_string(b"/tmp/some/long/path/nvfuser_kernel_db")
     assert s.size == 37 and ctypes.string_at(s.ptr, s.size) == b"/tmp/some/long/path/nvfuser_kernel_db"
-    assert ctypes.sizeof(kdb._StdString) == 32
+    assert ctypes.sizeof(kdb.direct.StdString) == 32
     del keep
 
 

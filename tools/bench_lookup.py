@@ -10,7 +10,7 @@ What is timed, per call, for 1, 4 and 16 tensor arguments (CPU tensors of mixed 
 * ``kcache``: ``FusionCache.lookup(args)`` (runtime arguments -> definition, nothing executed),
   as shipped (torch's C++ tensor guard on the most recent entry, when available);
 * ``kcache-py``: the same with ``use_guards=False`` (the pure Python path);
-* ``runtime_key``: :func:`kcache.descriptors.runtime_key` on a call shape seen before;
+* ``runtime_key``: :func:`kcache.nvfuser.descriptors.runtime_key` on a call shape seen before;
 * ``runtime_key-new`` / ``thunder-new``: on shapes never seen (every tensor of every call new:
   memos and lru caches cleared before each pass over a small pool of calls, meta tensors so
   that nothing is allocated);
@@ -41,9 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from kcache import descriptors  # noqa: E402
-from kcache.descriptors import compute_tensor_descriptor, runtime_key  # noqa: E402
-from kcache.nvfuser import FusionCache  # noqa: E402
+from kcache.nvfuser import FusionCache, descriptors  # noqa: E402
+from kcache.nvfuser.descriptors import compute_tensor_descriptor, runtime_key  # noqa: E402
 
 
 def _layouts(n: int, device: str = "cpu", salt: int = 0) -> list[Any]:

@@ -15,8 +15,8 @@ diskcache in /tmp/site when it is missing) and runs fresh processes, one after t
 6. ``warm-traced``: kcache, all three shapes, with ``NVFUSER_TRACE``: it must compile nothing.
 
 Fusions: pointwise plus reduction, bf16 softmax, layer norm, and one taking a permuted-stride
-input (its descriptor from ``kcache.descriptors.compute_tensor_descriptor``), each checked against
-torch. Plain ``nvfuser_direct.FusionDefinition``s: the point is the kernels that persist. A small
+input (its descriptor from ``kcache.nvfuser.descriptors.compute_tensor_descriptor``), each checked
+against torch. Plain ``nvfuser_direct.FusionDefinition``s: the point is the kernels that persist. A small
 untimed warm-up fusion runs first in every process: it absorbs nvFuser's one-time start (and, with
 kcache, kcache's start: fingerprint, seeding, pointing nvFuser at the folder, reported as
 ``start_ms``), so that each timed first execute is that fusion's own cost.
@@ -90,7 +90,7 @@ try:
         out["kcache_enabled"] = kcache.enable(dir=cfg["store"], triton=False)
     import nvfuser_direct
     from nvfuser_direct import DataType, FusionDefinition
-    from kcache.descriptors import compute_tensor_descriptor
+    from kcache.nvfuser.descriptors import compute_tensor_descriptor
     out["import_s"] = round(time.perf_counter() - t0, 3)
     out["nvfuser"] = str(nvfuser_direct.version())
     out["torch"] = torch.__version__
@@ -418,11 +418,11 @@ def check_store(store_dir: Path) -> dict[str, Any]:
             kinds[kind] = kinds.get(kind, 0) + 1
             if kind == kdb.KIND:
                 fph, _, h = key.partition("/")
-                if kdb._kernel_from_hit(hit, h) is None:
+                if kdb.entries.kernel_from_hit(hit, h) is None:
                     bad.append(f"{ident[:12]}: content does not match its key")
                 kernels.setdefault(fph, set()).add(h)
             elif kind == kdb.MANIFEST_KIND:
-                members = kdb._read_manifest(store, kdb.Fingerprint({}, hash=key), count=False) or []
+                members = kdb.entries.read_manifest(store, kdb.Fingerprint({}, hash=key), count=False) or []
                 if len(members) != len(set(members)):
                     bad.append(f"manifest {key[:12]} lists a kernel twice")
                 manifests[key] = set(members)

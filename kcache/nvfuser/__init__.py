@@ -28,7 +28,7 @@ def __getattr__(name: str) -> Any:
 def _on_import(mod: ModuleType) -> None:
     from kcache.nvfuser import kerneldb
 
-    kerneldb._on_import(mod)
+    kerneldb.on_import(mod)
 
 
 def attach() -> Callable[[], None]:

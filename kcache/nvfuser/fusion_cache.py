@@ -10,7 +10,7 @@ tensor's shape, stride and dtype once:
    all tensors without building any Python object; a pass returns the definition.
 2. Otherwise the exact key (dtype, sizes, strides of each tensor; type of anything else) is built
    and compared with the most recent one, then looked up in a memo from exact keys to entries.
-3. A call shape never seen goes through :func:`kcache.descriptors.runtime_key` (memoised too) and
+3. A call shape never seen goes through :func:`kcache.nvfuser.descriptors.runtime_key` (memoised too) and
    the LRU of definitions; only a new runtime key calls ``build(descriptors)``.
 
 Thread safety: the hit path takes no lock. It reads dicts and one ``_mru`` slot that is replaced
@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kcache import counters
-from kcache import descriptors as _d
+from kcache.nvfuser import descriptors as _d
 
 __all__ = ["FusionCache", "flush_all"]
 
@@ -42,8 +42,8 @@ COUNTER_KIND = "nvfuser-fusion"
 #: the memo path pushes counts to kcache.counters when its tick is a multiple of this plus one
 _PUSH_EVERY = 4095
 
-_TT = _d._TENSOR_TYPES  # the same set object: types join it as kcache.descriptors meets them
-_T: type = _d._T  # torch.Tensor once kcache.descriptors has met one (synced on every miss)
+_TT = _d._TENSOR_TYPES  # the same set object: types join it as kcache.nvfuser.descriptors meets them
+_T: type = _d._T  # torch.Tensor once kcache.nvfuser.descriptors has met one (synced on every miss)
 _exact_item = _d._exact_item
 _MISSING = object()
 #: the most-recent slot when there is none: no guard, an exact key no call has
@@ -127,7 +127,7 @@ def _count_value(c: itertools.count) -> int:
 class FusionCache:
     """Runtime arguments -> fusion definition, built by ``build(descriptors)`` on a miss.
 
-    ``build`` receives the call's :func:`kcache.descriptors.runtime_key` (one descriptor per
+    ``build`` receives the call's :func:`kcache.nvfuser.descriptors.runtime_key` (one descriptor per
     argument, as Thunder's ``create_fd`` receives its descriptors) and returns a definition;
     ``execute(definition, args)`` runs it (default: ``definition.execute(args)``). Calling the
     cache with the runtime arguments finds or builds the definition and executes it;

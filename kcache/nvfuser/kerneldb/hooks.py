@@ -1,0 +1,216 @@
+"""Integration: the import hooks and the wrapped ``FusionDefinition.execute``.
+
+At ``import nvfuser_direct`` kcache only wraps ``FusionDefinition.execute``; the session starts at
+the first call (see :func:`_start`). The option itself is turned on per call: the wrapped
+``execute`` adds ``kernel_db`` to its ``_enable_options`` (nvFuser's per-call equivalent of
+``NVFUSER_ENABLE``), so no environment variable leaks into child processes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from ...log import logger, warn_once
+from .fingerprint import current_fingerprint
+from .session import Session
+
+_lock = threading.RLock()
+_sessions: dict[str, Session] = {}
+_states: dict[str, _ModuleState] = {}
+_wrapped: dict[str, tuple[Any, Callable[..., Any]]] = {}  # module name -> (class, original execute)
+_fork_registered = False
+_KERNEL_DB = ("kernel_db",)
+
+
+class _ModuleState:
+    """kcache's hold on one nvFuser module: its store and, once started, its session."""
+
+    def __init__(self, module: ModuleType) -> None:
+        self.module = module
+        self.name = module.__name__
+        self.store: Any = None
+        self.session: Session | None = None
+        self.failed = False
+
+
+def _start(st: _ModuleState) -> Session | None:
+    """Create the module's session (fingerprint, private folder, seeding, pointing nvFuser at it).
+
+    For ``nvfuser_direct`` this runs at the first ``execute``, not at import: the fingerprint's
+    ``arch`` initialises the CUDA driver, which an import must not do (a process that forks
+    before using CUDA keeps CUDA usable in its children); at the first execute the inputs are
+    already CUDA tensors."""
+    with _lock:
+        if st.session is not None or st.failed:
+            return st.session
+        if st.store is None:
+            return None
+        try:
+            t0 = time.perf_counter()
+            fp = current_fingerprint(st.module)
+            s = Session.create(st.store, fp, st.name)
+            from . import PREFER  # read from the package at each start: tests and tools set it there
+
+            s.point(st.module, prefer=PREFER)
+            s.start_s = time.perf_counter() - t0
+            if st.name == "nvfuser":
+                from ..legacy import LegacyFusionCache
+
+                s.legacy = LegacyFusionCache.install(st.module, s)
+        except Exception as e:
+            st.failed = True
+            warn_once("nvfuser-attach", f"nvfuser: kernels are not kept by kcache in this process: {e}")
+            return None
+        st.session = s
+        _sessions[st.name] = s
+    logger.info("nvfuser: kernels kept by kcache (%s mode, %s)", s.mode, s.db_dir)
+    return s
+
+
+def _make_execute(orig: Callable[..., Any], st: _ModuleState) -> Callable[..., Any]:
+    def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        session = st.session
+        if session is None:
+            session = _start(st)
+            if session is None:
+                return orig(self, *args, **kwargs)
+        if session.disabled:
+            return orig(self, *args, **kwargs)
+        opts = kwargs.get("_enable_options")
+        if not opts:
+            kwargs["_enable_options"] = list(_KERNEL_DB)
+        elif "kernel_db" not in opts:
+            kwargs["_enable_options"] = [*opts, "kernel_db"]
+        if not session.slow:
+            return orig(self, *args, **kwargs)
+        scoped = session.before_call()
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            if scoped:
+                session.after_call()
+
+    execute._kcache_kerneldb = True  # type: ignore[attr-defined]
+    execute.__wrapped__ = orig  # type: ignore[attr-defined]
+    execute.__doc__ = getattr(orig, "__doc__", None)
+    execute.__name__ = "execute"
+    return execute
+
+
+def _wrap(st: _ModuleState) -> bool:
+    cls = getattr(st.module, "FusionDefinition", None)
+    orig = getattr(cls, "execute", None) if cls is not None else None
+    if orig is None:
+        return False
+    if getattr(orig, "_kcache_kerneldb", False):
+        orig = orig.__wrapped__
+    cls.execute = _make_execute(orig, st)
+    _wrapped[st.name] = (cls, orig)
+    return True
+
+
+def _unwrap(name: str) -> None:
+    cls, orig = _wrapped.pop(name, (None, None))
+    if cls is not None:
+        with contextlib.suppress(Exception):
+            cls.execute = orig
+
+
+def _active_store() -> Any:
+    import kcache
+
+    return kcache.active_store()
+
+
+def _install(module: ModuleType) -> None:
+    name = module.__name__
+    store = _active_store()
+    if store is None:
+        return
+    with _lock:
+        st = _states.get(name)
+        if st is None:
+            st = _states[name] = _ModuleState(module)
+        st.store = store
+        if st.session is not None:  # kcache enabled again: keep nvFuser's folder, use the new store
+            st.session.store = store
+        if not _wrap(st):
+            warn_once(
+                f"nvfuser-wrap:{name}",
+                f"nvfuser: {name}.FusionDefinition.execute not found; kernels not kept",
+            )
+            return
+        if name == "nvfuser":
+            import warnings
+
+            # The legacy frontend warns on every per-call option; kernel_db changes no result.
+            warnings.filterwarnings("ignore", message="Reset the FusionCache manually", category=UserWarning)
+        # Our harvest must run before the store closes at exit (atexit runs last-registered first).
+        atexit.unregister(_at_exit)
+        atexit.register(_at_exit)
+        global _fork_registered
+        if not _fork_registered and hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=_after_fork)
+            _fork_registered = True
+    if name == "nvfuser":
+        # The legacy FusionCache must be loaded before the first definition fills it (and
+        # FusionCache.get initialises CUDA itself): start now.
+        _start(st)
+
+
+def on_import(module: ModuleType) -> None:
+    try:
+        _install(module)
+    except Exception as e:
+        warn_once("nvfuser-attach", f"nvfuser: kernels are not kept by kcache in this process: {e}")
+
+
+def _after_fork() -> None:
+    for s in list(_sessions.values()):
+        s.after_fork_in_child()
+
+
+def _at_exit() -> None:
+    for s in list(_sessions.values()):
+        try:
+            s.close()
+        except Exception as e:
+            warn_once("nvfuser-exit", f"nvfuser: could not store new kernels at exit: {e}")
+
+
+def flush() -> int:
+    """Store the nvFuser kernels compiled since the last flush (also done at exit). Returns the
+    number of kernels that were new to the store."""
+    n = 0
+    for s in list(_sessions.values()):
+        try:
+            n += s.flush()
+        except Exception as e:
+            warn_once("nvfuser-flush", f"nvfuser: could not store new kernels: {e}")
+    return n
+
+
+def status() -> dict[str, Any]:
+    """Per nvFuser module: mode, folder, fingerprint, kernels seeded, compiled here, stored."""
+    return {name: s.status() for name, s in list(_sessions.items())}
+
+
+def detach_all() -> None:
+    """Store what is new, then unwrap nvFuser and forget the store (kcache.disable())."""
+    with _lock:
+        for s in list(_sessions.values()):
+            try:
+                s.flush()
+            except Exception as e:
+                warn_once("nvfuser-detach", f"nvfuser: could not store new kernels: {e}")
+            s.store = None
+        for name, st in list(_states.items()):
+            _unwrap(name)
+            st.store = None
