@@ -1,14 +1,18 @@
-"""kcache.nvfuser.descriptors: nvFuser-exact tensor descriptors and the per-call runtime key."""
+"""kcache.nvfuser.descriptors: nvFuser-exact tensor descriptors and the per-call runtime key.
+
+The module never imports torch, and the tests of its algorithm need none: those with real tensors
+are marked and skip when torch is not installed.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +26,10 @@ from kcache.nvfuser.descriptors import (
     runtime_key,
     tensor_descriptor,
 )
+
+if importlib.util.find_spec("torch") is not None:
+    import torch
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 
 VECTORS = Path(__file__).parent / "data" / "nvfuser_descriptor_vectors.json"
 CASES = json.loads(VECTORS.read_text())["cases"]
@@ -57,6 +65,7 @@ def test_nvfuser_vectors(case):
     assert _strict_equal(got[1], case["stride_order"]), (case, got)
 
 
+@needs_torch
 def test_vectors_through_torch_size_and_tuples():
     # torch hands out torch.Size and tuples; results must not depend on the container type.
     for case in CASES:
@@ -127,6 +136,7 @@ def test_matches_literal_transcription(layout):
     )
 
 
+@needs_torch
 def test_size_one_stride_changes_stride_order():
     # torch ignores the stride of a size-1 dim for is_contiguous(); nvFuser sorts by it.
     a = torch.empty_strided((4, 1), (1, 1))
@@ -141,32 +151,32 @@ def test_size_one_stride_changes_stride_order():
 # runtime_key on real tensors
 
 
-def _variety():
-    base = torch.randn(4, 6, 8)
-    return {
-        "contiguous": base,
-        "permuted": base.permute(2, 0, 1),
-        "transposed": base.transpose(1, 2),
-        "expanded": torch.randn(4, 1, 8).expand(4, 5, 8),
-        "sliced": base[:, 1:5, ::2],
-        "narrow_last": base[..., :3],
-        "channels_last": torch.randn(2, 3, 5, 5).to(memory_format=torch.channels_last),
-        "size1": torch.randn(4, 1, 8),
-        "size1_middle_odd_stride": torch.empty_strided((4, 1, 8), (8, 100, 1)),
-        "zero_stride": torch.empty_strided((3, 4), (0, 1)),
-        "all_zero_stride": torch.empty_strided((3, 4), (0, 0)),
-        "scalar_cpu": torch.tensor(3.0),
-        "scalar_meta": torch.empty((), device="meta"),
-        "vector": torch.arange(7),
-        "empty": torch.empty(0, 3),
-        "bool": torch.zeros(2, 3, dtype=torch.bool),
-        "half_t": torch.zeros(3, 5, dtype=torch.float16).t(),
-    }
+#: name -> a tensor of that layout, made when the test runs (collection needs no torch)
+VARIETY = {
+    "contiguous": lambda: torch.randn(4, 6, 8),
+    "permuted": lambda: torch.randn(4, 6, 8).permute(2, 0, 1),
+    "transposed": lambda: torch.randn(4, 6, 8).transpose(1, 2),
+    "expanded": lambda: torch.randn(4, 1, 8).expand(4, 5, 8),
+    "sliced": lambda: torch.randn(4, 6, 8)[:, 1:5, ::2],
+    "narrow_last": lambda: torch.randn(4, 6, 8)[..., :3],
+    "channels_last": lambda: torch.randn(2, 3, 5, 5).to(memory_format=torch.channels_last),
+    "size1": lambda: torch.randn(4, 1, 8),
+    "size1_middle_odd_stride": lambda: torch.empty_strided((4, 1, 8), (8, 100, 1)),
+    "zero_stride": lambda: torch.empty_strided((3, 4), (0, 1)),
+    "all_zero_stride": lambda: torch.empty_strided((3, 4), (0, 0)),
+    "scalar_cpu": lambda: torch.tensor(3.0),
+    "scalar_meta": lambda: torch.empty((), device="meta"),
+    "vector": lambda: torch.arange(7),
+    "empty": lambda: torch.empty(0, 3),
+    "bool": lambda: torch.zeros(2, 3, dtype=torch.bool),
+    "half_t": lambda: torch.zeros(3, 5, dtype=torch.float16).t(),
+}
 
 
-@pytest.mark.parametrize("name", list(_variety()))
+@needs_torch
+@pytest.mark.parametrize("name", list(VARIETY))
 def test_runtime_key_agrees_with_compute_tensor_descriptor(name):
-    t = _variety()[name]
+    t = VARIETY[name]()
     (k,) = runtime_key([t])
     assert type(k) is TensorDescriptor
     contig, order = compute_tensor_descriptor(list(t.shape), list(t.stride()))
@@ -178,6 +188,7 @@ def test_runtime_key_agrees_with_compute_tensor_descriptor(name):
     assert tensor_descriptor(t) == k
 
 
+@needs_torch
 def test_same_layout_any_sizes_equal_keys():
     a = torch.randn(4, 6, 8)
     b = torch.randn(9, 2, 3)
@@ -192,6 +203,7 @@ def test_same_layout_any_sizes_equal_keys():
     )
 
 
+@needs_torch
 def test_different_layouts_different_keys():
     a = torch.randn(4, 6, 8)
     keys = {
@@ -222,9 +234,14 @@ def test_scalars_and_sequences():
     assert runtime_key([1]) == runtime_key([7])
     assert runtime_key([1]) != runtime_key([True]) != runtime_key([1.0])
     assert runtime_key([[1, 2]]) != runtime_key([[1, 2, 3]])
-    assert runtime_key([torch.float32]) == runtime_key([torch.float16])
 
 
+@needs_torch
+def test_dtype_arguments_are_keyed_by_type():
+    assert runtime_key([torch.float32]) == runtime_key([torch.float16]) == (torch.dtype,)
+
+
+@needs_torch
 def test_static_positions():
     a = torch.randn(3, 4)
     assert runtime_key([a, 2], static=[1]) == runtime_key([torch.randn(5, 6), 2], static=[1])
@@ -243,6 +260,7 @@ def test_static_positions():
         runtime_key([a], static=["x"])
 
 
+@needs_torch
 def test_static_memo_does_not_hold_tensors():
     import gc
     import weakref
@@ -285,13 +303,14 @@ def _cold(args):
     return D.runtime_key(args)
 
 
+@needs_torch
 @settings(max_examples=150, deadline=None)
 @given(
     st.lists(
         st.tuples(
             st.lists(st.integers(1, 4), min_size=0, max_size=4),
             st.permutations(range(4)),
-            st.sampled_from([torch.float32, torch.float16, torch.int64]),
+            st.sampled_from(["float32", "float16", "int64"]),
             st.booleans(),
             st.integers(0, 3),
         ),
@@ -302,7 +321,7 @@ def _cold(args):
 def test_memo_equals_cold_path(specs):
     args = []
     for sizes, perm, dtype, expand, slice_dim in specs:
-        t = torch.zeros(sizes, dtype=dtype)
+        t = torch.zeros(sizes, dtype=getattr(torch, dtype))
         if len(sizes) > 1:
             t = t.permute(*[p for p in perm if p < len(sizes)])
         if expand and len(sizes) and t.shape[0] == 1:
@@ -315,12 +334,13 @@ def test_memo_equals_cold_path(specs):
     warm2 = runtime_key(args)
     cold = _cold(args)
     assert warm1 == warm2 == cold
-    assert _cold(args) is not None and runtime_key(args) == cold
+    assert runtime_key(args) == cold  # served by the memo the cold call filled
     for t, k in zip(args[::2], cold[::2]):
         c, o = compute_tensor_descriptor(list(t.shape), list(t.stride()))
         assert (k.contiguity, k.stride_order) == (tuple(c), tuple(o))
 
 
+@needs_torch
 def test_memo_is_bounded_and_stays_correct():
     D.clear_memos()
     ts = [torch.empty(i + 1, 3, device="meta") for i in range(D._MEMO_MAX + 50)]
@@ -332,6 +352,7 @@ def test_memo_is_bounded_and_stays_correct():
         assert runtime_key([t]) == _cold([t])
 
 
+@needs_torch
 def test_most_recent_key_is_not_confused():
     a, b = torch.randn(3, 4), torch.randn(3, 4).t()
     ka, kb = _cold([a]), _cold([b])
@@ -344,9 +365,10 @@ def test_most_recent_key_is_not_confused():
 
 
 def test_no_torch_at_import():
+    heavy = ("torch", "nvfuser", "nvfuser_direct", "triton", "msgpack", "kcache.nvfuser.kerneldb")
     code = (
-        "import sys, kcache.descriptors, kcache.nvfuser; "
-        "bad = [m for m in ('torch', 'nvfuser', 'nvfuser_direct', 'triton') if m in sys.modules]; "
+        "import sys, kcache.descriptors, kcache.nvfuser.descriptors, kcache.nvfuser; "
+        f"bad = [m for m in {heavy!r} if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
     r = subprocess.run(
@@ -355,6 +377,17 @@ def test_no_torch_at_import():
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_public_names_stay_at_kcache_descriptors():
+    """``kcache.descriptors`` (the public contract's module) re-exports the very same objects."""
+    import kcache.descriptors as public
+
+    assert public.compute_tensor_descriptor is compute_tensor_descriptor
+    assert public.runtime_key is runtime_key
+    assert set(public.__all__) >= set(D.__all__)
+    assert all(getattr(public, name) is getattr(D, name) for name in public.__all__)
+
+
+@needs_torch
 def test_key_of_exact_equals_runtime_key():
     args = [torch.randn(3, 4).t(), 2, torch.tensor(1.0), [1.0, 2.0], torch.randn(2, 1, 3)]
     D.clear_memos()

@@ -11,6 +11,7 @@ ways of pointing nvFuser at the private folder (``direct`` and ``tmpdir``).
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
 import re
@@ -133,7 +134,7 @@ def test_read_rows_of_an_nvfuser_folder(tmp_path: Path) -> None:
     assert bad == 0
     assert [r.cubin_file for r in rows] == ["kernel_0.cubin", "kernel_1.cubin", "kernel_2.cubin"]
     loaded = [kdb.load_kernel(tmp_path / "db", r) for r in rows]
-    assert [k.content_hash for k in loaded] == [k.content_hash for k in ks]
+    assert loaded == ks  # every field, the binary included (the content hash leaves it out)
 
 
 def test_content_hash_ignores_binary_but_not_source_or_args() -> None:
@@ -146,18 +147,16 @@ def test_content_hash_ignores_binary_but_not_source_or_args() -> None:
 def test_codegen_options_are_normalised() -> None:
     n = kdb.NEUTRAL_ENABLE
     assert kdb.codegen_options("kernel_db", n) == ""
-    assert kdb.codegen_options("kernel_lineinfo,kernel_db", n) == kdb.codegen_options("kernel_lineinfo", n)
-    assert kdb.codegen_options("fast_math,kernel_lineinfo", n) == kdb.codegen_options(
-        "kernel_lineinfo, fast_math", n
-    )
+    assert kdb.codegen_options("kernel_lineinfo,kernel_db", n) == "kernel_lineinfo"
+    assert kdb.codegen_options("kernel_lineinfo, fast_math", n) == "fast_math,kernel_lineinfo"
     assert kdb.codegen_options("warn_register_spill(4),kernel_debug", n) == "kernel_debug"
     assert kdb.codegen_options("tma_pointwise(a,b),kernel_db", n) == "tma_pointwise(a,b)"
-    assert kdb.codegen_options("kernel_debug", n) != kdb.codegen_options("", n)
+    assert kdb.codegen_options("kernel_debug", n) == "kernel_debug"
 
 
 def test_fingerprint_reads_nvfuser_options_from_env() -> None:
     base = kdb.current_fingerprint(environ={})
-    assert base.components["nvfuser_enable"] == "" and base.components["torch_version"]
+    assert base.components["nvfuser_enable"] == "" and base.components["nvfuser_env"] == ""
     same = kdb.current_fingerprint(environ={"NVFUSER_ENABLE": "kernel_db", "NVFUSER_DUMP": "cuda_kernel"})
     assert same.hash == base.hash
     other = kdb.current_fingerprint(environ={"NVFUSER_ENABLE": "kernel_lineinfo"})
@@ -167,6 +166,16 @@ def test_fingerprint_reads_nvfuser_options_from_env() -> None:
     other = kdb.current_fingerprint(environ={"NVFUSER_USE_BLOCK_SYNC_ATOMIC": "1"})
     assert other.hash != base.hash
     assert kdb.current_fingerprint(environ={"NVFUSER_DISABLE": "parallel_compile"}).hash == base.hash
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="torch is not installed: no torch_version to read"
+)
+def test_fingerprint_names_the_installed_torch() -> None:
+    import importlib.metadata
+
+    comps = kdb.current_fingerprint(environ={}).components
+    assert comps["torch_version"] == importlib.metadata.version("torch")
 
 
 # -- seeding and harvesting -----------------------------------------------------------------------
@@ -367,7 +376,9 @@ def test_readonly_store_seeds_but_never_writes(tmp_path: Path, store_dir: Path) 
     ro = Store.open(store_dir, max_size=1 << 30, readonly=True)
     assert len(kdb.seed(ro, tmp_path / "p2", fp).seeded) == 2
     NvKernelDb(tmp_path / "p2").write(make_kernel(5))
-    assert kdb.harvest(ro, tmp_path / "p2", fp).added == []
+    r = kdb.harvest(ro, tmp_path / "p2", fp)
+    assert r.added == [] and r.failed == 0  # not refused by the store: never tried
+    assert len(nvfuser_entries(ro)) == 2
     ro.close()
 
 
@@ -377,7 +388,7 @@ def test_entries_are_visible_as_kind_nvfuser(tmp_path: Path, store: Store) -> No
     store.flush(force=True)
     rows = list(store.index().rows(kind=kdb.KIND))
     assert len(rows) == 1
-    rec = rows[0][4]
+    _ident, _at, _hits, _size, rec, _err = rows[0]  # the shape kerneldb's fallback listing reads
     assert rec.summary["kernel"] == "nvfuser_pointwise_f0_c1_r0_g0" and rec.summary["arch"] == "sm_90a"
     assert rec.components["compile_args"] == ARGS and rec.components["nvfuser_version"]
     assert sorted(f.name for f in rec.files) == ["kernel.cu", "kernel.cubin", "meta.msgpack"]
@@ -719,7 +730,7 @@ def _run_driver(fake: Path, store: Path, mode: str, env: dict[str, str], nfus: i
 
 def test_stand_in_exports_nvfusers_symbol(fake_nvfuser: Path) -> None:
     lib = ctypes.CDLL(str(fake_nvfuser / "lib" / "libnvfuser_codegen.so"))
-    assert getattr(lib, kdb.direct.GET_SYMBOL) is not None
+    assert hasattr(lib, kdb.direct.GET_SYMBOL)
 
 
 @pytest.mark.parametrize("mode", ["direct", "tmpdir"])
@@ -855,13 +866,14 @@ def test_without_kcache_nothing_changes(fake_nvfuser: Path, tmp_path: Path, clea
         import kcache.nvfuser.kerneldb  # imported, never enabled
         import nvfuser_direct as nd
         nd.FusionDefinition("a").execute([1])
-        print(json.dumps([nd.COMPILES, nd.FusionDefinition.execute.__name__, kcache.nvfuser.kerneldb.status()]))
+        wrapped = hasattr(nd.FusionDefinition.execute, "__wrapped__")  # kcache's wrapper is named execute too
+        print(json.dumps([nd.COMPILES, wrapped, kcache.nvfuser.kerneldb.status()]))
         """
     )
     env = dict(clean_env, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == [1, "execute", {}]
+    assert json.loads(r.stdout) == [1, False, {}]
 
 
 # -- the ctypes std::string and the singleton's layout --------------------------------------------
