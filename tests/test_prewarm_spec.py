@@ -1,20 +1,32 @@
-"""Prewarm specs without compiling: parsing, expressions, bad specs (exit 2, one line, nothing
-changed), dry runs, the TOML writer of KCACHE_RECORD, the store build check."""
+"""Prewarm specs without compiling: parsing, expressions (and their limits), bad specs (exit 2,
+one line, nothing changed), dry runs, the TOML writer of KCACHE_RECORD (round trips of generated
+text and values), the store build check."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from kcache.prewarm import record as rec
 from kcache.prewarm.spec import Expr, NoneArg, SpecError, TensorArg, TritonDtypeArg, eval_expr, load
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: kcache reads specs with tomli there
+    import tomli as tomllib  # type: ignore[no-redef]
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "docs" / "examples" / "prewarm" / "spec.toml"
@@ -75,7 +87,7 @@ def test_example_spec_parses_and_expands() -> None:
     assert add["x_ptr"] == TensorArg("float32", [1048576])
     assert add["n_elements"] == 1048576
     soft = items[3].args  # R=8, C=1000
-    assert soft["x_ptr" if "x_ptr" in soft else "in_ptr"].shape == [8, 1000]
+    assert soft["in_ptr"].shape == [8, 1000] and soft["out_ptr"].shape == [8, 1000]
     assert soft["BLOCK_SIZE"] == 1024
     assert sp.env == {}
     assert "C=1000" in items[3].label
@@ -114,6 +126,127 @@ def test_values_and_expressions() -> None:
     assert it.args["e"] == "relu" and it.args["f"] == 1.5 and it.args["g"] is True
     raw = sp.entries[0].arg_sets[0]
     assert isinstance(raw["a"].shape[0], Expr)
+
+
+# Expressions that Python alone would compute for hours (9**9**9), or crash on (deep nesting).
+# Names: N = 2**20, S = 9.
+UNBOUNDED = [
+    ("9**9**9", "9**9**9 is beyond the limit of 2**64 (an exponent of 387420489)"),
+    ("2**10**10", "is beyond the limit of 2**64 (an exponent of 10000000000)"),
+    ("S**S**S", "S**S**S is beyond the limit of 2**64"),
+    ("max(N, 2) ** 1000", "is beyond the limit of 2**64 (an exponent of 1000)"),
+    ("1<<10**9", "unsupported operator <<"),
+    ("N >> 1", "unsupported operator >>"),
+    ("99999999999 * 99999999999 * 99999999999", "99999999999 * 99999999999 is beyond the limit"),
+    ("N*N*N*N*N", "N*N*N*N is beyond the limit of 2**64"),
+    ("2**64 + 1", "2**64 + 1 is beyond the limit"),
+    ("10.0 ** 400", "beyond the limit of 2**64"),
+    ("1e400", "1e400 is not finite"),
+    ("(-8) ** 0.5", "(-8) ** 0.5 is not a real number"),
+    ("'ab' * 10**9", "unsupported syntax"),
+    ("(1, 2) * 10**9", "unsupported syntax"),
+    ("-" * 999 + "1", "nested too deeply (more than 64 levels)"),
+    ("1" + "+1" * 499, "nested too deeply (more than 64 levels)"),
+    ("max(" * 150 + "1" + ")" * 150, "nested too deeply (more than 64 levels)"),
+    ("-" * 1_000_000 + "1", "expression too long (at most 1000 characters)"),
+    ("1" + "+1" * 1_000_000, "expression too long (at most 1000 characters)"),
+]
+
+_EVAL_ALL = """
+import json, sys, time
+from kcache.prewarm.spec import eval_expr
+out = []
+for text in json.load(sys.stdin):
+    t0 = time.perf_counter()
+    try:
+        out.append(["ok", repr(eval_expr(text, {"N": 2**20, "S": 9}))])
+    except ValueError as e:
+        out.append(["ValueError", str(e)])
+    except BaseException as e:  # RecursionError, MemoryError: what the limits are for
+        out.append([type(e).__name__, str(e)[:300]])
+    out[-1].append(time.perf_counter() - t0)
+print(json.dumps(out))
+"""
+
+
+def test_unbounded_expressions_are_refused_at_once_naming_the_expression() -> None:
+    # In a child with a timeout: without the limits 9**9**9 runs for hours (in C, deaf to
+    # signals), and this test must fail then, not hang.
+    p = subprocess.run(
+        [sys.executable, "-c", _EVAL_ALL],
+        input=json.dumps([text for text, _ in UNBOUNDED]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    results = json.loads(p.stdout)
+    for (text, needle), (kind, msg, seconds) in zip(UNBOUNDED, results, strict=True):
+        assert kind == "ValueError", (text[:60], kind, msg)
+        assert needle in msg and "\n" not in msg, (text[:60], msg)
+        assert repr(text)[:40] in msg, (text[:60], msg)  # names the expression (shortened if long)
+        assert len(msg) < 300, msg
+        assert seconds < 1.0, (text[:60], seconds)
+
+
+def test_expression_limits_are_exact_and_ordinary_expressions_work() -> None:
+    from kcache.prewarm.spec import MAX_EXPR_DEPTH, MAX_EXPR_LEN, MAX_VALUE
+    from kcache.prewarm.triton_aot import make_grid
+
+    assert MAX_VALUE == 2**64 and MAX_EXPR_LEN == 1000 and MAX_EXPR_DEPTH == 64  # as documented
+    assert eval_expr("2**64", {}) == 2**64 and eval_expr("-2**64", {}) == -(2**64)
+    assert eval_expr("N * N", {"N": 2**32}) == 2**64
+    for too_big in ("2**65", "2**64 + 1", "N * N + 1", "-N * N - 1", "2 * N * N"):
+        with pytest.raises(ValueError, match="beyond the limit of 2"):
+            eval_expr(too_big, {"N": 2**32})
+    with pytest.raises(ValueError, match="N is beyond the limit"):  # a symbol's value too
+        eval_expr("N - 1", {"N": 2**64 + 1})
+    # the exponent is bounded only where the result grows with it
+    assert eval_expr("1 ** (10**18)", {}) == 1 and eval_expr("(-1) ** (2**64)", {}) == 1
+    assert eval_expr("0 ** (2**64)", {}) == 0 and eval_expr("2 ** -2", {}) == 0.25
+    assert eval_expr("2 ** -(2**64)", {}) == 0.0
+    # nesting: up to the limit, and parentheses alone do not nest
+    deep = "1" + "+1" * (MAX_EXPR_DEPTH - 1)
+    assert eval_expr(deep, {}) == MAX_EXPR_DEPTH
+    with pytest.raises(ValueError, match="nested too deeply"):
+        eval_expr(deep + "+1", {})
+    assert eval_expr("(" * 150 + "N" + ")" * 150, {"N": 3}) == 3
+    assert eval_expr(" " * 5 + "N" + " " * 5, {"N": 3}) == 3
+    with pytest.raises(ValueError, match="too long"):
+        eval_expr("N" + " + N" * 250, {"N": 3})
+    # ordinary grids and shapes
+    names = {"M": 1000, "N": 4096, "BLOCK_M": 128, "BLOCK_N": 64}
+    assert eval_expr("cdiv(M, BLOCK_M) * cdiv(N, BLOCK_N)", names) == 8 * 64
+    assert eval_expr("next_power_of_2(M) // 2 + max(M, N) % 7 - abs(-3)", names) == 512 + 1 - 3
+    assert eval_expr("N / 8 * 1.5", names) == 768.0
+    assert make_grid([Expr("cdiv(N, BLOCK)"), 3], {"N": 100})({"BLOCK": 32}) == (4, 3)
+    with pytest.raises(ValueError, match="N \\*\\* BLOCK is beyond the limit"):  # at launch, on a GPU
+        make_grid([Expr("N ** BLOCK")], {"N": 100})({"BLOCK": 32})
+
+
+def test_expression_limits_are_spec_errors_naming_entry_field_and_expression() -> None:
+    head = "[[triton]]\nkernel = 'm:k'\n"
+    # a constant is checked when the spec is read
+    for field, value, needle in [
+        ("grid", "['=9**9**9']", "triton[0] (m:k) grid[0]: 9**9**9 is beyond the limit of 2**64"),
+        ("args", "{ x = '=1 << 3' }", "triton[0] (m:k) args.x: unsupported operator << in '1 << 3'"),
+        ("args", "{ x = '=2**100' }", "triton[0] (m:k) args.x: 2**100 is beyond the limit of 2**64"),
+        ("args", "{ x = '=1//0' }", "triton[0] (m:k) args.x: division by zero in '1//0'"),
+        ("args", "{ x = '=" + "-" * 70 + "1' }", "args.x: expression nested too deeply"),
+        ("args", "{ x = '=" + "1+" * 600 + "1' }", "args.x: expression too long"),
+    ]:
+        with pytest.raises(SpecError) as ei:
+            load(f"{head}{field} = {value}\n" + ("args = {}\n" if field != "args" else ""))
+        assert needle in str(ei.value) and "\n" not in str(ei.value), str(ei.value)
+    # with symbols, when the items are expanded (with N = 1 at reading, N**N**N is 1)
+    sp = load(
+        f"{head}sizes = [{{ N = 3 }}, {{ N = 9 }}]\nargs = {{ x = {{ tensor = 'fp32', shape = ['=N**N**N'] }} }}\n"
+    )
+    with pytest.raises(SpecError) as ei:
+        sp.items()
+    assert "triton[0] (m:k): args with sizes[1]: N**N**N is beyond the limit of 2**64" in str(ei.value)
+    sp = load(f"{head}sizes = [{{ N = 3 }}]\nargs = {{ x = {{ tensor = 'fp32', shape = ['=N**N**N'] }} }}\n")
+    assert sp.items()[0].args["x"].shape == [3**27]  # within the limit: computed
 
 
 @pytest.mark.parametrize(
@@ -295,8 +428,6 @@ def test_no_gpu_without_target_is_a_usage_error(
 
 # ------------------------------------------------------------------------------ recording pieces
 def test_toml_writer_round_trips() -> None:
-    import tomllib
-
     entry = {
         "kernel": "a.b:c",
         "grid": [4, 1],
@@ -316,6 +447,177 @@ def test_toml_writer_round_trips() -> None:
     assert data["version"] == 1 and len(data["triton"]) == 2
     assert data["triton"][0] == entry
     load(text)  # and it is a valid spec, structurally
+
+
+# Text for the writer: any code point, with the awkward ones made frequent (hypothesis favours
+# small code points): quotes, backslashes, control characters, DEL, line and paragraph
+# separators, the BOM, characters beyond the Basic Multilingual Plane, and lone surrogates.
+_AWKWARD = '"\\\x7f\n\r\t\b\f\x00\x1f\x0b\x1c\x85\xa0\u2028\u2029\ufeff\u200b\U0001f600\U000e0001\U0010ffff'
+_CHAR = st.one_of(
+    st.characters(exclude_categories=["Cs"]),
+    st.characters(min_codepoint=0x10000),
+    st.sampled_from(_AWKWARD),
+)
+TEXT = st.text(_CHAR, max_size=12)
+# st.text() leaves surrogates out whatever its alphabet says: joined by hand
+_LONE = st.characters(categories=["Cs"])
+BAD_TEXT = st.tuples(TEXT, _LONE, TEXT).map("".join)
+ANY_TEXT = st.one_of(TEXT, BAD_TEXT, st.lists(st.one_of(_CHAR, _LONE), max_size=12).map("".join))
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _values(text: st.SearchStrategy[str]) -> st.SearchStrategy[Any]:
+    return st.recursive(
+        st.one_of(st.booleans(), st.integers(), st.floats(), text),
+        lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(text, inner, max_size=4)),
+        max_leaves=12,
+    )
+
+
+SCALARS = st.one_of(st.booleans(), st.integers(), st.floats(), TEXT)
+VALUES = _values(TEXT)  # what TOML can hold
+
+
+def _has_surrogate(v: Any) -> bool:
+    if isinstance(v, str):
+        return _SURROGATE.search(v) is not None
+    if isinstance(v, dict):
+        return any(_has_surrogate(k) or _has_surrogate(x) for k, x in v.items())
+    if isinstance(v, list):
+        return any(_has_surrogate(x) for x in v)
+    return False
+
+
+def _same(read: Any, written: Any) -> bool:
+    """Equal, of the same type (1 and 1.0 are another specialisation), NaN equal to NaN."""
+    if type(read) is not type(written):
+        return False
+    if isinstance(written, float) and math.isnan(written):
+        return math.isnan(read)
+    if isinstance(written, dict):
+        return read.keys() == written.keys() and all(_same(read[k], written[k]) for k in written)
+    if isinstance(written, list):
+        return len(read) == len(written) and all(_same(a, b) for a, b in zip(read, written))
+    return bool(read == written)
+
+
+@settings(max_examples=500, deadline=None)
+@given(ANY_TEXT)
+@example("BLOCK\n")  # a bare key but for the newline ("$" matches before a final newline)
+@example("")
+@example("\U0001f600")  # beyond the BMP: was written as a surrogate pair
+@example("\x7f")  # DEL: not allowed as it is
+@example("\udcff")
+def test_toml_strings_and_keys_round_trip_any_text(s: str) -> None:
+    if _has_surrogate(s):  # not a Unicode scalar value: no TOML string holds it, so: refused
+        with pytest.raises(ValueError, match="lone surrogate"):
+            rec.toml_string(s)
+        with pytest.raises(ValueError, match="lone surrogate"):
+            rec.toml_key(s)
+        return
+    written = rec.toml_string(s)
+    assert all(c.isprintable() for c in written), written  # escaped: nothing invisible in the file
+    assert not _SURROGATE.search(written) and "\\uD8" not in written.upper()  # no surrogate pairs
+    data = tomllib.loads(f"v = {written}\n[t]\n{rec.toml_key(s)} = 1\n")
+    assert data == {"v": s, "t": {s: 1}}
+
+
+@settings(max_examples=300, deadline=None)
+@given(VALUES)
+def test_toml_values_round_trip(v: Any) -> None:
+    read = tomllib.loads(f"v = {rec.toml_value(v)}\n")["v"]
+    assert _same(read, v), (read, v)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_values(ANY_TEXT), BAD_TEXT)
+def test_toml_values_with_a_lone_surrogate_anywhere_are_refused(v: Any, bad: str) -> None:
+    for holder in ([v, bad], {"k": [bad, v]}, {bad: v}, [{"a": v, "b": {"c": bad}}]):
+        with pytest.raises(ValueError, match="lone surrogate"):
+            rec.toml_value(holder)
+    if not _has_surrogate(v):
+        rec.toml_value(v)  # v alone is fine
+
+
+ENTRIES = st.fixed_dictionaries(
+    {"kernel": TEXT, "args": st.dictionaries(TEXT, VALUES, max_size=4)},
+    optional={
+        "grid": st.lists(st.one_of(st.integers(0, 2**31), TEXT), min_size=1, max_size=3),
+        "options": st.dictionaries(TEXT, SCALARS, min_size=1, max_size=3),
+        "env": st.dictionaries(TEXT, TEXT, min_size=1, max_size=3),
+    },
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ENTRIES, ANY_TEXT)
+def test_toml_entries_round_trip_with_any_comment(entry: dict[str, Any], comment: str) -> None:
+    """As the recorder writes them: a header, then tables appended one by one, each with a comment
+    (which may say anything, a lone surrogate too: never a broken file)."""
+    text = rec.HEADER + "\n" + rec.entry_toml(entry, comment=comment) + "\n" + rec.entry_toml(entry)
+    text += "\n" + rec.toml_comment(comment) + "\n"
+    data = tomllib.loads(text)
+    assert data["version"] == 1 and len(data["triton"]) == 2
+    for read in data["triton"]:
+        assert _same(read, entry), (read, entry)
+    assert text.encode("utf-8")  # no lone surrogate even in a comment: the file is UTF-8
+    for field in ("kernel", "env"):  # and an entry holding one is refused whole
+        with pytest.raises(ValueError, match="lone surrogate"):
+            rec.entry_toml({**entry, field: "\udcff" if field == "kernel" else {"X": "\udcff"}})
+
+
+def test_recorder_writes_odd_strings_and_says_why_it_cannot(
+    mod_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recorder's own path, from the hook to the file: a constexpr string with quotes, control
+    characters and an emoji is recorded and reads back; a lone surrogate (an undecodable byte in
+    the environment) cannot be, and the file says so in a comment, still a valid spec."""
+    pytest.importorskip("triton")
+    monkeypatch.syspath_prepend(str(mod_dir))
+    monkeypatch.delitem(sys.modules, "pwmod", raising=False)
+    kernel = importlib.import_module("pwmod").k
+    path = tmp_path / "recorded.toml"
+    recorder = rec.Recorder(str(path))
+    env: dict[str, str] = {}
+    monkeypatch.setattr(rec, "_env_now", lambda: dict(env))
+
+    def run(self: Any, bound_args: dict[str, Any], key: str) -> None:
+        # stands for JITFunction.run: the recorder reads its frame (self, bound_args), as the hooks
+        # do when Triton calls them from there
+        kw = {"fn": SimpleNamespace(jit_function=self), "key": key}
+        recorder.capture(kw)
+        recorder.commit(kw)
+
+    odd = 'a "b" \\ \x7f\x00\n\U0001f600\u2028'
+    run(kernel, {"x_ptr": 3, "n": 64, "BLOCK": odd}, "k1")
+    env["TRITON_DEFAULT_FP_FUSION"] = "\udcff"
+    run(kernel, {"x_ptr": 3, "n": 64, "BLOCK": "plain"}, "k2")
+    run(kernel, {"x_ptr": 3, "n": 64, "BLOCK": "\ud83d"}, "k3")
+    assert (recorder.recorded, recorder.skipped) == (1, 2)
+    text = path.read_text(encoding="utf-8")
+    data = tomllib.loads(text)
+    assert data["triton"] == [{"kernel": "pwmod:k", "args": {"x_ptr": 3, "n": 64, "BLOCK": odd}}]
+    why = [ln for ln in text.splitlines() if "not recorded" in ln]
+    assert len(why) == 2 and "pwmod:k" in why[0] and "U+DCFF" in why[0] and "\\uDCFF" not in text
+    assert "argument BLOCK is a string with a lone surrogate (U+D83D" in why[1]
+
+
+def test_record_and_runner_do_not_import_each_other() -> None:
+    code = (
+        "import sys\n"
+        "import kcache.prewarm.record\n"
+        "assert 'kcache.prewarm.runner' not in sys.modules, 'record imported runner'\n"
+        "for m in [m for m in sys.modules if m.startswith('kcache.prewarm.')]: del sys.modules[m]\n"
+        "import kcache.prewarm.runner\n"
+        "assert 'kcache.prewarm.record' not in sys.modules, 'runner imported record'\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    # record also imports runner's names lazily, inside functions: no mention of it at all
+    for mod, other in (("record", "runner"), ("runner", "record")):
+        source = (REPO / "kcache" / "prewarm" / f"{mod}.py").read_text()
+        assert not re.search(rf"from \.{other} import|import kcache\.prewarm\.{other}", source), mod
+    assert not hasattr(rec, "active_recorder")
 
 
 def test_store_build_check_warns_once_for_another_build(tmp_path: Path, kcache_warnings: list[str]) -> None:

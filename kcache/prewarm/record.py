@@ -17,7 +17,8 @@ on cache hits; entries are deduplicated (per process and in the file).
 Concurrent processes append under a lock (``FILE.lock``); each entry is a complete TOML table
 written in one append, so the file is a valid spec after every append. A kernel that cannot be
 imported by name in another process (defined in ``__main__``, inside a function, or in a module
-loaded from a path) is written as a comment saying so.
+loaded from a path) is written as a comment saying so, and so is one with a string that TOML
+cannot hold (a lone surrogate: :func:`toml_string`); every other string reads back exactly.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 
 from .._imports import forget, when_imported
 from ..log import logger, warn_once
+from .env import WORKER_ENV, current_invalidating_env
 
 HEADER = (
     "# kcache prewarm spec, appended to by programs run with KCACHE_RECORD=<this file>.\n"
@@ -44,8 +46,8 @@ HEADER = (
     "version = 1\n"
 )
 _EXCLUDED_OPTIONS = {"debug", "instrumentation_mode", "fpsan_homomorphic_casts"}
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
-WORKER_ENV = "KCACHE_PREWARM_WORKER"
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class Unrecordable(Exception):
@@ -53,19 +55,55 @@ class Unrecordable(Exception):
 
 
 # ------------------------------------------------------------------------------ TOML writing
+# Written by hand, not by a TOML library: kcache's dependencies are chosen, and the reader
+# (tomllib, tomli on Python 3.10) is all a spec needs. Every value written here reads back equal
+# with tomllib (tests/test_prewarm_spec.py checks it on generated text, keys and nested values).
+_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def toml_string(s: str) -> str:
+    """``s`` as a TOML basic string (``"..."``) that TOML readers read back as ``s``.
+
+    Printable characters are written as they are (UTF-8), any code point, outside the Basic
+    Multilingual Plane too; quotes, backslashes and the short escapes (``\\n``, ``\\t``...) are
+    escaped; every other non-printable character (control characters, DEL, separators, format
+    characters) is written ``\\uXXXX`` or ``\\UXXXXXXXX``, so that the file shows no invisible
+    characters. A lone surrogate (U+D800-U+DFFF, e.g. an undecodable byte of a file name or an
+    environment variable under ``surrogateescape``) is not a Unicode scalar value: no TOML string
+    can hold it, and writing something else would change the value, so it raises ValueError."""
+    if s.isprintable() and '"' not in s and "\\" not in s:
+        return '"' + s + '"'  # the common case: nothing to escape
+    out = ['"']
+    for ch in s:
+        if ch in _SHORT_ESCAPES:
+            out.append(_SHORT_ESCAPES[ch])
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            if _SURROGATE.match(ch):
+                raise ValueError(f"{_surrogate_text(ch)}, which TOML cannot hold")
+            out.append(_escape(ch))
+    out.append('"')
+    return "".join(out)
+
+
 def toml_value(v: Any) -> str:
+    """A value as TOML: booleans, integers, floats (``inf``, ``-inf``, ``nan``: the sign of a NaN
+    is not kept), strings (:func:`toml_string`), lists and tuples as arrays, mappings with string
+    keys as inline tables. Raises TypeError for anything else, ValueError for a string that TOML
+    cannot hold."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):
-        return str(v)
+        return int.__repr__(v)  # not str(v): an IntEnum's str() is its name
     if isinstance(v, float):
         if math.isnan(v):
             return "nan"
         if math.isinf(v):
             return "inf" if v > 0 else "-inf"
-        return repr(v)
+        return float.__repr__(v)  # not repr(v): numpy's float64 repr is "np.float64(...)"
     if isinstance(v, str):
-        return json.dumps(v)
+        return toml_string(v)
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(toml_value(x) for x in v) + "]"
     if isinstance(v, Mapping):
@@ -76,14 +114,35 @@ def toml_value(v: Any) -> str:
 
 
 def toml_key(k: str) -> str:
-    return k if _BARE_KEY.match(k) else json.dumps(k)
+    """A key: bare when it is one (``A-Za-z0-9_-``), else quoted as :func:`toml_string`."""
+    if not isinstance(k, str):
+        raise TypeError(f"cannot write a {type(k).__name__} key to TOML")
+    # fullmatch, not match with "$": "$" also matches before a final newline
+    return k if _BARE_KEY.fullmatch(k) else toml_string(k)
+
+
+def toml_comment(text: str) -> str:
+    """``text`` as comment lines (``# ...``). A comment may hold no control character but tab and
+    no lone surrogate (the file is UTF-8): every non-printable character is written as an escape
+    (``\\u000b``), which is only text in a comment."""
+    lines = text.split("\n")  # only "\n" ends a line: "\r", "\x0b"... are escaped like the rest
+    return "\n".join("# " + "".join(c if c.isprintable() else _escape(c) for c in line) for line in lines)
+
+
+def _surrogate_text(ch: str) -> str:
+    return f"a string with a lone surrogate (U+{ord(ch):04X}: an undecodable byte?)"
+
+
+def _escape(ch: str) -> str:
+    o = ord(ch)
+    return f"\\u{o:04X}" if o <= 0xFFFF else f"\\U{o:08X}"
 
 
 def entry_toml(entry: Mapping[str, Any], comment: str | None = None) -> str:
     """One ``[[triton]]`` table: kernel, grid, options, env, then ``[triton.args]``."""
     lines = []
     if comment:
-        lines += [f"# {c}" for c in comment.splitlines()]
+        lines.append(toml_comment(comment))
     lines.append("[[triton]]")
     lines.append(f"kernel = {toml_value(entry['kernel'])}")
     for k in ("grid", "options", "env"):
@@ -100,7 +159,12 @@ def spec_value(v: Any) -> Any:
     """A runtime argument -> its spec value (a TOML-ready Python object). Raises Unrecordable."""
     if v is None:
         return {"none": True}
-    if isinstance(v, bool) or isinstance(v, str):
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str):
+        bad = _SURROGATE.search(v)
+        if bad is not None:
+            raise Unrecordable(_surrogate_text(bad.group()))
         return v
     if isinstance(v, int):
         return int(v)
@@ -303,6 +367,10 @@ class Recorder:
         env = _env_now()
         if env:
             entry["env"] = env
+        try:  # written at commit, checked now: the reason goes in the file instead of the entry
+            entry_toml(entry)
+        except (TypeError, ValueError) as e:
+            return None, f"{ref}: cannot be written to a spec: {e}"
         return entry, None
 
     def _append(self, rid: str, entry: dict[str, Any] | None, why: str | None) -> None:
@@ -312,7 +380,7 @@ class Recorder:
         if entry is not None:
             text = entry_toml(entry, comment=f"kcache record-id {rid} ({stamp}, pid {os.getpid()})")
         else:
-            text = f"# kcache record-id {rid}: not recorded: {why}\n"
+            text = toml_comment(f"kcache record-id {rid}: not recorded: {why}") + "\n"
         with FileLock(self.path + ".lock", timeout=30):
             try:
                 with open(self.path, encoding="utf-8") as fh:
@@ -414,8 +482,6 @@ def fit_grid(grid: Any, given: Mapping[str, Any], tuner: Any) -> list[Any] | Non
 
 
 def _env_now() -> dict[str, str]:
-    from .runner import current_invalidating_env
-
     try:
         return dict(sorted(current_invalidating_env().items()))
     except Exception:
@@ -483,13 +549,6 @@ def chain_hooks(recorder: Recorder) -> Callable[[], None]:
 
 
 # ------------------------------------------------------------------------------ attach
-_active: Recorder | None = None
-
-
-def active_recorder() -> Recorder | None:
-    return _active
-
-
 def attach(record_path: str | None) -> Callable[[], None]:
     """Called by :func:`kcache.enable`: when triton is imported, check the store's prewarm build,
     and with ``record_path`` (``KCACHE_RECORD``) start recording. In a child of a prewarm, protect
@@ -503,7 +562,6 @@ def attach(record_path: str | None) -> Callable[[], None]:
         undo.append(with_protect)
 
     def on_triton(mod: ModuleType) -> None:
-        global _active
         try:
             check_store_build(active_store())
         except Exception as e:
@@ -511,18 +569,15 @@ def attach(record_path: str | None) -> Callable[[], None]:
         if record_path and not os.environ.get(WORKER_ENV):
             rec = Recorder(record_path)
             undo.append(chain_hooks(rec))
-            _active = rec
 
     when_imported("triton", on_triton)
 
     def detach() -> None:
-        global _active
         forget("triton", on_triton)
         while undo:
             try:
                 undo.pop()()
             except Exception:
                 pass
-        _active = None
 
     return detach

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..log import logger
-from .record import WORKER_ENV
+from .env import EXTRA_ENV, KNOWN_ENV, WORKER_ENV, current_invalidating_env, env_vars_function
 from .spec import Item, Spec, SpecError, UsageError, load, resolve
 
 STATUSES = ("prepared", "cached", "failed", "skipped", "planned")
@@ -218,47 +218,6 @@ class Progress:
 
 
 # ------------------------------------------------------------------------------ environment
-def env_vars_function() -> Any:
-    """Triton's ``get_cache_invalidating_env_vars`` (libtriton in 3.4-3.9; ``triton.runtime.cache``
-    in some builds), or None without Triton."""
-    try:
-        from triton._C.libtriton import get_cache_invalidating_env_vars
-
-        return get_cache_invalidating_env_vars
-    except Exception:
-        pass
-    try:
-        from triton.runtime.cache import get_cache_invalidating_env_vars  # type: ignore[attr-defined]
-
-        return get_cache_invalidating_env_vars
-    except Exception:
-        return None
-
-
-#: Not in Triton's list, but in its key all the same: read at import into the ``debug`` option.
-EXTRA_ENV = ("TRITON_DEBUG",)
-#: Unset before Triton is imported when a spec's env does not name them (Triton reads some at
-#: import); after the import, Triton's own list decides. Triton 3.6-3.9's list, and EXTRA_ENV.
-_KNOWN_ENV = EXTRA_ENV + (
-    "TRITON_DEFAULT_FP_FUSION", "TRITON_DISABLE_LINE_INFO", "TRITON_F32_DEFAULT", "TRITON_OVERRIDE_ARCH",
-    "TRITON_ENABLE_ASAN", "TRITON_ENABLE_LLVM_DEBUG", "TRITON_LLVM_DEBUG_ONLY", "TRITON_DUMP_MIR",
-    "TRITON_ENABLE_EXPERIMENTAL_CONSAN", "TRITON_FORCE_DISABLE_FP_FUSION", "DISABLE_LLVM_OPT",
-    "DISABLE_PTXAS_OPT", "DISABLE_MMA_V3", "DISABLE_MMA_V5", "LLVM_IR_ENABLE_DUMP", "MLIR_ENABLE_DUMP",
-    "NVPTX_ENABLE_DUMP", "USE_IR_LOC",
-)  # fmt: skip
-
-
-def current_invalidating_env() -> dict[str, str]:
-    """The variables of this process that are in Triton's key: those Triton lists (as it reports
-    them) and :data:`EXTRA_ENV`. Imports Triton."""
-    fn = env_vars_function()
-    out = {k: str(v) for k, v in (fn() if fn is not None else {}).items()}
-    for k in EXTRA_ENV:
-        if os.environ.get(k):
-            out[k] = os.environ[k]
-    return out
-
-
 def check_env_names(spec: Spec) -> None:
     """Every variable of an env table must be one Triton counts as cache-invalidating (probed)."""
     groups = [(f"{spec.source}: env", spec.env)] + [
@@ -298,7 +257,7 @@ def applied_env(env: Mapping[str, str]) -> Iterator[list[str]]:
     The spec's values are set before Triton is imported here (it reads some at import)."""
     saved = dict(os.environ)
     try:
-        unset = [k for k in _KNOWN_ENV if k in os.environ and k not in env]
+        unset = [k for k in KNOWN_ENV if k in os.environ and k not in env]
         for k in unset:
             os.environ.pop(k, None)
         os.environ.update(env)
