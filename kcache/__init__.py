@@ -1,29 +1,40 @@
 """kcache: a persistent on-disk compilation cache for GPU kernels (Triton, autotune, nvFuser).
 
 ``KCACHE=1`` turns it on in every Python process (a ``.pth`` hook); in code, :func:`enable`.
-Importing kcache is cheap: the store, Triton and nvFuser integrations load on first use.
+
+Start-up is the hook's whole cost in every Python process of a user who exports ``KCACHE=1``
+(every pip, every tool, every compile worker), so it does almost nothing: it registers import
+hooks for triton, nvFuser and torch. The settings are read and checked when one of those is
+imported, and the store is opened at the first integration's first use (:func:`active_store`).
+This module imports nothing that a bare interpreter has not loaded already.
 """
 
 from __future__ import annotations
 
-import threading
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+import _thread
+import os
 
-from . import config as _config
-from .log import configure as _configure_log
-from .log import warn_once as _warn_once
+if False:  # annotations only: typing, pathlib and the store are not loaded at start-up
+    from pathlib import Path
+    from typing import Any
 
-if TYPE_CHECKING:
+    from . import config as _config
     from .store import Store
 
 __version__ = "0.1.0"
 __all__ = ["enable", "disable", "is_enabled", "stats", "active_store", "settings", "prewarm", "__version__"]
 
-_lock = threading.RLock()
-_store: Store | None = None
+_lock = _thread.RLock()
+_wanted = False  # enable() or the hook asked for caching in this process
+_overrides: dict[str, Any] = {}
 _settings: _config.Settings | None = None
-_integrations: list[Any] = []
+_store: Store | None = None
+_failed = False  # the settings or the store are unusable: warned once, caching off
+_integrations: list[Any] = []  # functions that undo what was attached
+_exit_hook = False
+
+#: Modules whose import attaches an integration, and the function that attaches it.
+_TRIGGERS = (("triton", "_on_triton"), ("nvfuser_direct", "_on_nvfuser"), ("nvfuser", "_on_nvfuser"))
 
 
 def enable(
@@ -38,62 +49,132 @@ def enable(
 ) -> bool:
     """Turn kcache on in this process. Arguments override the ``KCACHE_*`` environment.
 
-    Returns True when caching is on. Never raises for bad settings or an unusable store: it warns
-    once and returns False, and the program compiles as if kcache were not there."""
-    global _store, _settings
+    Checks the settings and opens the store now; returns True when caching is on. Never raises
+    for bad settings or an unusable store: it warns once and returns False, and the program
+    compiles as if kcache were not there."""
+    global _wanted, _failed
     with _lock:
-        s = _config.load(dir=dir, max_size=max_size, readonly=readonly, key_tag=key_tag, remote=remote)
-        _configure_log(s.log)
-        if s.problems:
-            _warn_once("settings", "caching is off: " + "; ".join(s.problems))
+        if _wanted:
+            disable()
+        overrides = dict(dir=dir, max_size=max_size, readonly=readonly, key_tag=key_tag, remote=remote)
+        _overrides.clear()
+        _overrides.update({k: v for k, v in overrides.items() if v is not None})
+        _wanted, _failed = True, False
+        if active_store() is None:
+            _wanted = False
             return False
-        s.enabled = True
+        _attach(triton=triton, nvfuser=nvfuser)
+        return True
+
+
+def _enable_from_env() -> None:
+    """The ``.pth`` hook (``KCACHE`` set): register the import hooks, nothing more."""
+    global _wanted
+    with _lock:
+        if _wanted:
+            return
+        _wanted = True
+        _attach(triton=True, nvfuser=True)
+
+
+def _attach(*, triton: bool, nvfuser: bool) -> None:
+    from ._imports import forget, when_imported
+
+    for name, fn_name in _TRIGGERS:
+        if (name == "triton" and triton) or (name.startswith("nvfuser") and nvfuser):
+            fn = globals()[fn_name]
+            when_imported(name, fn)
+            _integrations.append(lambda name=name, fn=fn: forget(name, fn))
+
+
+def _usable() -> bool:
+    """The settings are good (warned once when not): an integration may attach."""
+    with _lock:
+        if not _wanted or _failed:
+            return False
+        return _load_settings() is not None
+
+
+def _load_settings() -> _config.Settings | None:
+    global _settings, _failed
+    if _settings is not None:
+        return _settings
+    from . import config
+    from .log import configure, warn_once
+
+    s = config.load(**_overrides)
+    if s.problems:
+        configure(s.log if not any("KCACHE_LOG" in p for p in s.problems) else None)
+        warn_once("settings", "caching is off: " + "; ".join(s.problems))
+        _failed = True
+        return None
+    configure(s.log)
+    s.enabled = True
+    _settings = s
+    return s
+
+
+def active_store() -> Store | None:
+    """The store this process uses, opened on first use; None when kcache is off (or the store
+    cannot be used: warned once, then caching stays off in this process)."""
+    global _store, _failed, _exit_hook
+    store = _store
+    if store is not None or not _wanted or _failed:
+        return store
+    with _lock:
+        if _store is not None or not _wanted or _failed:
+            return _store
+        s = _load_settings()
+        if s is None:
+            return None
+        from .log import warn_once
         from .store import Store, StoreError
 
         try:
-            store = Store.open(
-                s.dir,
-                max_size=s.max_size,
-                readonly=s.readonly,
-                key_tag=s.key_tag,
-                allow_insecure=s.allow_insecure,
-                drain_global=True,
-            )
+            store = Store.from_settings(s, write=True, drain_global=True)
         except StoreError as e:
-            _warn_once("store", f"caching is off: {e}")
-            return False
-        if _store is not None:
-            disable()
-        _store, _settings = store, s
-        import atexit
-
-        # atexit runs last-registered first: integrations' counts reach the store before it closes.
-        atexit.register(_push_integration_counts)
-        if triton:
-            from .triton import attach as _attach_triton
-
-            _integrations.append(_attach_triton())
-        if nvfuser:
+            warn_once("store", f"caching is off: {e}")
+            _failed = True
+            return None
+        protect = os.environ.get("KCACHE_PREWARM_PROTECT_S")
+        if protect:  # a child of `kcache prewarm` (a compile worker): its puts are protected too
             try:
-                from .nvfuser import attach as _attach_nvfuser
-            except ImportError:
+                store.protect(float(protect))
+            except ValueError:
                 pass
-            else:
-                _integrations.append(_attach_nvfuser())
-        if triton:  # KCACHE_RECORD, and the check of a prewarmed store's Triton build
-            import os
+        if not _exit_hook:
+            import atexit
 
-            if s.record or os.environ.get("KCACHE_PREWARM_PROTECT_S"):
-                from .prewarm.record import attach as _attach_prewarm
+            # atexit runs last-registered first: integrations' counts reach the store before it closes.
+            atexit.register(_push_integration_counts)
+            _exit_hook = True
+        _store = store
+        return store
 
-                _integrations.append(_attach_prewarm(s.record))
-            else:
-                # Only the build check is needed: a hook, with kcache.prewarm loaded when triton is.
-                from ._imports import forget, when_imported
 
-                when_imported("triton", _check_prewarm_build)
-                _integrations.append(lambda: forget("triton", _check_prewarm_build))
-        return True
+def _on_triton(mod: Any) -> None:
+    if not _usable():
+        return
+    from .triton import install, uninstall
+
+    install(mod)
+    _integrations.append(uninstall)
+    s = _settings
+    if s is not None and s.record:
+        from .prewarm.record import attach as _attach_prewarm
+
+        _integrations.append(_attach_prewarm(s.record))
+    else:
+        _check_prewarm_build(mod)
+
+
+def _on_nvfuser(mod: Any) -> None:
+    if not _usable():
+        return
+    from .nvfuser import kerneldb
+
+    kerneldb.on_import(mod)
+    _integrations.append(kerneldb.detach_all)
 
 
 def _check_prewarm_build(_mod: Any) -> None:
@@ -101,49 +182,40 @@ def _check_prewarm_build(_mod: Any) -> None:
     from .prewarm.meta import check_store_build
 
     try:
-        check_store_build(_store)
+        check_store_build(active_store())
     except Exception as e:
         logger.debug("prewarm build check: %s", e)
 
 
-def _enable_from_env() -> None:
-    s = _config.load()
-    if s.problems:
-        _configure_log(s.log if not any("KCACHE_LOG" in p for p in s.problems) else None)
-        _warn_once("settings", "caching is off: " + "; ".join(s.problems))
-        return
-    if s.enabled:
-        enable()
-
-
 def disable() -> None:
-    """Turn kcache off in this process (integrations detach; the store is flushed and closed)."""
-    global _store
+    """Turn kcache off in this process: integrations detach (Triton's manager and memos are
+    removed only if Triton was imported: disabling never imports it), the store is flushed and
+    closed."""
+    global _store, _wanted, _settings, _failed
     with _lock:
         while _integrations:
             detach = _integrations.pop()
             try:
-                if callable(detach):
-                    detach()
+                detach()
             except Exception:
                 pass
         if _store is not None:
             _store.close()
-        _store = None
+        _store, _settings, _wanted, _failed = None, None, False, False
 
 
 def is_enabled() -> bool:
-    return _store is not None
-
-
-def active_store() -> Store | None:
-    """The store this process uses, or None when kcache is off."""
-    return _store
+    """True when caching is on in this process (this opens the store if it is not open yet)."""
+    return active_store() is not None
 
 
 def settings() -> _config.Settings:
     """The effective settings (those in use when enabled, else what the environment says)."""
-    return _settings if _settings is not None and _store is not None else _config.load()
+    if _settings is not None and _store is not None:
+        return _settings
+    from . import config
+
+    return config.load(**_overrides)
 
 
 def _push_integration_counts() -> None:
@@ -161,16 +233,16 @@ def _push_integration_counts() -> None:
 def stats() -> dict[str, Any]:
     """Entries, bytes and counters of the active store, and this process's own counters."""
     from . import counters
-    from .report import store_stats
+    from .maintenance.stats import store_stats
 
     _push_integration_counts()
-
-    out: dict[str, Any] = {"enabled": _store is not None}
-    if _store is not None:
-        _store.flush(force=True)
-        out.update(store_stats(_store))
+    store = active_store()
+    out: dict[str, Any] = {"enabled": store is not None}
+    if store is not None:
+        store.flush(force=True)
+        out.update(store_stats(store))
     proc: dict[str, dict[str, float]] = {}
-    for src in ([_store.counts] if _store is not None else []) + [counters.GLOBAL]:
+    for src in ([store.counts] if store is not None else []) + [counters.GLOBAL]:
         for kind, vals in src.process_totals().items():
             for k, v in vals.items():
                 proc.setdefault(kind, {}).setdefault(k, 0.0)

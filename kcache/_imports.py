@@ -1,30 +1,40 @@
 """Run a callback right after a module is imported, without importing it ourselves.
 
-kcache attaches to Triton and nvFuser when the program imports them: importing them at
-start-up would cost seconds in every process, most of which never compile a kernel.
+kcache attaches to Triton, nvFuser and torch when the program imports them: importing them at
+start-up would cost seconds in every process, most of which never compile a kernel. The ``.pth``
+hook loads this module in every Python process with ``KCACHE=1``, so it imports nothing that a
+bare interpreter has not loaded already (no threading, no logging, no typing).
 """
 
 from __future__ import annotations
 
+import _thread
 import importlib.util
 import sys
-import threading
-from collections.abc import Callable
-from types import ModuleType
-from typing import Any
 
-from .log import logger
+if False:  # annotations only (typing and collections.abc are not loaded at start-up)
+    from collections.abc import Callable
+    from types import ModuleType
+    from typing import Any
 
 _hooks: dict[str, list[Callable[[ModuleType], None]]] = {}
-_lock = threading.Lock()
+_lock = _thread.allocate_lock()
 _finder: _Finder | None = None
 
 
 def _run(name: str, module: ModuleType) -> None:
-    for fn in list(_hooks.get(name, ())):
+    # By index over the live list: a hook may register more hooks for this module (an
+    # integration that attaches its parts), and those run now too, not never.
+    hooks = _hooks.get(name, [])
+    i = 0
+    while i < len(hooks):
+        fn = hooks[i]
+        i += 1
         try:
             fn(module)
         except Exception as e:  # never break the user's import
+            from .log import logger
+
             logger.warning("could not attach to %s: %s", name, e)
 
 
@@ -46,7 +56,7 @@ class _Loader:  # a loader by protocol (importlib.abc costs ~8 ms to import at s
 
 class _Finder:  # a meta path finder by protocol
     def __init__(self) -> None:
-        self._busy = threading.local()
+        self._busy = _thread._local()
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if fullname not in _hooks or getattr(self._busy, fullname, False):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
+import os
 import sqlite3
 import sys
 import time
@@ -111,8 +111,10 @@ def open_for(args: argparse.Namespace, *, write: bool = False) -> Store:
 
 
 def _kind(text: str) -> str:
-    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", text):
-        raise argparse.ArgumentTypeError(f"invalid kind {text!r} (kinds look like triton, triton-autotune)")
+    from .kinds import KNOWN
+
+    if text not in KNOWN:
+        raise argparse.ArgumentTypeError(f"unknown kind {text!r}; the kinds are: {', '.join(sorted(KNOWN))}")
     return text
 
 
@@ -369,6 +371,11 @@ def _clear_run(args: argparse.Namespace) -> int:
     if res["leftovers"]:
         msg += f"; cleaned {res['leftovers']} leftovers from tmp/ and trash/"
     print(msg)
+    if not res["index_updated"]:
+        print(
+            f"the entries are gone, but the index could not be updated ({res['index_problem']}); "
+            "stats may count them until `kcache verify --fix` runs (with some free space)"
+        )
     return 0
 
 
@@ -412,6 +419,8 @@ def _verify_run(args: argparse.Namespace) -> int:
             print(table(["problem", "id", "detail"], rows))
     elif n:
         print("run `kcache verify --fix` to repair")
+    if res.get("index_problem"):
+        print(f"the index could not be updated ({res['index_problem']}); free some space and run it again")
     return 0 if res["ok"] else 1
 
 
@@ -545,7 +554,7 @@ def _import_args(p: argparse.ArgumentParser) -> None:
 
 def _import_run(args: argparse.Namespace) -> int:
     """import a bundle, or adopt a Triton cache folder (--triton-cache DIR)"""
-    from .bundle import BundleError, import_bundle
+    from .bundle import BundleError, import_bundle, open_bundle
 
     if bool(args.file) == bool(args.triton_cache):
         raise UsageError("give either a bundle FILE or --triton-cache DIR")
@@ -554,24 +563,30 @@ def _import_run(args: argparse.Namespace) -> int:
         raise CommandError(f"{settings.dir} is read-only (KCACHE_READONLY=1): nothing may be imported")
     from .store import Store
 
-    # Importing into a store that does not exist yet creates it (0700), as enabling kcache would.
-    store = Store.open(
-        settings.dir,
-        max_size=settings.max_size,
-        key_tag=settings.key_tag,
-        allow_insecure=settings.allow_insecure,
-    )
+    bundle = None
     try:
-        if args.triton_cache:
-            from .triton.importer import import_triton_cache
+        if args.file:
+            # The bundle is checked (a regular file, a kcache bundle, signature, key tag) before the
+            # store is opened: a failed import never turns a folder into a store.
+            bundle = open_bundle(args.file, secret=settings.secret, key_tag=settings.key_tag)
+        elif not os.path.isdir(args.triton_cache):
+            raise CommandError(f"{args.triton_cache} is not a folder")
+        # Importing into a store that does not exist yet creates it (0700), as enabling kcache would.
+        store = Store.from_settings(settings, write=True)
+        try:
+            if args.triton_cache:
+                from .triton.importer import import_triton_cache
 
-            res = import_triton_cache(store, args.triton_cache)
-        else:
-            res = import_bundle(store, args.file, secret=settings.secret)
+                res = import_triton_cache(store, args.triton_cache)
+            else:
+                res = import_bundle(store, bundle)  # type: ignore[arg-type]
+        finally:
+            store.close()
     except (BundleError, OSError) as e:
         raise CommandError(str(e)) from None
     finally:
-        store.close()
+        if bundle is not None:
+            bundle.close()
     if wants_json(args):
         print_json(res)
     else:
@@ -640,6 +655,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .maintenance import MaintenanceError
     from .store import StoreError
 
+    # Paths that are not valid UTF-8 (a KCACHE_DIR of raw bytes) are printed escaped, not a crash.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+        except Exception:
+            pass
     try:
         args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
         if not args.command:
@@ -655,8 +676,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail("interrupted")
         return 130
     except BrokenPipeError:  # `kcache inspect | head`
-        import os
-
         try:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         except Exception:
@@ -666,7 +685,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(str(e))
         return 1
     except sqlite3.DatabaseError as e:
-        _fail(f"the store's index is unreadable ({e}); `kcache verify --fix` rebuilds it")
+        from .store.index import is_corrupt_db
+
+        if is_corrupt_db(e):
+            _fail(f"the store's index is unreadable ({e}); `kcache verify --fix` rebuilds it")
+        else:
+            _fail(f"the store's index cannot be used now ({e})")
         return 1
     except Exception as e:
         _fail(f"{type(e).__name__}: {e}")

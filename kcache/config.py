@@ -148,12 +148,18 @@ def _convert(name: str, raw: Any) -> Any:
     if name == "enabled" or name == "readonly" or name == "allow_insecure":
         return raw if isinstance(raw, bool) else _flag(str(raw))
     if name == "dir":
-        p = Path(os.path.expanduser(str(raw)))
         if not str(raw).strip():
             raise ValueError("empty path")
-        if p.exists() and not p.is_dir():
-            raise ValueError(f"{p} exists and is not a directory")
-        return p.absolute()
+        p = Path(os.path.expanduser(str(raw))).absolute()
+        b = os.fsencode(p)
+        if len(b) >= 4096 or any(len(part) > 255 for part in b.split(b"/")):
+            raise ValueError("the path is longer than the system allows")
+        try:
+            if p.exists() and not p.is_dir():
+                raise ValueError(f"{p} exists and is not a directory")
+        except OSError as e:
+            raise ValueError(f"cannot use it: {e.strerror}") from None
+        return p
     if name == "max_size":
         return raw if isinstance(raw, int) and raw > 0 else parse_size(str(raw))
     if name == "remote":
@@ -173,6 +179,13 @@ def _convert(name: str, raw: Any) -> Any:
         return text
     if name == "record":
         return str(raw) or None
+    if name == "key_tag":
+        text = str(raw)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("not valid UTF-8 (it salts every key, which is text)") from None
+        return text
     return str(raw)
 
 

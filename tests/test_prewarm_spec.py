@@ -660,9 +660,12 @@ def test_protect_puts_sets_future_mtime(tmp_path: Path) -> None:
         hit = store.put("test-kind", "k1", {"a.bin": b"x"})
         undo()
         plain = store.put("test-kind", "k2", {"a.bin": b"y"})
-        rec_mtime = os.stat(os.path.join(hit.dir, "__kcache__.rec")).st_mtime
+        rec_mtime = os.stat(os.path.join(store.entry_dir(hit.record.id), "__kcache__.rec")).st_mtime
         assert rec_mtime > time.time() + 6 * 86400
-        assert os.stat(os.path.join(plain.dir, "__kcache__.rec")).st_mtime < time.time() + 60
+        assert (
+            os.stat(os.path.join(store.entry_dir(plain.record.id), "__kcache__.rec")).st_mtime
+            < time.time() + 60
+        )
         assert "put" not in vars(store)
     finally:
         store.close()

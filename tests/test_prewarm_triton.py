@@ -270,7 +270,7 @@ def _record_mtimes(store: Path) -> dict[str, tuple[str, float]]:
     for ident in s.iter_entry_ids():
         h, _ = s.read_any(ident)
         assert h is not None
-        out[ident] = (h.record.kind, os.stat(os.path.join(h.dir, "__kcache__.rec")).st_mtime)
+        out[ident] = (h.record.kind, s.record_mtime(ident))
     return out
 
 

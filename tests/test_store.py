@@ -18,15 +18,14 @@ import textwrap
 import time
 from pathlib import Path
 
-import diskcache
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kcache import report
+from kcache.maintenance.stats import store_stats
 from kcache.store import Store, StoreError
 from kcache.store import local as store_local
-from kcache.store.index import CorruptIndex, Index
+from kcache.store.index import Index
 from kcache.store.records import RECORD_NAME, FileInfo, Record, crc32, valid_name
 from kcache.store.safety import fs_type, is_network_fs
 
@@ -46,22 +45,26 @@ TRITON_GROUP = {
 
 
 def read_all(hit) -> dict[str, bytes]:
-    return {name: hit.read(name) for name in hit.paths}
+    """A hit's members, read twice independently: the verified bytes it holds and the files its
+    paths name (what Triton opens). The two must agree."""
+    held = {name: hit.read(name) for name in hit.names}
+    on_disk = {name: Path(p).read_bytes() for name, p in hit.paths.items()}
+    assert held == on_disk, "a hit's files differ from its verified bytes"
+    return held
 
 
-def index_row(store: Store, ident: str):
-    return (
-        store.index()
-        .cache._sql("SELECT key, access_time, size, mode, filename FROM Cache WHERE key = ?", (ident,))
-        .fetchone()
-    )
+def entry_path(store: Store, h, name: str | None = None) -> str:
+    """The entry's own folder (or a member in it): what a hit reads, not the served copy."""
+    d = store.entry_dir(h.record.id)
+    return d if name is None else os.path.join(d, name)
 
 
 def backdate(store: Store, ident: str, seconds_ago: float) -> None:
     """Make an entry look last used ``seconds_ago``: its record's mtime and its index row."""
     t = time.time() - seconds_ago
     os.utime(os.path.join(store.entry_dir(ident), RECORD_NAME), (t, t))
-    store.index().touch({ident: (t, 0)})
+    idx = store.index()
+    idx.conn.execute("UPDATE entries SET last_used = ? WHERE id = ?", (t, ident))
 
 
 def snapshot(root: Path) -> dict[str, tuple]:
@@ -124,6 +127,8 @@ def test_round_trip(store: Store, case: str) -> None:
         # Triton reads an artifact's type from the path's suffix: real files, names kept.
         assert os.path.basename(path) == name
         assert os.path.isfile(path) and not os.path.islink(path)
+        # and reached through the store's pinned folder, not by the store's path name
+        assert path.startswith("/proc/self/fd/")
     # A fresh Store instance (another process) sees the same entry.
     other = Store.open(store.root)
     assert read_all(other.get("triton", f"key-{case}")) == expected
@@ -153,6 +158,7 @@ def test_round_trip_path_source(store: Store, tmp_path: Path, monkeypatch, link_
     }
     assert src.read_bytes() == data  # the source is left alone
     assert os.path.realpath(h.paths["k.cubin"]).startswith(str(store.root))
+    assert Path(entry_path(store, h, "k.cubin")).read_bytes() == data
     # If the caller later rewrites its source in place (a hard link shares it), the entry must be a
     # miss rather than serve bytes that do not match its record.
     with open(src, "r+b") as f:
@@ -172,13 +178,15 @@ def test_round_trip_path_source(store: Store, tmp_path: Path, monkeypatch, link_
     key=st.text(min_size=0, max_size=60),
 )
 def test_round_trip_property(store: Store, files: dict[str, bytes], key: str) -> None:
+    # A key no earlier example used (entries are immutable: a reused key keeps its first value).
+    key = f"{os.urandom(8).hex()}/{key}"
     h = store.put("prop", key, files)
     assert h is not None
+    assert read_all(h) == files
     hit = store.get("prop", key)
     assert hit is not None and hit.record.key == key
-    got = read_all(hit)
-    # Entries are immutable: an earlier example may have stored this key first.
-    assert got == files or got == read_all(h)
+    assert read_all(hit) == files
+    assert {f.name: Path(entry_path(store, hit, f.name)).read_bytes() for f in hit.record.files} == files
 
 
 def test_miss_and_key_tag(store_dir: Path) -> None:
@@ -202,7 +210,7 @@ def _put(store: Store, key: str = "k", files=None):
 
 def _assert_quarantined(store: Store, h, kcache_warnings) -> None:
     assert store.get("triton", h.record.key) is None
-    assert not os.path.exists(h.dir), "a corrupt entry is removed"
+    assert not os.path.exists(entry_path(store, h)), "a corrupt entry is removed"
     assert h.record.id not in store.index().ids(), "and so is its index row"
     assert store.counts.process_totals()["triton"]["errors"] == 1
     assert len([m for m in kcache_warnings if "corrupt" in m]) == 1
@@ -213,13 +221,13 @@ def _assert_quarantined(store: Store, h, kcache_warnings) -> None:
 
 def test_missing_member_is_a_miss(store: Store, kcache_warnings) -> None:
     h = _put(store)
-    os.unlink(h.paths["add_kernel.cubin"])
+    os.unlink(entry_path(store, h, "add_kernel.cubin"))
     _assert_quarantined(store, h, kcache_warnings)
 
 
 def test_flipped_byte_is_a_miss(store: Store, kcache_warnings) -> None:
     h = _put(store)
-    p = h.paths["add_kernel.ptx"]
+    p = entry_path(store, h, "add_kernel.ptx")
     data = bytearray(Path(p).read_bytes())
     data[len(data) // 2] ^= 0x01
     Path(p).write_bytes(bytes(data))
@@ -229,7 +237,7 @@ def test_flipped_byte_is_a_miss(store: Store, kcache_warnings) -> None:
 @pytest.mark.parametrize("change", ["truncated", "grown", "emptied"])
 def test_resized_member_is_a_miss(store: Store, kcache_warnings, change: str) -> None:
     h = _put(store)
-    p = h.paths["add_kernel.llir"]
+    p = entry_path(store, h, "add_kernel.llir")
     data = Path(p).read_bytes()
     Path(p).write_bytes({"truncated": data[: len(data) // 2], "grown": data + b"\0", "emptied": b""}[change])
     _assert_quarantined(store, h, kcache_warnings)
@@ -242,7 +250,7 @@ def test_resized_member_is_a_miss(store: Store, kcache_warnings, change: str) ->
 )
 def test_garbage_record_is_a_miss(store: Store, kcache_warnings, garbage) -> None:
     h = _put(store)
-    rec = os.path.join(h.dir, RECORD_NAME)
+    rec = entry_path(store, h, RECORD_NAME)
     if garbage == "torn":
         garbage = Path(rec).read_bytes()[:-7]
     Path(rec).write_bytes(garbage)
@@ -253,13 +261,13 @@ def test_record_of_another_schema_is_a_miss(store: Store, kcache_warnings) -> No
     h = _put(store)
     rec = h.record
     rec.schema = 2
-    Path(h.dir, RECORD_NAME).write_bytes(rec.encode())
+    Path(entry_path(store, h, RECORD_NAME)).write_bytes(rec.encode())
     _assert_quarantined(store, h, kcache_warnings)
 
 
 def test_symlinked_member_is_refused(store: Store, tmp_path: Path, kcache_warnings) -> None:
     h = _put(store)
-    p = h.paths["add_kernel.cubin"]
+    p = entry_path(store, h, "add_kernel.cubin")
     outside = tmp_path / "outside.cubin"
     outside.write_bytes(Path(p).read_bytes())  # same bytes, same checksum: only the link is wrong
     os.unlink(p)
@@ -270,7 +278,7 @@ def test_symlinked_member_is_refused(store: Store, tmp_path: Path, kcache_warnin
 
 def test_symlinked_record_and_entry_dir_are_refused(store: Store, tmp_path: Path) -> None:
     h = _put(store, "a")
-    rec = os.path.join(h.dir, RECORD_NAME)
+    rec = entry_path(store, h, RECORD_NAME)
     elsewhere = tmp_path / "rec"
     shutil.copyfile(rec, elsewhere)
     os.unlink(rec)
@@ -279,9 +287,9 @@ def test_symlinked_record_and_entry_dir_are_refused(store: Store, tmp_path: Path
 
     h2 = _put(store, "b")
     real = tmp_path / "realdir"
-    shutil.copytree(h2.dir, real)
-    shutil.rmtree(h2.dir)
-    os.symlink(real, h2.dir)
+    shutil.copytree(entry_path(store, h2), real)
+    shutil.rmtree(entry_path(store, h2))
+    os.symlink(real, entry_path(store, h2))
     assert store.get("triton", "b") is None
     assert real.exists() and (real / RECORD_NAME).exists(), "nothing outside the store is removed"
 
@@ -292,14 +300,14 @@ def test_record_not_matching_its_dir_is_refused(store: Store, field: str) -> Non
     b = _put(store, "b", {"x.bin": b"b"})
     if field == "id":
         # Entry a's files and record moved into b's directory: a valid entry, in the wrong place.
-        shutil.rmtree(b.dir)
-        shutil.copytree(a.dir, b.dir)
+        shutil.rmtree(entry_path(store, b))
+        shutil.copytree(entry_path(store, a), entry_path(store, b))
         assert store.get("triton", "b") is None
         assert store.get("triton", "a") is not None
         return
     rec = b.record
     setattr(rec, field, "other" if field == "key" else "triton-aux")
-    Path(b.dir, RECORD_NAME).write_bytes(rec.encode())  # same id, another key or kind
+    Path(entry_path(store, b, RECORD_NAME)).write_bytes(rec.encode())  # same id, another key or kind
     assert store.get("triton", "b") is None
 
 
@@ -330,15 +338,15 @@ def test_escaping_member_name_in_crafted_record(store: Store, name: str) -> None
     elif name == "..":
         target = None
     else:
-        target = os.path.normpath(os.path.join(h.dir, name))
+        target = os.path.normpath(os.path.join(entry_path(store, h), name))
         os.makedirs(os.path.dirname(target), exist_ok=True)
         Path(target).write_bytes(b"secret")
     data = Path(target).read_bytes() if target else b""
     rec = h.record
     rec.files.append(FileInfo(name, len(data), crc32(data), ""))
-    Path(h.dir, RECORD_NAME).write_bytes(rec.encode())
+    Path(entry_path(store, h, RECORD_NAME)).write_bytes(rec.encode())
     assert store.get("triton", "k") is None
-    if target and name != "/etc/hostname" and not target.startswith(h.dir + os.sep):
+    if target and name != "/etc/hostname" and not target.startswith(entry_path(store, h) + os.sep):
         assert os.path.exists(target), "a file outside the entry is never removed"
 
 
@@ -351,130 +359,102 @@ def _pickle_payload(marker: Path) -> bytes:
 
 
 _INSERT = (
-    "INSERT INTO Cache (key, raw, store_time, expire_time, access_time, access_count, tag, size,"
-    " mode, filename, value) VALUES (?, ?, 0, NULL, ?, 0, ?, ?, ?, ?, ?)"
+    "INSERT INTO entries (id, kind, size, created, last_used, hits, record) VALUES (?, ?, ?, 0, 0, 0, ?)"
 )
 
 
-def test_payload_is_live_with_plain_diskcache(tmp_path: Path) -> None:
-    """The control: the same row read by diskcache's own Disk runs the payload. Without this the
-    refusal tests below would prove nothing."""
+def test_pickle_payload_control(tmp_path: Path) -> None:
+    """The control: the payload the tests below plant really runs code when unpickled. Without
+    this the refusal tests would prove nothing. (pickle is imported here, in the test only.)"""
+    import pickle
+
     marker = tmp_path / "MARKER"
-    c = diskcache.Cache(str(tmp_path / "plain"))
-    c._sql(_INSERT, ("evil", 1, 0.0, "t", 10, diskcache.core.MODE_PICKLE, None, _pickle_payload(marker)))
-    try:
-        c.get("evil")
-    except Exception:
-        pass
-    c.close()
+    pickle.loads(_pickle_payload(marker))  # noqa: S301
     assert marker.exists()
 
 
-def test_pickle_rows_refused_and_never_run(store: Store, tmp_path: Path) -> None:
+def test_crafted_rows_are_refused_and_never_run(store: Store, tmp_path: Path) -> None:
+    """Rows kcache did not write (a pickle where a record goes, a record that belongs to another
+    id, an id that is a path, a number where text goes) are reported as bad rows by every reader;
+    nothing in them is run, opened or deleted."""
     marker_v = tmp_path / "MARKER_VALUE"
     marker_k = tmp_path / "MARKER_KEY"
-    marker_e = tmp_path / "MARKER_EXISTING"
+    victim_dir = tmp_path / "victimdir"
+    victim_dir.mkdir()
+    (victim_dir / "f").write_text("precious")
     good = _put(store, "good")
-    evil_id = "e" * 40
+    other = _put(store, "other", {"o.bin": b"o"})
     idx = store.index()
-    sql = idx.cache._sql
-    # A new row whose value is a pickle, a row whose key is a pickle (raw = 0), and an existing
-    # entry's row rewritten to pickle mode.
-    sql(
-        _INSERT, (evil_id, 1, 0.0, "triton", 100, diskcache.core.MODE_PICKLE, None, _pickle_payload(marker_v))
+    escape = os.path.relpath(victim_dir, store.root / "entries" / "xx")
+    rows = [
+        ("e" * 40, "triton", 100, _pickle_payload(marker_v)),  # a pickle where the record goes
+        (_pickle_payload(marker_k).decode(), "triton", 100, b"x"),  # an id that is a pickle
+        (escape, "triton", 100, other.record.encode()),  # an id that names a folder outside
+        ("f" * 40, "triton", 100, other.record.encode()),  # another entry's record
+        (12345, "triton", 100, b"x"),  # not text at all
+    ]
+    for r in rows:
+        idx.conn.execute(_INSERT, r)
+    idx.conn.execute(
+        "UPDATE entries SET record = ? WHERE id = ?", (_pickle_payload(marker_v), good.record.id)
     )
-    sql(_INSERT, (_pickle_payload(marker_k), 0, 0.0, "triton", 100, diskcache.core.MODE_RAW, None, b"x"))
-    sql(
-        "UPDATE Cache SET mode = ?, value = ? WHERE key = ?",
-        (diskcache.core.MODE_PICKLE, _pickle_payload(marker_e), good.record.id),
-    )
-
-    with pytest.raises(CorruptIndex):
-        idx.get_record(evil_id)
-    with pytest.raises(CorruptIndex):
-        idx.get_record(good.record.id)
-    with pytest.raises(CorruptIndex):
-        idx.cache.get(evil_id)
-    with pytest.raises(CorruptIndex):
-        list(idx.cache)  # diskcache's iteration decodes keys through the Disk
-    rows = list(idx.rows())
-    errors = [r for r in rows if r[5] is not None]
-    assert len(errors) == 3 and all(r[4] is None for r in errors)
+    got = {r.id: r for r in idx.rows()}
+    bad = [r for r in got.values() if r.error]
+    assert len(bad) == 6 and all(r.record is None for r in bad)
+    assert got[other.record.id].record == other.record  # good rows still decode
     # Everything kcache does with the index goes on working around the bad rows.
     assert store.get("triton", "good") is not None  # hits do not read the index
     store.flush(force=True)
-    report.store_stats(store)
+    store_stats(store)
     idx.totals()
     idx.ids()
     store.evict(target=0)
+    store.remove([escape, "e" * 40])
     store.close()
     reopened = Store.open(store.root)
     reopened.put("triton", "after", {"a.bin": b"a"})
     list(reopened.index().rows())
     reopened.close()
-    assert not marker_v.exists() and not marker_k.exists() and not marker_e.exists()
-
-
-def test_row_with_filename_outside_the_store_is_never_read_or_deleted(store: Store, tmp_path: Path) -> None:
-    victim = tmp_path / "victim.txt"
-    victim.write_text("precious")
-    victim_dir = tmp_path / "victimdir"
-    victim_dir.mkdir()
-    (victim_dir / "f").write_text("precious")
-    idx = store.index()
-    rel = os.path.relpath(victim, idx.directory)
-    rows = [
-        ("a" * 40, diskcache.core.MODE_BINARY, str(victim)),
-        ("b" * 40, diskcache.core.MODE_TEXT, rel),
-        ("c" * 40, diskcache.core.MODE_RAW, str(victim)),
-        ("d" * 40, diskcache.core.MODE_PICKLE, str(victim)),
-    ]
-    for ident, mode, fn in rows:
-        idx.cache._sql(_INSERT, (ident, 1, 0.0, "triton", 100, mode, fn, None))
-    # A key that is a path: eviction turns ids into directories (entries/<id[:2]>/<id>), and must
-    # not follow this one out of the store.
-    escape = os.path.relpath(victim_dir, store.root)
-    assert escape.startswith("..") and os.path.realpath(store.entry_dir(escape)) == str(victim_dir)
-    idx.cache._sql(_INSERT, (escape, 1, 0.0, "triton", 100, diskcache.core.MODE_RAW, None, b"x"))
-
-    for ident, _mode, _fn in rows:
-        with pytest.raises(CorruptIndex):
-            idx.get_record(ident)
-        with pytest.raises(CorruptIndex):
-            idx.cache.get(ident)
-    assert all(r[4] is None and r[5] for r in idx.rows())
-    store.evict(target=0)
-    store.remove([r[0] for r in rows] + [escape])
-    idx.cache._sql(_INSERT, ("f" * 40, 1, 0.0, "triton", 100, diskcache.core.MODE_BINARY, str(victim), None))
-    idx.cache.delete("f" * 40)
-    idx.cache._sql(_INSERT, ("f" * 40, 1, 0.0, "triton", 100, diskcache.core.MODE_BINARY, str(victim), None))
-    idx.cache.clear()
-    assert victim.read_text() == "precious"
+    assert not marker_v.exists() and not marker_k.exists()
     assert (victim_dir / "f").read_text() == "precious"
 
 
-def test_filename_row_control_plain_diskcache_reads_and_deletes(tmp_path: Path) -> None:
-    """Control for the test above: diskcache's own Disk reads and deletes such a file."""
-    victim = tmp_path / "victim.txt"
-    victim.write_text("precious")
-    c = diskcache.Cache(str(tmp_path / "plain"))
-    c._sql(_INSERT, ("k", 1, 0.0, "t", 1, diskcache.core.MODE_TEXT, str(victim), None))
-    assert c.get("k") == "precious"
-    c.delete("k")
-    c.close()
-    assert not victim.exists()
+def test_a_database_of_another_program_is_not_an_index(store: Store, kcache_warnings) -> None:
+    """A SQLite file kcache did not make (other tables, no schema row) is replaced, not used."""
+    import sqlite3
 
-
-def test_crafted_settings_cannot_bring_culling_back(store: Store) -> None:
-    idx = store.index()
-    for k, v in (("size_limit", 1), ("cull_limit", 10), ("eviction_policy", "least-recently-used")):
-        idx.cache._sql("UPDATE Settings SET value = ? WHERE key = ?", (v, k))
+    store.put("triton", "k", {"a.bin": b"a"})
     store.close()
+    db = store.root / "index" / "kcache.sqlite"
+    for extra in ("-wal", "-shm"):
+        Path(str(db) + extra).unlink(missing_ok=True)
+    db.unlink()
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE Cache (key BLOB, value BLOB)")
+    con.execute("INSERT INTO Cache VALUES ('k', 'v')")
+    con.commit()
+    con.close()
     s = Store.open(store.root)
-    for i in range(5):
-        s.put("triton", f"k{i}", {"a.bin": b"x" * 1000})
-    assert len(s.index().ids()) == 5
-    assert s.index().cache.size_limit >= 2**62 and s.index().cache.cull_limit == 0
+    assert s.get("triton", "k") is not None
+    s.flush(force=True)
+    assert s.index().ids() == {s.entry_id("triton", "k")}, "rebuilt from the entries"
+    assert any("corrupt" in m for m in kcache_warnings)
+    s.close()
+
+
+def test_old_diskcache_index_is_superseded(store_dir: Path) -> None:
+    """kcache 0.1 kept its index in diskcache's cache.db: the new index is built from the entries
+    and the old files are removed (entries themselves are unchanged)."""
+    s = Store.open(store_dir)
+    s.put("triton", "k", {"a.bin": b"a"})
+    s.close()
+    for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
+        (store_dir / "index" / name).write_bytes(b"old")
+    for name in ("kcache.sqlite", "kcache.sqlite-wal", "kcache.sqlite-shm"):
+        (store_dir / "index" / name).unlink(missing_ok=True)
+    s = Store.open(store_dir)
+    assert s.index().ids() == {s.entry_id("triton", "k")}
+    assert not (store_dir / "index" / "cache.db").exists()
     s.close()
 
 
@@ -540,7 +520,7 @@ def test_entries_hit_within_the_grace_period_survive(store_dir: Path) -> None:
     # record mtime is what protects the files it just returned.
     reader = Store.open(store_dir)
     assert reader.get("triton", "k3") is not None
-    assert writer.index().get_record(ids[3]) is not None
+    assert writer.index().row(ids[3]) is not None
     removed, _ = writer.evict(target=0)
     assert removed == 9
     assert writer.get("triton", "k3", count=False) is not None
@@ -578,7 +558,7 @@ def test_counters_persist_across_instances(store_dir: Path) -> None:
     assert a.get("nvfuser", "n") is not None
     assert a.get("triton", "nope") is None
     bad = a.put("triton", "bad", {"b.bin": b"b"})
-    Path(bad.paths["b.bin"]).write_bytes(b"B")
+    Path(entry_path(a, bad, "b.bin")).write_bytes(b"B")
     assert a.get("triton", "bad") is None
     a.flush(force=True)
     a.close()
@@ -596,7 +576,7 @@ def test_counters_persist_across_instances(store_dir: Path) -> None:
     b.close()  # close flushes
 
     s = Store.open(store_dir)
-    st_ = report.store_stats(s)
+    st_ = store_stats(s)
     assert st_["hits"] == 4 and st_["by_kind"]["triton"]["hits"] == 3
     assert st_["misses"] == 2
     assert st_["saved_s"] == pytest.approx(4.75)
@@ -628,11 +608,11 @@ def test_counters_are_kept_when_the_index_is_busy(store_dir: Path, monkeypatch) 
 def test_hits_do_not_write_the_index(store: Store) -> None:
     store.put("triton", "k", {"a.bin": b"a"})
     store.flush(force=True)
-    db = store.index_dir / "cache.db"
-    before = (db.stat().st_mtime_ns, (store.index_dir / "cache.db-wal").stat().st_size)
+    db = store.index_dir / "kcache.sqlite"
+    before = (db.stat().st_mtime_ns, (store.index_dir / "kcache.sqlite-wal").stat().st_size)
     for _ in range(50):
         assert store.get("triton", "k") is not None
-    after = (db.stat().st_mtime_ns, (store.index_dir / "cache.db-wal").stat().st_size)
+    after = (db.stat().st_mtime_ns, (store.index_dir / "kcache.sqlite-wal").stat().st_size)
     assert before == after, "hits are batched, not one write each"
     store.flush(force=True)
     assert store.index().counters()["triton"]["hits"] == 50
@@ -664,7 +644,7 @@ WORKER = textwrap.dedent(
             h = s.get("triton", key)
             if h is None:
                 h = s.put("triton", key, content(key), compile_s=0.1)
-            if h is None or {n: h.read(n) for n in h.paths} != content(key):
+            if h is None or {n: open(p, "rb").read() for n, p in h.paths.items()} != content(key):
                 bad += 1
     s.close()
     print(json.dumps({"bad": bad, "counts": s.counts.process_totals()}))
@@ -693,7 +673,9 @@ def test_concurrent_processes(tmp_path: Path, clean_env) -> None:
     for p in procs:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
-        assert "kcache" not in err, err  # no warnings: nothing failed, nothing was corrupt
+        # no warnings: nothing failed, nothing was corrupt (the index being busy for a moment
+        # under four writers is said once, and is not a failure)
+        assert [ln for ln in err.splitlines() if "kcache" in ln and "index" not in ln] == [], err
         results.append(json.loads(out.strip().splitlines()[-1]))
     assert all(r["bad"] == 0 for r in results)
     assert all(r["counts"]["triton"].get("errors", 0) == 0 for r in results)
@@ -704,7 +686,7 @@ def test_concurrent_processes(tmp_path: Path, clean_env) -> None:
     s = Store.open(root)
     assert len(list(s.iter_entry_ids())) == distinct
     assert s.index().ids() == set(s.iter_entry_ids())
-    assert os.listdir(s.tmp) == []
+    assert os.listdir(s.tmp) == [], "every writer cleaned up after itself"
     for key in [f"shared-{j}" for j in range(30)] + [f"own-{w}-{j}" for w in range(n) for j in range(20)]:
         assert s.get("triton", key) is not None
     c = s.index().counters()["triton"]
@@ -719,16 +701,16 @@ def test_two_writers_of_one_entry_first_commit_wins(store_dir: Path) -> None:
     second = b.put("triton", "same", {"k.cubin": b"second", "k.json": b"{}"})
     assert first is not None and second is not None
     assert read_all(second) == {"k.cubin": b"first"}
-    assert second.dir == first.dir
+    assert second.record == first.record
     assert read_all(a.get("triton", "same")) == {"k.cubin": b"first"}
-    assert os.listdir(a.tmp) == [] and os.listdir(a.trash) == []
     a.close()
     b.close()
+    assert os.listdir(a.tmp) == [] and os.listdir(a.trash) == []
 
 
 def test_writer_replaces_a_broken_entry(store: Store) -> None:
     h = store.put("triton", "k", {"k.cubin": b"old"})
-    Path(h.dir, RECORD_NAME).write_bytes(b"junk")
+    Path(entry_path(store, h, RECORD_NAME)).write_bytes(b"junk")
     new = store.put("triton", "k", {"k.cubin": b"new"})
     assert new is not None and read_all(new) == {"k.cubin": b"new"}
     assert read_all(store.get("triton", "k")) == {"k.cubin": b"new"}
@@ -743,8 +725,8 @@ def test_index_deleted(store_dir: Path) -> None:
     s = Store.open(store_dir)
     assert s.get("triton", "k") is not None  # hits never use the index
     s.put("triton", "k2", {"a.bin": b"b"})
-    assert (store_dir / "index" / "cache.db").exists()
-    s.flush(force=True)  # the hit's batch brings k back into the new index
+    assert (store_dir / "index" / "kcache.sqlite").exists()
+    s.flush(force=True)
     assert s.index().ids() == {s.entry_id("triton", "k"), s.entry_id("triton", "k2")}
     s.close()
 
@@ -754,8 +736,8 @@ def test_index_replaced_with_garbage(store_dir: Path, kcache_warnings, garbage: 
     s = Store.open(store_dir)
     s.put("triton", "k", {"a.bin": b"a"})
     s.close()
-    db = store_dir / "index" / "cache.db"
-    for extra in ("cache.db-wal", "cache.db-shm"):
+    db = store_dir / "index" / "kcache.sqlite"
+    for extra in ("kcache.sqlite-wal", "kcache.sqlite-shm"):
         (store_dir / "index" / extra).unlink(missing_ok=True)
     db.write_bytes(garbage or os.urandom(8192))
     s = Store.open(store_dir)
@@ -782,9 +764,9 @@ def test_readonly_store_never_writes(store_dir: Path, tmp_path: Path) -> None:
     old = s.put("triton", "old", {"o.bin": b"o"})
     s.get("triton", "missing", components={"a": 1})
     s.close()
-    Path(bad.paths["b.bin"]).write_bytes(b"BBBB")
+    Path(entry_path(s, bad, "b.bin")).write_bytes(b"BBBB")
     t = time.time() - 3600
-    os.utime(os.path.join(old.dir, RECORD_NAME), (t, t))  # a hit would refresh this mtime
+    os.utime(entry_path(s, old, RECORD_NAME), (t, t))  # a hit would refresh this mtime
     before = snapshot(store_dir)
 
     ro = Store.open(store_dir, readonly=True)
@@ -858,9 +840,12 @@ def test_put_never_raises(store: Store, monkeypatch) -> None:
 
 # ------------------------------------------------------------------------------ the directory
 def test_new_store_is_private(store: Store) -> None:
-    for d in (store.root, store.root / "entries", store.root / "tmp", store.root / "index"):
-        store.index()
-        assert stat.S_IMODE(os.stat(d).st_mode) & 0o077 == 0, d
+    store.put("triton", "k", {"a.bin": b"a"})
+    store.index()
+    for d in ("", "entries", "tmp", "index", "trash", "locks"):
+        assert stat.S_IMODE(os.stat(store.root / d).st_mode) & 0o077 == 0, d
+    for p in store.root.rglob("*"):
+        assert stat.S_IMODE(p.lstat().st_mode) & 0o022 == 0, p
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown")
@@ -983,7 +968,7 @@ def test_network_fs_store_keeps_its_index_node_local(tmp_path: Path, monkeypatch
     s.flush(force=True)
     assert s.index().ids() == {s.entry_id("triton", "k")}
     assert not (root / "index").exists(), "no SQLite file on the network filesystem"
-    assert (s.index_dir / "cache.db").exists()
+    assert (s.index_dir / "kcache.sqlite").exists()
     assert len([m for m in kcache_warnings if "network filesystem" in m]) == 1
     s.close()
     # Another node (its own index) sees the same entries.
@@ -1002,10 +987,27 @@ def test_clean_tmp_removes_what_dead_writers_left(store: Store) -> None:
     dead = store.tmp / f"{'a' * 40}.999999999.abc"
     dead.mkdir()
     (dead / "x").write_bytes(b"x")
+    old = time.time() - store_local.STALE_TMP_S - 60
     live = store.tmp / f"{'b' * 40}.{os.getpid()}.abc"
     live.mkdir()
-    assert store.clean_tmp() == 1
-    assert not dead.exists() and live.exists()
+    os.utime(live, (old, old))  # its writer is alive but it is old: stale
+    fresh = store.tmp / f"{'c' * 40}.{os.getppid()}.abc"
+    fresh.mkdir()  # a live writer's entry being written
+    assert store.put("triton", "k", {"a.bin": b"a"}).paths  # this process's own served folder
+    assert store.clean_tmp() == 2
+    assert not dead.exists() and not live.exists() and fresh.exists()
+    assert any(p.name.startswith("served.") for p in store.tmp.iterdir())
+
+
+def test_clean_tmp_removes_links_not_their_targets(store: Store, tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_text("keep")
+    for sub in ("tmp", "trash"):
+        os.symlink(victim, store.root / sub / f"link.999999999.{sub}")
+    store.clean_tmp(min_age=0)
+    assert (victim / "precious").read_text() == "keep"
+    assert not any(p.is_symlink() for p in (store.root / "trash").iterdir())
 
 
 def test_lock_is_exclusive_across_instances(store_dir: Path) -> None:
@@ -1039,18 +1041,25 @@ def test_record_round_trip_and_refusals() -> None:
         Record.decode(Record(kind="t", key="k", id="0" * 40, files=[FileInfo("../x", 1, 2, "")]).encode())
 
 
-def test_index_is_not_diskcache_default() -> None:
-    # The settings kcache gives diskcache (no culling, reads never write, short timeouts).
-    from kcache.store import index as index_mod
+def test_index_waits_briefly_on_a_locked_database(store: Store, tmp_path: Path) -> None:
+    """Another process holding a write transaction stalls a put by the busy timeout (a quarter
+    second), never by SQLite's or diskcache's defaults (5 s, 60 s)."""
+    import sqlite3
 
-    assert index_mod.SETTINGS["cull_limit"] == 0
-    assert index_mod.SETTINGS["eviction_policy"] == "none"
-    assert index_mod.SETTINGS["size_limit"] >= 2**62
-
-
-def test_index_timeout_is_short(store: Store) -> None:
-    assert store.index().cache._timeout <= 1.0
-    assert isinstance(store.index(), Index)
+    store.put("triton", "k0", {"a.bin": b"a"})
+    assert isinstance(store.index(), Index) and store.index_timeout <= 1.0
+    holder = sqlite3.connect(store.root / "index" / "kcache.sqlite", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        t0 = time.monotonic()
+        assert store.put("triton", "k1", {"a.bin": b"b"}) is not None  # the entry is written anyway
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    store._index_off_until = 0.0
+    store.flush(force=True)
+    assert store.entry_id("triton", "k1") in store.index().ids(), "the row was kept for a later flush"
 
 
 if __name__ == "__main__":  # pragma: no cover
@@ -1062,7 +1071,7 @@ def test_fifo_member_is_refused_without_blocking(store: Store) -> None:
     import threading
 
     h = _put(store)
-    p = h.paths["add_kernel.cubin"]
+    p = entry_path(store, h, "add_kernel.cubin")
     os.unlink(p)
     os.mkfifo(p)
     result: list = []
@@ -1090,9 +1099,9 @@ def test_checksums_with_and_without_xxhash(
     assert all((f.xxh3 is not None) == writer_has_xxh3 for f in h.record.files)
     monkeypatch.setattr(records, "xxh3", real if reader_has_xxh3 else None)
     assert read_all(store.get("triton", "k")) == TRITON_GROUP
-    data = bytearray(Path(h.paths["add_kernel.ttgir"]).read_bytes())
+    data = bytearray(Path(entry_path(store, h, "add_kernel.ttgir")).read_bytes())
     data[3] ^= 0x40
-    Path(h.paths["add_kernel.ttgir"]).write_bytes(bytes(data))
+    Path(entry_path(store, h, "add_kernel.ttgir")).write_bytes(bytes(data))
     assert store.get("triton", "k") is None
 
 
@@ -1110,7 +1119,7 @@ def test_each_recorded_checksum_is_checked(store: Store) -> None:
                 f.xxh3 = None  # a record without xxh3: crc32 is what decides
         f = rec.files[0]
         setattr(f, field, (getattr(f, field) + 1) & 0xFFFFFFFF)
-        Path(h.dir, RECORD_NAME).write_bytes(rec.encode())
+        Path(entry_path(store, h, RECORD_NAME)).write_bytes(rec.encode())
         assert store.get("triton", f"k-{field}") is None, field
 
 
@@ -1131,8 +1140,8 @@ def test_record_member_lists() -> None:
 
 def test_entry_dir_replaced_by_a_file_is_a_miss(store: Store) -> None:
     h = _put(store)
-    shutil.rmtree(h.dir)
-    Path(h.dir).write_bytes(b"not a directory")
+    shutil.rmtree(entry_path(store, h))
+    Path(entry_path(store, h)).write_bytes(b"not a directory")
     assert store.get("triton", "k") is None
     assert store.put("triton", "k", TRITON_GROUP) is not None
     assert read_all(store.get("triton", "k")) == TRITON_GROUP
@@ -1150,18 +1159,21 @@ def test_new_store_created_by_another_process_between_checks(tmp_path: Path, mon
     root = tmp_path / "new"
     other = Store.open(tmp_path / "template")  # what the other process leaves: marker, entries/, ...
     other.close()
-    real_iterdir = Path.iterdir
+    real_listdir = os.listdir
+    root.mkdir(mode=0o700)
 
-    def racing_iterdir(self):
-        if self == root and not (root / store_local.MARKER).exists():
-            for p in real_iterdir(tmp_path / "template"):
+    def racing_listdir(where=None):
+        # The store lists its new root (by descriptor) to see that it is empty; meanwhile the
+        # other process finishes creating the store.
+        if isinstance(where, int) and not (root / store_local.MARKER).exists():
+            for p in (tmp_path / "template").iterdir():
                 if p.is_dir():
                     (root / p.name).mkdir(mode=0o700)
                 else:
                     shutil.copy(p, root / p.name)
-        return real_iterdir(self)
+        return real_listdir(where) if where is not None else real_listdir()
 
-    monkeypatch.setattr(Path, "iterdir", racing_iterdir)
+    monkeypatch.setattr(store_local.os, "listdir", racing_listdir)
     s = Store.open(root)
     assert s.put("triton", "k", {"a.bin": b"a"}) is not None
     s.close()
@@ -1204,8 +1216,8 @@ def test_many_processes_create_one_new_store(tmp_path: Path, clean_env) -> None:
 
 
 def test_readonly_stats_never_write(tmp_path: Path) -> None:
-    """kcache.stats() on a KCACHE_READONLY store reads the index without diskcache (whose open
-    writes its settings table): no file in the store changes."""
+    """kcache.stats() on a KCACHE_READONLY store reads the index without writing: no file in the
+    store changes (not even SQLite's shared-memory file)."""
     import subprocess
     import sys
 

@@ -131,12 +131,16 @@ def check_hit(kind: str, key: str, hit: Any) -> str | None:
     if set(hit.paths) != set(exp):
         return f"members {sorted(hit.paths)} != {sorted(exp)}"
     for name, data in exp.items():
-        try:
-            got = hit.read(name)
-        except FileNotFoundError:
-            return f"vanished:{name}"
+        got = hit.read(name)
         if got != data:
             return f"wrong bytes in {name} ({len(got)} bytes, expected {len(data)})"
+        try:  # the file a library would open: must hold the same bytes, and stay
+            with open(hit.paths[name], "rb") as f:
+                on_disk = f.read()
+        except FileNotFoundError:
+            return f"vanished:{name}"
+        if on_disk != data:
+            return f"wrong bytes in the file of {name} ({len(on_disk)} bytes, expected {len(data)})"
     return None
 
 
@@ -253,6 +257,9 @@ def warning_kinds(messages: list[str]) -> Counter:
 # ----------------------------------------------------------------------------------- kill points
 
 
+_REAL_WRITE = os.write
+
+
 class KillPoints:
     """SIGKILL this process at the N-th write-side event. Events: os.rename/replace/mkdir/link/
     utime/unlink, shutil.rmtree, a write to a file opened for writing (cut in half: the first
@@ -268,12 +275,22 @@ class KillPoints:
         if self.left <= 0:
             if self.log:  # where the kill landed, for the report
                 fd = os.open(self.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-                os.write(fd, f"{what}\n".encode())
+                _REAL_WRITE(fd, f"{what}\n".encode())
                 os.close(fd)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def install(self) -> None:
+    def install(self, store: Any = None) -> None:
         kp = self
+
+        def write(fd: int, data: Any) -> int:
+            # The store writes members and records with os.write: cut the write in half, then
+            # the kill point (a torn file, as power loss or SIGKILL mid-write would leave).
+            if kp.left == 1 and len(data) > 1:
+                _REAL_WRITE(fd, bytes(memoryview(data)[: len(data) // 2]))
+            kp.tick("write")
+            return _REAL_WRITE(fd, data)
+
+        os.write = write  # type: ignore[assignment]
         for name in ("rename", "replace", "mkdir", "link", "utime", "unlink"):
             orig = getattr(os, name)
 
@@ -319,20 +336,30 @@ class KillPoints:
             return f
 
         builtins.open = open_  # type: ignore[assignment]
-        import diskcache
+        from kcache.store import index as index_mod
 
-        orig_sql = diskcache.Cache._sql
+        class TickingConnection:
+            """The index's SQLite connection, with a kill point before every statement."""
 
-        def sql_prop(self: Any) -> Callable:
-            execute = orig_sql.fget(self)
+            def __init__(self, conn: Any) -> None:
+                self._conn = conn
 
-            def run(*a: Any, **k: Any) -> Any:
+            def execute(self, *a: Any, **k: Any) -> Any:
                 kp.tick("sql")
-                return execute(*a, **k)
+                return self._conn.execute(*a, **k)
 
-            return run
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._conn, name)
 
-        diskcache.Cache._sql = property(sql_prop)  # type: ignore[assignment]
+        orig_init = index_mod.Index.__init__
+
+        def init(self: Any, conn: Any, *a: Any, **k: Any) -> None:
+            orig_init(self, TickingConnection(conn), *a, **k)
+
+        index_mod.Index.__init__ = init  # type: ignore[method-assign]
+        idx = getattr(store, "_index", None)
+        if idx is not None:  # opened before the kill points: its statements count too
+            idx.conn = TickingConnection(idx.conn)
 
 
 # ----------------------------------------------------------------------------------- worker
@@ -468,10 +495,10 @@ class Worker:
         elif name == "evict":
             st.evict()
         elif name == "stats":
-            from kcache import report
+            from kcache.maintenance.stats import store_stats
 
             try:
-                report.store_stats(st)
+                store_stats(st)
             except Exception as e:  # the index may be busy: stats is a command, it may fail
                 self.c[f"stats_failed:{type(e).__name__}"] += 1
         elif name in ("verify", "verify_fix"):
@@ -480,17 +507,17 @@ class Worker:
             s = config.load(env={}, dir=self.root)
             ms = maintenance.open_store(s, write=name == "verify_fix")
             self.trace_removals(ms)
-            orig_rp = maintenance._remove_path
+            orig_rs = getattr(ms, "remove_stray", None)
 
-            def remove_path(store: Any, path: str) -> None:
-                self.event(f"D {time.time():.6f} verify_fix:stray {os.path.basename(path)}")
-                orig_rp(store, path)
+            def remove_stray(shard: str, name: str = "", member: str = "") -> bool:
+                self.event(f"D {time.time():.6f} verify_fix:stray {name or shard}")
+                return orig_rs(shard, name, member)  # type: ignore[misc]
 
-            maintenance._remove_path = remove_path
+            if orig_rs is not None:
+                ms.remove_stray = remove_stray
             try:
                 r = maintenance.verify(ms, fix=name == "verify_fix")
             finally:
-                maintenance._remove_path = orig_rp
                 maintenance.close_store(ms)
             # Nothing here is damaged: whatever verify reports while other processes write is
             # what it saw of their in-between states (counted, for the report; not an error).
@@ -525,10 +552,10 @@ def worker_main(a: argparse.Namespace) -> int:
     cap = capture_warnings()
     ops = {"concurrent": OPS_CONCURRENT, "writers": OPS_WRITERS}.get(a.mix, OPS_CRASH)
     w = Worker(a.dir, a.seed, a.keys, a.max_size, a.journal, ops, a.scratch, a.events)
-    if a.warm:  # the index opened before the kill points count (diskcache runs ~35 statements)
+    if a.warm:  # the index opened before the kill points count (the first open runs a dozen statements)
         w.store._index_call(lambda idx: idx.total_bytes())
     if a.kill_at:
-        KillPoints(a.kill_at, a.dir, a.kill_log).install()
+        KillPoints(a.kill_at, a.dir, a.kill_log).install(w.store)
     print("READY", flush=True)
     w.run(a.ops)
     w.store.close()
@@ -939,7 +966,7 @@ def phase_corrupt(
         for name in os.listdir(outside):
             if not os.path.exists(os.path.join(outside, name)):
                 failures.append(f"a file outside the store was removed: {name}")
-    # The index: garbage over cache.db, then deleted; a hit works meanwhile, caching goes on.
+    # The index: garbage over its database, then deleted; a hit works meanwhile, caching goes on.
     store.close()
     idx_results: dict[str, Any] = {}
     kinds = ("garbage_db", "truncate_db", "delete_db_file", "delete_index", "garbage_wal")
@@ -947,7 +974,7 @@ def phase_corrupt(
         store = open_store(root)
         store.put("chaos", "probe-before", expected("chaos", "probe-before"))
         store.close()
-        db = os.path.join(root, "index", "cache.db")
+        db = os.path.join(root, "index", "kcache.sqlite")
         for suffix in ("-wal", "-shm"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(db + suffix)
@@ -976,9 +1003,9 @@ def phase_corrupt(
         hit2 = store.get("chaos", f"probe-after-{how}")
         stats_ok = True
         try:
-            from kcache import report
+            from kcache.maintenance.stats import store_stats
 
-            report.store_stats(store)
+            store_stats(store)
         except Exception:
             stats_ok = False
         store.close()
@@ -1177,11 +1204,11 @@ def attribute_vanished(events: str) -> dict[str, int]:
 
 def _evictions(root: str) -> int | None:
     try:
-        from kcache import report
+        from kcache.maintenance.stats import store_stats
 
         s = open_store(root)
         try:
-            return int(report.store_stats(s).get("evictions", 0))
+            return int(store_stats(s).get("evictions", 0))
         finally:
             s.close()
     except Exception:
@@ -1519,7 +1546,7 @@ def phase_faults(base: Path, rounds: int, seed: int, log: Callable[[str], None])
     for i in range(8):
         st.put("chaos", key_name(i), expected("chaos", key_name(i)))
     st.close()
-    db = os.path.join(root, "index", "cache.db")
+    db = os.path.join(root, "index", "kcache.sqlite")
     holder = subprocess.Popen(
         [
             sys.executable,

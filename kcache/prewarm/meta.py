@@ -17,11 +17,14 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..kinds import TRITON_META as KIND
 from ..log import logger, warn_once
 
-KIND = "triton-meta"
+if TYPE_CHECKING:
+    from ..store import Store
+
 ANY_KEY = "prewarm-build:any"
 DEFAULT_PROTECT_S = 7 * 86400.0
 PROTECT_ENV = "KCACHE_PREWARM_PROTECT_S"
@@ -73,7 +76,7 @@ def current_build(*, compute: bool = True) -> dict[str, Any]:
     return out
 
 
-def record_build(store: Any, target: str | None) -> dict[str, Any]:
+def record_build(store: Store, target: str | None) -> dict[str, Any]:
     """Note in ``store`` the build this prewarm uses. Returns it."""
     b = current_build(compute=True)
     if not b.get("libtriton_sha256") or not b.get("python_abi"):
@@ -89,7 +92,7 @@ def record_build(store: Any, target: str | None) -> dict[str, Any]:
     return b
 
 
-def check_store_build(store: Any) -> str | None:
+def check_store_build(store: Store | None) -> str | None:
     """Warn once if ``store`` was prewarmed with another Triton build than this process's. Cheap:
     two lookups, no hashing (without a memoised libtriton digest only the ABI and version count).
     Returns the warning, or None."""
@@ -119,42 +122,16 @@ def check_store_build(store: Any) -> str | None:
     return msg
 
 
-def protect_puts(store: Any, seconds: float) -> Callable[[], None]:
-    """Make every ``store.put`` of this process protect its entry for ``seconds`` (until first hit),
-    and this process's own hits leave last-use times alone. Returns a function that undoes it."""
+def protect_puts(store: Store | None, seconds: float) -> Callable[[], None]:
+    """Make every put of this process protect its entry for ``seconds`` (until first hit), and
+    this process's own hits leave last-use times alone (:meth:`Store.protect`). Returns a
+    function that undoes it."""
     if store is None or seconds <= 0:
         return lambda: None
-    inner = store.put
-    if getattr(inner, "_kcache_protect", None) is not None:
-        inner = inner._kcache_inner  # type: ignore[attr-defined]
-
-    def put(*args: Any, **kwargs: Any) -> Any:
-        if not kwargs.get("protect_s"):
-            kwargs["protect_s"] = seconds
-        return inner(*args, **kwargs)
-
-    put._kcache_protect = seconds  # type: ignore[attr-defined]
-    put._kcache_inner = inner  # type: ignore[attr-defined]
-    store.put = put
-    # The prewarm's own hits (a second worker finding a launcher the first one built) are not
-    # a first use: they must not end the protection (a hit refreshes the record's mtime).
-    had_touch = "_touch" in vars(store)
-    if hasattr(store, "_touch"):
-        store._touch = lambda hit: None
-
-    def undo() -> None:
-        if getattr(store, "put", None) is put:
-            try:
-                del store.put  # back to the class's method
-            except AttributeError:
-                store.put = inner
-        if not had_touch and "_touch" in vars(store):
-            del store._touch
-
-    return undo
+    return store.protect(seconds)
 
 
-def protect_from_env(store: Any) -> Callable[[], None] | None:
+def protect_from_env(store: Store | None) -> Callable[[], None] | None:
     """In a child of a prewarm (``KCACHE_PREWARM_PROTECT_S`` set): protect this process's puts."""
     raw = os.environ.get(PROTECT_ENV)
     if not raw:
@@ -163,4 +140,4 @@ def protect_from_env(store: Any) -> Callable[[], None] | None:
         seconds = float(raw)
     except ValueError:
         return None
-    return protect_puts(store, min(seconds, 365 * 86400.0))
+    return protect_puts(store, seconds)

@@ -23,6 +23,7 @@ cannot hold (a lone surrogate: :func:`toml_string`); every other string reads ba
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.machinery
 import json
@@ -374,19 +375,24 @@ class Recorder:
         return entry, None
 
     def _append(self, rid: str, entry: dict[str, Any] | None, why: str | None) -> None:
-        from filelock import FileLock
-
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
         if entry is not None:
             text = entry_toml(entry, comment=f"kcache record-id {rid} ({stamp}, pid {os.getpid()})")
         else:
             text = toml_comment(f"kcache record-id {rid}: not recorded: {why}") + "\n"
-        with FileLock(self.path + ".lock", timeout=30):
-            try:
-                with open(self.path, encoding="utf-8") as fh:
-                    existing = fh.read()
-            except FileNotFoundError:
-                existing = ""
+        fd = _open_record_file(self.path)
+        try:
+            # One flock on the file itself (processes of one job record into one file). No
+            # separate lock file: a name beside it is one more place a link could be planted.
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.lseek(fd, 0, os.SEEK_SET)
+            chunks = []
+            while True:
+                b = os.read(fd, 1 << 20)
+                if not b:
+                    break
+                chunks.append(b)
+            existing = b"".join(chunks).decode("utf-8", "replace")
             if f"record-id {rid}" in existing:
                 return
             out = ""
@@ -394,10 +400,12 @@ class Recorder:
                 out = HEADER
             elif not existing.endswith("\n"):
                 out = "\n"
-            with open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(out + "\n" + text)
-                fh.flush()
-                os.fsync(fh.fileno())
+            data = (out + "\n" + text).encode("utf-8")
+            while data:
+                data = data[os.write(fd, data) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         if entry is not None:
             self.recorded += 1
         else:
@@ -581,3 +589,23 @@ def attach(record_path: str | None) -> Callable[[], None]:
                 pass
 
     return detach
+
+
+def _open_record_file(path: str) -> int:
+    """Open the ``KCACHE_RECORD`` file for appending: created 0600 if absent; never through a
+    link (a link planted at the name is refused, not followed), and only a regular file of this
+    user's (in a shared folder such as /tmp, another user may have made the name first)."""
+    import stat
+
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise OSError(f"{path} belongs to uid {st.st_uid}, not to this user")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

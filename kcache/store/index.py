@@ -1,285 +1,397 @@
-"""The index: a catalogue of entries (records, sizes, last use), counters and recent misses.
+"""The index: a catalogue of entries (record, kind, size, last use, hits), counters and recent misses.
 
-It lives in diskcache (SQLite). It is NOT on the hit path: a hit reads the entry's own record
-file, so a busy, locked or broken index costs a lookup nothing. The index serves ``stats``,
-``inspect``, ``explain`` and eviction, and can always be rebuilt from the entry directories.
+It is NOT on the hit path: a hit reads the entry's own record file, so a busy, locked or broken
+index costs a lookup nothing. It serves ``stats``, ``inspect``, ``explain`` and eviction, and can
+always be rebuilt from the entry folders (``kcache verify --fix``, or on its own when it is new).
 
-diskcache's defaults are wrong for this: it culls to 1 GiB on its own, may write on reads, waits
-60 s on a busy database and unpickles any row whose ``mode`` says pickle. Here culling is off,
-reads never write, every wait is bounded by ``timeout`` and :class:`RawOnlyDisk` accepts raw
-bytes only, treating any other row as corruption.
+Why kcache owns this small SQLite schema (standard library ``sqlite3``) instead of using
+diskcache: kcache needs rows ordered by last use, sizes summed by kind, counters and a miss log,
+which diskcache's public interface does not offer (the first index reached into its private
+``_sql`` 22 times, overrode its retry loop and copied its schema); and diskcache's ``Disk``
+unpickles any row whose mode column says so, which a crafted database could use to run code.
+Here there is nothing to unpickle: a record is msgpack with its own checksum, decoded and
+validated as on a hit, and every other column is a plain number or text.
+
+Every method may raise ``sqlite3.Error``; the store decides how to fail open. Waits are bounded
+by ``timeout`` (SQLite's busy timeout): a locked index never holds a compile up for long.
 """
 
 from __future__ import annotations
 
+import random
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
-import diskcache
 import msgpack
 
+from ..kinds import valid_id
 from .records import CorruptRecord, Record
+
+DB_NAME = "kcache.sqlite"
+SCHEMA = 1
+MAX_MISSES = 256
+
+_SCHEMA_SQL = (
+    "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS entries ("
+    " id TEXT PRIMARY KEY, kind TEXT NOT NULL, size INTEGER NOT NULL, created REAL NOT NULL,"
+    " last_used REAL NOT NULL, hits INTEGER NOT NULL DEFAULT 0, record BLOB NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS entries_last_used ON entries (last_used)",
+    "CREATE INDEX IF NOT EXISTS entries_kind ON entries (kind, last_used)",
+    "CREATE TABLE IF NOT EXISTS counters ("
+    " kind TEXT NOT NULL, name TEXT NOT NULL, value REAL NOT NULL DEFAULT 0, PRIMARY KEY (kind, name))",
+    "CREATE TABLE IF NOT EXISTS misses ("
+    " id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL,"
+    " components BLOB)",
+)
+_ORDERS = {
+    "last_used DESC": "last_used DESC",
+    "last_used ASC": "last_used ASC",
+    "created DESC": "created DESC",
+    # the names of the first index's columns, still used by callers
+    "access_time DESC": "last_used DESC",
+    "access_time ASC": "last_used ASC",
+    "store_time DESC": "created DESC",
+}
 
 
 class CorruptIndex(Exception):
-    """A row that kcache did not write: pickled, file-backed, or not a record."""
+    """The database is not a kcache index (another schema, or rows kcache did not write)."""
 
 
-class RawOnlyDisk(diskcache.Disk):
-    """A diskcache ``Disk`` that stores and returns raw values only and never touches files.
+class Row:
+    """One entry as the index knows it; ``record`` is None (and ``error`` says why) for a row
+    whose record does not decode or does not belong to its id."""
 
-    diskcache's own Disk unpickles rows whose mode is MODE_PICKLE, and keys whose raw flag is 0,
-    whatever the application stored: a crafted cache.db would run code on the next read. Here such
-    rows raise :class:`CorruptIndex`. ``remove`` does nothing: kcache never lets diskcache own files,
-    and a crafted ``filename`` column must not make it delete one.
-    """
+    __slots__ = ("id", "kind", "size", "created", "last_used", "hits", "record", "error")
 
-    def put(self, key: Any) -> tuple[Any, bool]:
-        if not isinstance(key, str):
-            raise TypeError("kcache index keys are str")
-        return key, True
+    def __init__(
+        self,
+        id: str,
+        kind: str,
+        size: int,
+        created: float,
+        last_used: float,
+        hits: int,
+        record: Record | None,
+        error: str | None,
+    ) -> None:
+        self.id, self.kind, self.size, self.created = id, kind, size, created
+        self.last_used, self.hits, self.record, self.error = last_used, hits, record, error
 
-    def get(self, key: Any, raw: bool) -> Any:
-        if not raw or not isinstance(key, str):
-            raise CorruptIndex("index key is not raw text")
-        return key
-
-    def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> tuple:
-        if isinstance(value, bytes) and not read:
-            return 0, diskcache.core.MODE_RAW, None, sqlite3.Binary(value)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return 0, diskcache.core.MODE_RAW, None, value
-        raise TypeError("kcache index values are bytes or int")
-
-    def fetch(self, mode: int, filename: Any, value: Any, read: bool) -> Any:
-        if mode != diskcache.core.MODE_RAW or filename is not None or read:
-            raise CorruptIndex(f"index row with mode {mode} / file {filename!r}: not written by kcache")
-        if isinstance(value, (bytes, int)) and not isinstance(value, bool):
-            return value
-        raise CorruptIndex("index row value of unexpected type")
-
-    def filename(self, key: Any = diskcache.core.UNKNOWN, value: Any = diskcache.core.UNKNOWN) -> tuple:
-        raise CorruptIndex("kcache never stores index values in files")
-
-    def remove(self, file_path: str) -> None:  # never delete a path read from a row
-        return None
+    def __iter__(self) -> Iterator[Any]:  # (id, last_used, hits, size, record, error), as before
+        return iter((self.id, self.last_used, self.hits, self.size, self.record, self.error))
 
 
-SETTINGS = dict(
-    size_limit=2**62,  # kcache evicts by KCACHE_MAX_SIZE; diskcache must never cull on its own
-    cull_limit=0,
-    eviction_policy="none",  # reads never write
-    statistics=0,
-    tag_index=0,
-    disk_min_file_size=2**40,  # never a file-backed value
-    sqlite_journal_mode="wal",
-    sqlite_synchronous=1,
-    sqlite_mmap_size=2**26,
-)
-
-_EXTRA_TABLES = (
-    "CREATE TABLE IF NOT EXISTS kcache_counters ("
-    " kind TEXT NOT NULL, name TEXT NOT NULL, value REAL NOT NULL DEFAULT 0, PRIMARY KEY (kind, name))",
-    "CREATE TABLE IF NOT EXISTS kcache_misses ("
-    " id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL,"
-    " components BLOB)",
-    "CREATE INDEX IF NOT EXISTS Cache_access_time ON Cache (access_time)",
-)
-
-MAX_MISSES = 256
-
-
-class _Cache(diskcache.Cache):
-    """diskcache's Cache with its retries bounded by kcache's timeout.
-
-    diskcache runs the statements of ``__init__`` and ``reset`` through ``_sql_retry``, which
-    retries a locked database for 60 seconds each, whatever ``timeout`` says: opening the index
-    while another process holds a write transaction would hold a compile up for minutes."""
-
-    def __init__(self, directory: str, *, timeout: float, **kwargs: Any) -> None:
-        self._kcache_retry_s = timeout
-        super().__init__(directory, timeout=timeout, **kwargs)
-
-    @property
-    def _sql_retry(self) -> Any:
-        sql = self._sql
-        limit = self._kcache_retry_s
-
-        def execute(statement: str, *args: Any, **kwargs: Any) -> Any:
-            start = time.monotonic()
-            while True:
-                try:
-                    return sql(statement, *args, **kwargs)
-                except sqlite3.OperationalError as exc:
-                    if str(exc) != "database is locked" or time.monotonic() - start > limit:
-                        raise
-                    time.sleep(0.001)
-
-        return execute
+def _decode_row(ident: Any, kind: Any, size: Any, created: Any, at: Any, hits: Any, blob: Any) -> Row:
+    ident_s = ident if isinstance(ident, str) else repr(ident)
+    kind_s = kind if isinstance(kind, str) else "?"
+    num = lambda v, t: v if isinstance(v, t) and not isinstance(v, bool) else t(0)  # noqa: E731
+    size_i, created_f, at_f, hits_i = num(size, int), num(created, float), num(at, float), num(hits, int)
+    rec, err = None, None
+    if not valid_id(ident):
+        err = "index row id is not an entry id"
+    elif not isinstance(blob, bytes):
+        err = "index row holds no record"
+    else:
+        try:
+            rec = Record.decode(blob)
+            if rec.id != ident:
+                rec, err = None, f"index row holds the record of {rec.id[:12]}"
+        except CorruptRecord as e:
+            err = str(e)
+    return Row(ident_s, kind_s, size_i, created_f, at_f, hits_i, rec, err)
 
 
 class Index:
-    """diskcache-backed catalogue. Every method may raise; callers decide how to fail open."""
+    """The catalogue in ``<folder>/kcache.sqlite``. Open with :meth:`open` (read-write, creates)
+    or :meth:`open_readonly` (never creates, writes or checkpoints anything)."""
 
-    def __init__(self, directory: Path, timeout: float = 0.25) -> None:
-        self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.cache = _Cache(str(directory), disk=RawOnlyDisk, timeout=timeout, **SETTINGS)
-        # diskcache keeps settings in the database: a crafted or old one must not bring culling back.
-        for k, v in SETTINGS.items():
-            if getattr(self.cache, k, v) != v:
-                self.cache.reset(k, v)
-        sql = self.cache._sql
-        for stmt in _EXTRA_TABLES:
-            sql(stmt)
+    def __init__(self, conn: sqlite3.Connection, path: str, *, readonly: bool, created: bool = False) -> None:
+        self.conn, self.path, self.readonly = conn, path, readonly
+        #: True when this open created the database: the store then fills it from the entries.
+        self.created = created
+        #: True when opened read-only as an immutable file (no live WAL seen at open).
+        self.immutable = False
+
+    @classmethod
+    def open(cls, path: str, timeout: float = 0.25, setup_s: float = 3.0) -> Index:
+        """Open (and create) the index database at ``path`` for reading and writing.
+
+        Setting a database up (WAL mode, the tables) takes SQLite's write lock once; when the
+        ranks of a job open a new store together they queue for it. That first open retries for
+        up to ``setup_s`` seconds; every later statement waits at most ``timeout``."""
+        deadline = time.monotonic() + setup_s
+        while True:
+            try:
+                return cls._open_once(path, timeout)
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e).lower() and "busy" not in str(e).lower():
+                    raise
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005 + 0.02 * random.random())
+
+    @classmethod
+    def _open_once(cls, path: str, timeout: float) -> Index:
+        conn = sqlite3.connect(path, timeout=timeout, isolation_level=None, check_same_thread=False)
+        try:
+            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")  # persistent: set once, by the creator
+            conn.execute("PRAGMA synchronous=NORMAL")
+            # A small store on a small disk: checkpoint the log every 400 KB (not SQLite's 4 MB)
+            # and give the space back afterwards, so the index never holds megabytes of old pages.
+            conn.execute("PRAGMA wal_autocheckpoint=100")
+            conn.execute("PRAGMA journal_size_limit=1048576")
+            created = False
+            if not conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone():
+                with _transaction(conn):
+                    # Looked at again inside the write lock: another process may have made it.
+                    if not conn.execute(
+                        "SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'"
+                    ).fetchone():
+                        if conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
+                            raise CorruptIndex("the database holds tables kcache did not make")
+                        for stmt in _SCHEMA_SQL:
+                            conn.execute(stmt)
+                        conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA),))
+                        created = True
+            cls._check_schema(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return cls(conn, path, readonly=False, created=created)
+
+    @classmethod
+    def open_readonly(cls, path: str | None, *, immutable: bool = False, timeout: float = 1.0) -> Index:
+        """Open the index at ``path`` without writing anything; None (no database yet): an empty
+        in-memory index. ``immutable`` (no process has it open: no ``-wal`` file) reads the file
+        without even a shared-memory file; otherwise ``mode=ro`` reads through the live WAL."""
+        if path is None:
+            conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+            for stmt in _SCHEMA_SQL:
+                conn.execute(stmt)
+            conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA),))
+        else:
+            from urllib.parse import quote
+
+            mode = "immutable=1" if immutable else "mode=ro"
+            conn = sqlite3.connect(
+                f"file:{quote(path)}?{mode}",
+                uri=True,
+                timeout=timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            try:
+                cls._check_schema(conn)
+            except BaseException:
+                conn.close()
+                raise
+        idx = cls(conn, path or ":memory:", readonly=True)
+        idx.immutable = immutable
+        return idx
+
+    @staticmethod
+    def _check_schema(conn: sqlite3.Connection) -> None:
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
+        except sqlite3.OperationalError as e:
+            if "no such table" in str(e):
+                raise CorruptIndex("not a kcache index (no meta table)") from None
+            raise
+        if row is None or row[0] != str(SCHEMA):
+            raise CorruptIndex(f"index schema {row[0] if row else None!r} is not {SCHEMA}")
 
     def close(self) -> None:
-        self.cache.close()
+        self.conn.close()
+
+    def quick_check(self) -> list[str]:
+        """SQLite's own structural check: [] when the database is sound."""
+        out = [str(r[0]) for r in self.conn.execute("PRAGMA quick_check").fetchall()]
+        return [] if out == ["ok"] else out
+
+    def transaction(self) -> Any:
+        """``with index.transaction():`` groups writes into one transaction."""
+        return _transaction(self.conn)
 
     # -- entries -----------------------------------------------------------------------------
-    def insert(self, rec: Record, access_time: float | None = None) -> None:
-        now = time.time()
-        with self.cache.transact():
-            self.cache.set(rec.id, rec.encode(), tag=rec.kind)
-            self.cache._sql(
-                "UPDATE Cache SET size = ?, access_time = ?, store_time = ? WHERE key = ? AND raw = 1",
-                (rec.size, access_time if access_time is not None else now, rec.created, rec.id),
-            )
+    def insert(self, rec: Record, last_used: float | None = None, hits: int = 0) -> None:
+        """Add or replace the row of ``rec`` (an entry just written, or found on disk)."""
+        self.conn.execute(
+            "INSERT OR REPLACE INTO entries (id, kind, size, created, last_used, hits, record)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (rec.id, rec.kind, rec.size, rec.created, rec.created if last_used is None else last_used, hits,
+             rec.encode()),
+        )  # fmt: skip
+
+    def insert_many(self, items: Iterable[tuple[Record, float | None]]) -> None:
+        with self.transaction():
+            for rec, at in items:
+                self.insert(rec, at)
 
     def remove(self, ids: Iterable[str]) -> int:
         n = 0
-        with self.cache.transact():
+        with self.transaction():
             for i in ids:
-                n += self.cache._sql("DELETE FROM Cache WHERE key = ? AND raw = 1", (i,)).rowcount
+                n += self.conn.execute("DELETE FROM entries WHERE id = ?", (i,)).rowcount
+        return n
+
+    def remove_bad_rows(self) -> int:
+        """Delete rows whose id is not an entry id (kcache never writes those)."""
+        n = 0
+        with self.transaction():
+            for (ident,) in self.conn.execute("SELECT id FROM entries").fetchall():
+                if not valid_id(ident):
+                    n += self.conn.execute("DELETE FROM entries WHERE id IS ?", (ident,)).rowcount
         return n
 
     def touch(self, touches: dict[str, tuple[float, int]]) -> list[str]:
-        """Record last use and hit counts; returns ids the index does not know (to reconcile)."""
+        """Record last use and hit counts; returns the ids the index does not know (to add)."""
         unknown = []
-        with self.cache.transact():
+        with self.transaction():
             for i, (t, hits) in touches.items():
-                cur = self.cache._sql(
-                    "UPDATE Cache SET access_time = ?, access_count = access_count + ? WHERE key = ? AND raw = 1",
+                cur = self.conn.execute(
+                    "UPDATE entries SET last_used = ?, hits = hits + ? WHERE id = ?",
                     (t, hits, i),
                 )
                 if cur.rowcount == 0:
                     unknown.append(i)
         return unknown
 
-    def get_record(self, ident: str) -> Record | None:
-        row = self.cache._sql(
-            "SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = 1", (ident,)
+    def row(self, ident: str) -> Row | None:
+        r = self.conn.execute(
+            "SELECT id, kind, size, created, last_used, hits, record FROM entries WHERE id = ?", (ident,)
         ).fetchone()
-        if row is None:
-            return None
-        return self._decode(*row)
-
-    @staticmethod
-    def _decode(mode: int, filename: Any, value: Any) -> Record:
-        if mode != diskcache.core.MODE_RAW or filename is not None or not isinstance(value, bytes):
-            raise CorruptIndex(f"index row with mode {mode} / file {filename!r}: not written by kcache")
-        try:
-            return Record.decode(bytes(value))
-        except CorruptRecord as e:
-            raise CorruptIndex(str(e)) from None
+        return _decode_row(*r) if r is not None else None
 
     def rows(
-        self, *, kind: str | None = None, order: str = "access_time DESC", limit: int | None = None
-    ) -> Iterator[tuple[str, float, int, int, Record | None, str | None]]:
-        """(id, last_used, hits, size, record or None, error) for each row; bad rows are reported, not raised."""
-        assert order in ("access_time DESC", "access_time ASC", "store_time DESC")
-        q = "SELECT key, raw, access_time, access_count, size, mode, filename, value FROM Cache"
+        self, *, kind: str | None = None, order: str = "last_used DESC", limit: int | None = None
+    ) -> Iterator[Row]:
+        """Every row (of ``kind``), in ``order``; rows that do not decode come with ``error`` set."""
+        q = "SELECT id, kind, size, created, last_used, hits, record FROM entries"
         args: list[Any] = []
         if kind:
-            q += " WHERE tag = ?"
+            q += " WHERE kind = ?"
             args.append(kind)
-        q += f" ORDER BY {order}"
-        if limit is not None:
+        q += f" ORDER BY {_ORDERS[order]}"
+        if limit:
             q += " LIMIT ?"
             args.append(int(limit))
-        for key, raw, at, ac, size, mode, filename, value in self.cache._sql(q, args).fetchall():
-            if not raw or not isinstance(key, str):
-                yield (repr(key), at or 0.0, ac or 0, size or 0, None, "index key is not raw text")
-                continue
-            try:
-                yield key, at or 0.0, ac or 0, size or 0, self._decode(mode, filename, value), None
-            except CorruptIndex as e:
-                yield key, at or 0.0, ac or 0, size or 0, None, str(e)
+        for r in self.conn.execute(q, args).fetchall():
+            yield _decode_row(*r)
+
+    def columns(self, *, kind: str | None = None) -> list[tuple[str, str, int, float, float]]:
+        """(id, kind, size, created, last_used) of every row (of ``kind``), no record decoded."""
+        q = "SELECT id, kind, size, created, last_used FROM entries"
+        args: tuple[Any, ...] = ()
+        if kind:
+            q, args = q + " WHERE kind = ?", (kind,)
+        return [tuple(r) for r in self.conn.execute(q, args).fetchall()]  # type: ignore[misc]
 
     def oldest(self, limit: int, before: float) -> list[tuple[str, float, int]]:
         """(id, last_used, size) of the least recently used rows, oldest first."""
         return [
-            (k, at, sz)
-            for k, at, sz in self.cache._sql(
-                "SELECT key, access_time, size FROM Cache WHERE raw = 1 AND access_time < ? "
-                "ORDER BY access_time ASC LIMIT ?",
+            tuple(r)  # type: ignore[misc]
+            for r in self.conn.execute(
+                "SELECT id, last_used, size FROM entries WHERE last_used < ? ORDER BY last_used ASC LIMIT ?",
                 (before, limit),
             ).fetchall()
         ]
 
     def totals(self) -> dict[str, tuple[int, int]]:
         """kind -> (entries, bytes)."""
-        out = {}
-        for tag, n, size in self.cache._sql(
-            "SELECT tag, COUNT(*), SUM(size) FROM Cache GROUP BY tag"
-        ).fetchall():
-            out[str(tag)] = (int(n), int(size or 0))
-        return out
+        return {
+            str(k): (int(n), int(s or 0))
+            for k, n, s in self.conn.execute("SELECT kind, COUNT(*), SUM(size) FROM entries GROUP BY kind")
+        }
 
     def total_bytes(self) -> int:
-        (n,) = self.cache._sql("SELECT COALESCE(SUM(size), 0) FROM Cache").fetchone()
-        return int(n)
+        return int(self.conn.execute("SELECT COALESCE(SUM(size), 0) FROM entries").fetchone()[0])
 
     def ids(self) -> set[str]:
-        return {k for (k,) in self.cache._sql("SELECT key FROM Cache WHERE raw = 1").fetchall()}
+        return {i for (i,) in self.conn.execute("SELECT id FROM entries") if isinstance(i, str)}
 
     def clear_rows(self) -> None:
-        with self.cache.transact():
-            self.cache._sql("DELETE FROM Cache")
+        self.conn.execute("DELETE FROM entries")
 
     # -- counters and misses ----------------------------------------------------------------
     def add_counters(self, deltas: dict[tuple[str, str], float]) -> None:
-        with self.cache.transact():
+        with self.transaction():
             for (kind, name), v in deltas.items():
-                self.cache._sql(
-                    "INSERT INTO kcache_counters (kind, name, value) VALUES (?, ?, ?) "
+                self.conn.execute(
+                    "INSERT INTO counters (kind, name, value) VALUES (?, ?, ?) "
                     "ON CONFLICT (kind, name) DO UPDATE SET value = value + excluded.value",
                     (kind, name, v),
                 )
 
     def counters(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
-        for kind, name, v in self.cache._sql("SELECT kind, name, value FROM kcache_counters").fetchall():
-            out.setdefault(kind, {})[name] = v
+        for kind, name, v in self.conn.execute("SELECT kind, name, value FROM counters"):
+            if isinstance(v, (int, float)):
+                out.setdefault(str(kind), {})[str(name)] = float(v)
         return out
 
     def reset_counters(self) -> None:
-        self.cache._sql("DELETE FROM kcache_counters")
+        self.conn.execute("DELETE FROM counters")
 
     def add_misses(self, misses: list[tuple[float, str, str, dict[str, Any]]]) -> None:
-        with self.cache.transact():
+        with self.transaction():
             for t, kind, key, comps in misses:
-                self.cache._sql(
-                    "INSERT INTO kcache_misses (time, kind, key, components) VALUES (?, ?, ?, ?)",
+                self.conn.execute(
+                    "INSERT INTO misses (time, kind, key, components) VALUES (?, ?, ?, ?)",
                     (t, kind, key, msgpack.packb(comps, use_bin_type=True, default=str)),
                 )
-            self.cache._sql(
-                "DELETE FROM kcache_misses WHERE id <= (SELECT MAX(id) FROM kcache_misses) - ?", (MAX_MISSES,)
+            self.conn.execute(
+                "DELETE FROM misses WHERE id <= (SELECT MAX(id) FROM misses) - ?", (MAX_MISSES,)
             )
 
     def misses(self, limit: int = 20) -> list[tuple[float, str, str, dict[str, Any]]]:
         out = []
-        for t, kind, key, blob in self.cache._sql(
-            "SELECT time, kind, key, components FROM kcache_misses ORDER BY id DESC LIMIT ?", (limit,)
-        ).fetchall():
+        for t, kind, key, blob in self.conn.execute(
+            "SELECT time, kind, key, components FROM misses ORDER BY id DESC LIMIT ?", (limit,)
+        ):
             try:
-                comps = msgpack.unpackb(blob, raw=False) if blob else {}
+                comps = msgpack.unpackb(blob, raw=False, strict_map_key=False) if blob else {}
                 if not isinstance(comps, dict):
                     comps = {}
             except Exception:
                 comps = {}
-            out.append((t, kind, key, comps))
+            out.append((float(t or 0.0), str(kind), str(key), comps))
         return out
+
+
+class _transaction:
+    """BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error); nests as a no-op."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.outer = False
+
+    def __enter__(self) -> None:
+        if not self.conn.in_transaction:
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.outer = True
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if not self.outer:
+            return
+        if exc_type is None:
+            self.conn.execute("COMMIT")
+        else:
+            try:
+                self.conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+
+
+def is_corrupt_db(e: BaseException) -> bool:
+    """True for an error that says the database file itself is damaged or not ours."""
+    if isinstance(e, CorruptIndex):
+        return True
+    msg = str(e).lower()
+    return isinstance(e, sqlite3.DatabaseError) and (
+        "malformed" in msg or "not a database" in msg or "file is encrypted" in msg or "disk image" in msg
+    )

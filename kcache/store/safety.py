@@ -1,8 +1,10 @@
 """The store is a trust boundary: it holds GPU code and host launcher libraries that get loaded.
 
 A store is used only when the current user owns it (root may own a store that is only read, baked
-into an image) and neither group nor others can write it; kcache creates it 0700. Network
-filesystems are detected so that the SQLite index is kept off them.
+into an image), neither group nor others can write it (kcache creates it 0700), and no folder
+above it lets another user swap it (:func:`insecure_parent`). ``KCACHE_ALLOW_INSECURE=1`` uses a
+store that fails these checks, but then nothing that runs on the host (launchers, pickles) is
+taken from it. Network filesystems are detected so that the SQLite index is kept off them.
 """
 
 from __future__ import annotations
@@ -41,29 +43,73 @@ class UnsafeStore(Exception):
     """The directory may not be used as a store; the message says why and how to opt in."""
 
 
-def check_dir(path: Path, *, readonly: bool, allow_insecure: bool) -> None:
-    """Refuse a store directory someone else could write to. Raises :class:`UnsafeStore`."""
-    st = path.stat()
+OPT_IN = "set KCACHE_ALLOW_INSECURE=1 to use it anyway (launchers and pickled entries are then never taken from it)"
+
+
+def check_root(st: os.stat_result, path: str, *, readonly: bool) -> None:
+    """Refuse a store root someone else could write to. Raises :class:`UnsafeStore`."""
     if not stat.S_ISDIR(st.st_mode):
         raise UnsafeStore(f"{path} is not a directory")
-    if allow_insecure:
-        return
     uid = os.geteuid()
     if st.st_uid != uid and not (st.st_uid == 0 and readonly):
         raise UnsafeStore(
             f"{path} is owned by uid {st.st_uid}, not by you (uid {uid}); a store is trusted only when "
-            "it is yours (or root's, read with KCACHE_READONLY=1). Set KCACHE_ALLOW_INSECURE=1 to use it anyway"
+            f"it is yours (or root's, read with KCACHE_READONLY=1); {OPT_IN}"
         )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafeStore(
             f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o}); anyone who can "
-            "write it can run code through it. chmod 700 it, or set KCACHE_ALLOW_INSECURE=1"
+            f"write it can run code through it. chmod 700 it, or {OPT_IN}"
         )
 
 
+def check_dir(path: Path, *, readonly: bool, allow_insecure: bool) -> None:
+    """:func:`check_root` by path (for ``kcache config``, which reports without opening)."""
+    st = path.stat()
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeStore(f"{path} is not a directory")
+    if not allow_insecure:
+        check_root(st, str(path), readonly=readonly)
+
+
+def insecure_parent(path: str) -> str | None:
+    """Why a folder above ``path`` lets another user replace the store, or None.
+
+    As ssh's StrictModes judges a key's folders: every folder from the store's parent up to ``/``
+    must be owned by root or by this user, and not be writable by group or others unless its
+    sticky bit is set (like /tmp, where only a name's owner may rename or delete it). Anyone
+    else who can write a parent can rename the store away and put a folder of their own in its
+    place after kcache checked it."""
+    uid = os.geteuid()
+    cur = os.path.dirname(os.path.realpath(path))
+    while True:
+        try:
+            st = os.stat(cur)
+        except OSError as e:
+            return f"cannot check {cur}: {e.strerror}"
+        if st.st_uid not in (0, uid):
+            return f"{cur} is owned by uid {st.st_uid}"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            return f"{cur} is writable by group or others without the sticky bit (mode {stat.S_IMODE(st.st_mode):o})"
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            return None
+        cur = parent
+
+
 def make_private_dir(path: Path) -> None:
-    """Create ``path`` (and parents) with the leaf at 0700; an existing one is left as it is."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Create ``path`` and its missing parents, each 0700 (whatever the umask: a parent that
+    others could write would let them swap the store); existing folders are left as they are."""
+    missing = []
+    p = Path(os.path.abspath(path))
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
 
 
 def fs_type(path: Path, mounts_file: str = "/proc/self/mounts") -> str | None:

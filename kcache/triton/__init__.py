@@ -89,6 +89,12 @@ def install_if_pending() -> None:
 
 
 def uninstall() -> None:
+    """Undo :func:`install`: the manager knob, autotune caching, the triton_key, tool-version and
+    key-component hooks. Never imports Triton (a process that never used it does not pay 160 ms
+    to turn kcache off)."""
+    if "triton" not in sys.modules:
+        _installed.clear()
+        return
     try:
         from triton import knobs
     except Exception:
@@ -100,6 +106,18 @@ def uninstall() -> None:
             knobs.cache.__dict__["manager_class"] = prev
     if _installed.pop("autotune", False):
         knobs.autotuning.__dict__.pop("cache", None)
+    for modname, fn in (
+        ("kcache.triton.keymemo", "uninstall_key_memo"),
+        ("kcache.triton.toolmemo", "uninstall_tool_memo"),
+        ("kcache.triton.components", "uninstall_component_capture"),
+    ):
+        mod = sys.modules.get(modname)
+        undo = getattr(mod, fn, None) if mod is not None else None
+        if undo is not None:
+            try:
+                undo()
+            except Exception as e:
+                logger.debug("%s: %s", fn, e)
 
 
 def _on_import(mod: ModuleType) -> None:

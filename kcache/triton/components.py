@@ -89,3 +89,15 @@ def install_component_capture() -> None:
     get_cache_key.__wrapped__ = orig  # type: ignore[attr-defined]
     cc.get_cache_key = get_cache_key
     _installed = True
+
+
+def uninstall_component_capture() -> None:
+    """Put Triton's own ``get_cache_key`` back."""
+    global _installed
+    import sys
+
+    cc = sys.modules.get("triton.compiler.compiler")
+    fn = getattr(cc, "get_cache_key", None) if cc is not None else None
+    if fn is not None and getattr(fn, "_kcache_wrapped", False):
+        cc.get_cache_key = fn.__wrapped__  # type: ignore[union-attr]
+    _installed = False

@@ -32,13 +32,30 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from ..store import fs
 from ..store.records import valid_name
 from .kinds import KIND_AUTOTUNE, KIND_AUX, KIND_GROUP, kind_of, store_key
 
+if TYPE_CHECKING:
+    from ..store import Store
+
 _KEY_RE = re.compile(r"[A-Z2-7]{52}")  # base32 of a sha256, unpadded: Triton's _base32
 _GRP = "__grp__"
+#: Bounds on what is read from the folder (a ``__grp__`` file linked to /dev/zero, a huge file).
+MAX_JSON = 16 << 20
+MAX_FILE = 1 << 30
+
+
+def _read(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, at most ``limit``: a FIFO, a device or a link is refused (OSError),
+    never read or waited on."""
+    try:
+        data, _st = fs.read_at(None, str(path), limit)
+    except fs.UnsafePath as e:
+        raise OSError(str(e)) from None
+    return data
 
 
 def _private(st: os.stat_result) -> bool:
@@ -55,9 +72,8 @@ def _trusted_host_code(path: Path, key_dir: Path, root: Path) -> str | None:
                 return f"{p} is a symlink"
             if not _private(st):
                 return f"{p} is not owned by this user or is writable by others"
-        with open(path, "rb") as f:
-            if f.read(4) != b"\x7fELF":
-                return "not an ELF shared object"
+        if _read(path, MAX_FILE)[:4] != b"\x7fELF":
+            return "not an ELF shared object"
     except OSError as e:
         return str(e)
     return None
@@ -73,7 +89,7 @@ def _regular(path: Path) -> bool:
 def _resolve_group(key_dir: Path, grp_file: Path) -> tuple[dict[str, Path] | None, str | None]:
     """The group's members as {name: path inside key_dir}, or (None, why not)."""
     try:
-        data = json.loads(grp_file.read_text())
+        data = json.loads(_read(grp_file, MAX_JSON))
         children = data["child_paths"]
         if not isinstance(children, dict) or not children:
             raise ValueError("no child_paths")
@@ -97,7 +113,7 @@ def _metadata(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
     try:
-        meta = json.loads(path.read_text())
+        meta = json.loads(_read(path, MAX_JSON))
         return meta if isinstance(meta, dict) else {}
     except (OSError, ValueError):
         return {}
@@ -127,7 +143,7 @@ def _this_gpu() -> str | None:
 
 
 def import_triton_cache(
-    store: Any,
+    store: Store,
     directory: str | os.PathLike[str],
     *,
     autotune_gpu: str | None = None,
@@ -172,7 +188,7 @@ def import_triton_cache(
             return False
         # Bytes, not paths: the store would hard-link a path, sharing the inode (and its mode)
         # with a file in a folder kcache does not control.
-        blobs = {n: p.read_bytes() for n, p in files.items()}
+        blobs = {n: _read(p, min(MAX_FILE, store.max_size)) for n, p in files.items()}
         hit = store.put(kind, skey, blobs, components=comps, summary=summary)
         if hit is None:
             raise OSError(f"could not write to the store at {store.root}")
@@ -239,7 +255,7 @@ def import_triton_cache(
                     )
                     continue
                 try:
-                    data = json.loads(path.read_text())
+                    data = json.loads(_read(path, MAX_JSON))
                     if not isinstance(data, dict) or "configs_timings" not in data:
                         raise ValueError("no configs_timings")
                 except (OSError, ValueError) as e:

@@ -25,9 +25,10 @@ import uuid
 from typing import Any
 
 from .. import active_store, fingerprint
+from .. import kinds as _kinds
 from ..log import logger
 
-KIND = "triton-meta"
+KIND = _kinds.TRITON_META
 _lock = threading.Lock()
 
 
@@ -43,8 +44,9 @@ def _libtriton_path(cache_mod: Any) -> str | None:
 def file_identity(path: str) -> str:
     st = os.stat(path)
     real = os.path.realpath(path)
+    # "v2": entries written before machine-local kinds were refused from bundles are never read.
     return (
-        f"{real}|ino={st.st_ino}|size={st.st_size}|mtime={st.st_mtime_ns}|ctime={st.st_ctime_ns}"
+        f"v2|{real}|ino={st.st_ino}|size={st.st_size}|mtime={st.st_mtime_ns}|ctime={st.st_ctime_ns}"
         f"|triton={fingerprint.current('triton_version')}"
     )
 
@@ -64,8 +66,8 @@ def libtriton_digest(path: str) -> tuple[str, bool]:
     if store is not None:
         hit = store.get(KIND, ident, count=False)
         if hit is not None:
-            digest = hit.read("digest").decode()
-            if len(digest) == 64:
+            digest = hit.read("digest").decode("ascii", "replace")
+            if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
                 return digest, True
     digest = sha256_file(path)
     if store is not None:

@@ -3,9 +3,11 @@ Triton import here)."""
 
 from __future__ import annotations
 
-KIND_GROUP = "triton"
-KIND_AUTOTUNE = "triton-autotune"
-KIND_AUX = "triton-aux"
+from ..kinds import TRITON as KIND_GROUP
+from ..kinds import TRITON_AUTOTUNE as KIND_AUTOTUNE
+from ..kinds import TRITON_AUX as KIND_AUX
+
+__all__ = ["KIND_AUTOTUNE", "KIND_AUX", "KIND_GROUP", "kind_of", "store_key"]
 
 
 def kind_of(filename: str) -> str | None:

@@ -38,12 +38,14 @@ import tempfile
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from triton.runtime.cache import CacheManager, FileCacheManager
 
 from .. import active_store
 from ..log import logger, warn_once
+from ..store import Store
 from .components import components_for
 from .kinds import KIND_AUTOTUNE, KIND_AUX, KIND_GROUP, kind_of, store_key
 
@@ -72,44 +74,35 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_held_after_fork)
 
 
-def _wait_for_kernel(store: Any, skey: str) -> tuple[Any, Any]:
+def _wait_for_kernel(store: Store, skey: str) -> tuple[Any, Any]:
     """(lock, None) once this process holds the kernel's lock, (None, hit) as soon as another
     process has committed the kernel, (None, None) on a read-only store, a lock error or after
     :data:`LOCK_TIMEOUT_S`. The wait polls both every few milliseconds: a waiter picks up a
-    finished kernel within ~10 ms (filelock's own blocking wait polls every 50 ms)."""
-    if store.readonly:
+    finished kernel within ~10 ms."""
+    lk = store.lock_for(KIND_GROUP, skey)
+    if lk is None:
         return None, None
-    from filelock import FileLock, Timeout
+    found: list[Any] = []
+
+    def finished() -> bool:
+        hit = store.get(KIND_GROUP, skey, count=False)
+        if hit is not None:
+            found.append(hit)
+        return hit is not None
 
     try:
-        lk = FileLock(
-            os.path.join(str(store.locks), store.entry_id(KIND_GROUP, skey) + ".lock"), thread_local=False
-        )
+        if lk.acquire(LOCK_TIMEOUT_S, poll=finished):
+            return lk, None
     except Exception as e:
         warn_once("lock-error", f"cannot lock in {store.locks}: {e}")
         return None, None
-    deadline = time.monotonic() + LOCK_TIMEOUT_S
-    delay = POLL_MIN_S
-    while True:
-        try:
-            lk.acquire(timeout=0)
-            return lk, None
-        except Timeout:
-            pass
-        except Exception as e:
-            warn_once("lock-error", f"cannot lock in {store.locks}: {e}")
-            return None, None
-        hit = store.get(KIND_GROUP, skey, count=False)
-        if hit is not None:
-            return None, hit
-        if time.monotonic() >= deadline:
-            warn_once(
-                "lock-timeout",
-                f"waited {LOCK_TIMEOUT_S:.0f}s for another process compiling the same kernel; compiling here",
-            )
-            return None, None
-        time.sleep(delay)
-        delay = min(delay * 2, POLL_MAX_S)
+    if found:
+        return None, found[0]
+    warn_once(
+        "lock-timeout",
+        f"waited {LOCK_TIMEOUT_S:.0f}s for another process compiling the same kernel; compiling here",
+    )
+    return None, None
 
 
 def _release_lock(lk: Any, pid: int) -> None:
@@ -121,27 +114,24 @@ def _release_lock(lk: Any, pid: int) -> None:
         logger.debug("lock release: %s", e)
 
 
-def _scratch(store: Any) -> str:
-    """This process's scratch folder for ``store``: inside the store (same filesystem: members are
-    hard-linked into entries) when writable, else a private temporary folder. Removed at exit."""
+def _scratch(store: Store | None) -> str:
+    """This process's scratch folder: the store's private one (same filesystem: members are
+    hard-linked into entries; reached through the store's pinned descriptor) when writable,
+    else a private temporary folder. Removed at exit."""
     global _scratch_pid
-    where = str(store.root) if store is not None and not store.readonly else None
+    if store is not None and not store.readonly and not store.closed:
+        try:
+            return store.scratch_dir()
+        except OSError as e:
+            logger.info("scratch folder in the store unusable (%s); using a private temporary one", e)
     with _scratch_lock:
-        if _scratch_pid != os.getpid():  # a forked child: its parent's folders are not its own
+        if _scratch_pid != os.getpid():  # a forked child: its parent's folder is not its own
             _scratch_roots.clear()
             _scratch_pid = os.getpid()
-        root = _scratch_roots.get(where)
+        root = _scratch_roots.get(None)
         if root is None or not os.path.isdir(root):
-            root = None
-            if where is not None:
-                try:
-                    root = os.path.join(str(store.tmp), f"triton.{os.getpid()}.{uuid.uuid4().hex[:8]}")
-                    os.mkdir(root, 0o700)
-                except OSError:
-                    root = None
-            if root is None:
-                root = tempfile.mkdtemp(prefix="kcache-triton-")
-            _scratch_roots[where] = root
+            root = tempfile.mkdtemp(prefix="kcache-triton-")
+            _scratch_roots[None] = root
             atexit.register(_remove_scratch, root, _scratch_pid)
         return root
 
@@ -149,6 +139,20 @@ def _scratch(store: Any) -> str:
 def _remove_scratch(root: str, pid: int) -> None:
     if pid == os.getpid():  # not from a forked child that exits normally
         shutil.rmtree(root, ignore_errors=True)
+
+
+_enable_tried = False
+
+
+def _try_enable() -> None:
+    """Named in TRITON_CACHE_MANAGER without KCACHE=1: turn on with the environment's settings,
+    once per process (a store that cannot be used is not tried again at every kernel)."""
+    global _enable_tried
+    _enable_tried = True
+    import kcache
+
+    if not kcache.is_enabled():
+        kcache.enable(triton=False)
 
 
 def _gpu_model() -> str | None:
@@ -175,12 +179,9 @@ class KcacheCacheManager(CacheManager):
             self._file = FileCacheManager(key, override=override, dump=dump)
             return
         self._store = active_store()
-        if self._store is None:
-            import kcache
-
-            # Named in TRITON_CACHE_MANAGER without KCACHE=1: turn on with the environment's settings.
-            if kcache.enable(triton=False) and kcache.active_store() is not None:
-                self._store = kcache.active_store()
+        if self._store is None and not _enable_tried:
+            _try_enable()
+            self._store = active_store()
         self._dir: str | None = None
         self._staged: dict[str, str] = {}
         self._lock: Any = None
@@ -219,10 +220,13 @@ class KcacheCacheManager(CacheManager):
 
     @staticmethod
     def _write_in(folder: str, data: bytes, filename: str) -> str:
+        """Write ``filename`` in this manager's private folder (0600: it may be linked into the
+        store as it is), through a unique temporary name."""
         path = os.path.join(folder, filename)
         tmp = f"{path}.tmp.{uuid.uuid4().hex[:8]}"
         try:
-            with open(tmp, "wb") as f:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)
         except OSError:
@@ -240,6 +244,8 @@ class KcacheCacheManager(CacheManager):
         kind = kind_of(filename)
         if kind is None or self._store is None:
             return None
+        if kind == KIND_AUX and not self._store.trust_host_code:
+            return None  # host code only from a store that passed every check: rebuilt here
         try:
             skey, comps = self._key_and_components(filename, kind)
             hit = self._store.get(kind, skey, comps)
@@ -257,6 +263,8 @@ class KcacheCacheManager(CacheManager):
         # As FileCacheManager: bytes as they are, anything else (str, MLIR modules) as str(data).
         blob = data if isinstance(data, bytes) else str(data).encode("utf-8")
         kind = kind_of(filename)
+        if kind == KIND_AUX and self._store is not None and not self._store.trust_host_code:
+            kind = None  # never stored in (nor served from) a store that failed its checks
         if kind is not None and self._store is not None:
             try:
                 t0 = self._miss_t.pop(filename, None)
@@ -398,35 +406,58 @@ def _mirror_for_inductor(key: str, filename: str, paths: dict[str, str]) -> None
     launcher wants ``<dir>/<key>/<kernel>.cubin`` to exist, and its TritonBundler copies the whole
     ``<dir>/<key>/`` folder into FX graph cache entries. Without these files a kernel served by
     kcache would silently lose the static launcher and be left out of the bundle. The files are
-    hard links to the entry's (no copy, no extra space while both exist) and a ``__grp__`` file in
-    Triton's own format; they are Triton's cache, outside kcache's size bound. Only done when
-    Inductor is loaded. Never raises."""
+    hard links to the served files (no copy) and a ``__grp__`` file in Triton's own format; they
+    are Triton's cache, outside kcache's size bound. Only done when Inductor is loaded.
+
+    The folder is held to the store's rules: ``TRITON_CACHE_DIR`` must be this user's and
+    writable by nobody else, with no parent another user could swap; every file is created
+    relative to the opened folders, through unique names, never through a link. Never raises."""
     try:
         from triton import knobs
+
+        from ..store import fs
+        from ..store.safety import insecure_parent, make_private_dir
 
         base = knobs.cache.dir
         if not base:
             return
-        d = os.path.join(base, key)
-        grp = os.path.join(d, f"__grp__{filename}")
-        if os.path.exists(grp):
+        base = os.path.realpath(base)
+        if not os.path.isdir(base):
+            make_private_dir(Path(base))
+        why = insecure_parent(base + "/x")
+        if why:
+            warn_once("mirror-unsafe", f"not writing Inductor's copy of kernels into {base}: {why}")
             return
-        os.makedirs(d, exist_ok=True)
-        mirrored = {}
-        for child, src in paths.items():
-            dst = os.path.join(d, child)
-            if not os.path.exists(dst):
-                tmp = f"{dst}.kcache.{uuid.uuid4().hex[:8]}"
+        bfd = fs.open_dir(base, base, fs.trusted_owners(False))
+        try:
+            kfd = fs.open_dir_at(bfd, key, f"{base}/{key}", fs.trusted_owners(False), create=True)
+        finally:
+            os.close(bfd)
+        try:
+            grp = f"__grp__{filename}"
+            try:
+                os.stat(grp, dir_fd=kfd, follow_symlinks=False)
+                return  # mirrored already
+            except FileNotFoundError:
+                pass
+            mirrored = {}
+            for child, src in paths.items():
                 try:
-                    os.link(src, tmp)
-                except OSError:
-                    shutil.copyfile(src, tmp)
-                os.replace(tmp, dst)
-            mirrored[child] = dst
-        tmp = f"{grp}.kcache.{uuid.uuid4().hex[:8]}"
-        with open(tmp, "w") as f:
-            json.dump({"child_paths": mirrored}, f)
-        os.replace(tmp, grp)
+                    os.stat(child, dir_fd=kfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    tmp = f".{child}.kcache.{uuid.uuid4().hex[:8]}"
+                    try:
+                        os.link(src, tmp, dst_dir_fd=kfd)
+                    except OSError:
+                        with open(src, "rb") as f:
+                            fs.write_new_at(kfd, tmp, f.read())
+                    os.rename(tmp, child, src_dir_fd=kfd, dst_dir_fd=kfd)
+                mirrored[child] = os.path.join(base, key, child)
+            tmp = f".{grp}.kcache.{uuid.uuid4().hex[:8]}"
+            fs.write_new_at(kfd, tmp, json.dumps({"child_paths": mirrored}).encode())
+            os.rename(tmp, grp, src_dir_fd=kfd, dst_dir_fd=kfd)
+        finally:
+            os.close(kfd)
     except Exception as e:
         logger.debug("mirror for Inductor: %s", e)
 

@@ -6,6 +6,9 @@ the way to the first kernel of every process. The output names the ptxas that is
 key, so it is remembered exactly, keyed by what identifies the binary (real path, inode, size,
 mtime and ctime in ns); a replaced binary is asked again.
 
+The memo is machine-local (kind ``triton-meta``): it is never exported, imported or shared, and
+an answer that does not look like a version banner is ignored (the tool is asked).
+
 Only calls of the form ``check_output([path, "--version"], ...)`` made from the Triton modules
 listed in :data:`MODULES` are answered from the memo; everything else goes to :mod:`subprocess`
 untouched, errors included.
@@ -19,8 +22,9 @@ import sys
 from typing import Any
 
 from .. import active_store
+from .. import kinds as _kinds
 
-KIND = "triton-meta"
+KIND = _kinds.TRITON_META
 MODULES = ("triton.knobs", "triton.backends.nvidia.compiler")
 
 
@@ -52,9 +56,11 @@ class _MemoSubprocess:
         ):
             return self._real.check_output(args, *rest, **kwargs)
         try:
-            key = f"tool-version|{_identity(args[0])}|stderr={kwargs.get('stderr')!r}"
+            # "v2": entries written before machine-local kinds were refused from bundles (which
+            # could carry a wrong answer for this very binary) are never read.
+            key = f"tool-version/v2|{_identity(args[0])}|stderr={kwargs.get('stderr')!r}"
             hit = store.get(KIND, key, count=False)
-            if hit is not None:
+            if hit is not None and _plausible(hit.read("output")):
                 return hit.read("output")
         except Exception:
             return self._real.check_output(args, *rest, **kwargs)
@@ -62,6 +68,17 @@ class _MemoSubprocess:
         if isinstance(out, bytes):
             store.put(KIND, key, {"output": out}, summary={"tool": os.path.basename(args[0])})
         return out
+
+
+def _plausible(out: bytes) -> bool:
+    """A remembered answer that could be a tool's ``--version`` output (else: ask the tool)."""
+    if not out or len(out) > 1 << 16:
+        return False
+    try:
+        text = out.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return "version" in text.lower() or "release" in text.lower()
 
 
 def _patch(mod: Any) -> None:
@@ -78,7 +95,10 @@ def install_tool_memo() -> None:
 
 
 def uninstall_tool_memo() -> None:
+    from .._imports import forget
+
     for name in MODULES:
+        forget(name, _patch)
         mod = sys.modules.get(name)
         if mod is not None and isinstance(getattr(mod, "subprocess", None), _MemoSubprocess):
             mod.subprocess = subprocess  # type: ignore[attr-defined]

@@ -82,9 +82,9 @@ def run_py(
 AS_USER_PRELUDE = """
 import os, sys, json, logging, sqlite3, shutil, uuid, hashlib, errno, stat, time, zlib, struct, re
 import contextlib, tempfile, threading, atexit, argparse, textwrap, io, traceback, importlib.metadata
-import msgpack, diskcache, filelock
-import kcache, kcache.config, kcache.store, kcache.store.local, kcache.store.index, kcache.report
-import kcache.maintenance, kcache.cli, kcache.fingerprint, kcache.counters
+import msgpack, fcntl, urllib.parse
+import kcache, kcache.config, kcache.store, kcache.store.local, kcache.store.index, kcache.kinds
+import kcache.maintenance, kcache.cli, kcache.fingerprint, kcache.counters, kcache.log
 os.setgroups([])
 os.setgid({uid})
 os.setuid({uid})

@@ -78,12 +78,12 @@ def playground(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         paths[name] = base / name
     chown_tree(paths["foreign"], NOBODY, NOBODY)
     os.chmod(paths["open"], 0o777)
-    (paths["garbage_index"] / "index" / "cache.db").write_bytes(b"\x00garbage" * 2000)
+    (paths["garbage_index"] / "index" / "kcache.sqlite").write_bytes(b"\x00garbage" * 2000)
     marker = base / "PWNED"
-    con = sqlite3.connect(paths["pickle_row"] / "index" / "cache.db", isolation_level=None)
+    con = sqlite3.connect(paths["pickle_row"] / "index" / "kcache.sqlite", isolation_level=None)
     con.execute(
-        "INSERT INTO Cache (key, raw, store_time, access_time, access_count, tag, size, mode, filename, value)"
-        " VALUES (?, 1, 1.0, 1.0, 0, 'triton', 10, 4, NULL, ?)",
+        "INSERT INTO entries (id, kind, size, created, last_used, hits, record)"
+        " VALUES (?, 'triton', 10, 1.0, 1.0, 0, ?)",
         ("a" * 40, b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR."),
     )
     con.close()

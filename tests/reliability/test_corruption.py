@@ -148,10 +148,10 @@ INDEX_DAMAGE = ["garbage", "truncated", "db_deleted", "index_deleted", "wal_garb
 
 def damage_index(root: Path, how: str) -> None:
     idx = root / "index"
-    db = idx / "cache.db"
+    db = idx / "kcache.sqlite"
     for suffix in ("-wal", "-shm"):
         if how != "wal_garbage":
-            (idx / f"cache.db{suffix}").unlink(missing_ok=True)
+            (idx / f"kcache.sqlite{suffix}").unlink(missing_ok=True)
     if how == "garbage":
         db.write_bytes(random.Random(4).randbytes(16384))
     elif how == "truncated":
@@ -162,7 +162,7 @@ def damage_index(root: Path, how: str) -> None:
     elif how == "index_deleted":
         shutil.rmtree(idx)
     elif how == "wal_garbage":
-        (idx / "cache.db-wal").write_bytes(random.Random(5).randbytes(8192))
+        (idx / "kcache.sqlite-wal").write_bytes(random.Random(5).randbytes(8192))
     else:
         raise ValueError(how)
 
@@ -178,7 +178,7 @@ import json, importlib.util, sys
 spec = importlib.util.spec_from_file_location("c", {str(chaos.HERE)!r}); c = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(c)
 import kcache
-from kcache import report
+from kcache.maintenance.stats import store_stats
 st = c.open_store({str(filled)!r})
 out = {{}}
 h = st.get("chaos", c.key_name(0))
@@ -191,7 +191,7 @@ out["hits_all"] = all(
     (g := st.get(k, c.key_name(i))) is not None and c.check_hit(k, c.key_name(i), g) is None
     for i in range({KEYS}) for k in c.KINDS
 )
-out["stats_entries"] = report.store_stats(st)["entries"]
+out["stats_entries"] = store_stats(st)["entries"]
 st.close()
 print(json.dumps(out))
 """
@@ -206,9 +206,9 @@ print(json.dumps(out))
     assert after["ok"], after
     st = chaos.open_store(filled)
     try:
-        from kcache import report
+        from kcache.maintenance.stats import store_stats
 
-        assert report.store_stats(st)["entries"] == 2 * KEYS + 1
+        assert store_stats(st)["entries"] == 2 * KEYS + 1
     finally:
         st.close()
 
@@ -223,7 +223,7 @@ def test_corrupt_index_found_by_verify(filled: Path, tmp_path: Path, chaos: Any)
 
 
 def test_broken_index_under_triton(tmp_path: Path, chaos: Any, reference_kernels: dict) -> None:
-    """A real compile with KCACHE=1 while cache.db is garbage: cached kernels are hits, new ones
+    """A real compile with KCACHE=1 while the index's database is garbage: cached kernels are hits, new ones
     compile and are cached, one warning at most, and the next process finds everything."""
     store = tmp_path / "store"
     env = kenv(tmp_path, store)

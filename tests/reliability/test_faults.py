@@ -11,13 +11,14 @@ How each fault is made here (we run as root, where permission bits do not stop w
   ``KCACHE_READONLY=1``;
 - permission denied: a child that drops to uid 65534 ("nobody") after its imports, on a store it
   owns but whose entries or files it cannot write or read;
-- locked index: a process holding ``BEGIN EXCLUSIVE`` on index/cache.db.
+- locked index: a process holding ``BEGIN EXCLUSIVE`` on index/kcache.sqlite.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -153,16 +154,22 @@ def test_permission_denied(denied: str, tmp_path: Path, nobody_dir: Path, chaos:
     """A child running as an unprivileged user on its own store, part of which it may not write
     or read: no crash, no wrong bytes, at most one warning; what it can read is served."""
     root = nobody_dir / "store"
-    st = chaos.open_store(root)
+    # Filled by root in a folder of its own (root refuses a store in a folder another user owns:
+    # that user could swap it), then given to the user.
+    st = chaos.open_store(tmp_path / "filling")
     for i in range(6):
         for k in chaos.KINDS:
             st.put(k, chaos.key_name(i), chaos.expected(k, chaos.key_name(i)))
+    st.close()
+    shutil.move(str(tmp_path / "filling"), str(root))
+    st = chaos.open_store(tmp_path / "names")  # entry ids only (same key tag)
     st.close()
     chown_tree(root, NOBODY, NOBODY)
     if denied == "entries_dir":
         os.chmod(root / "entries", 0o500)  # its own, but it may not create entries there
     elif denied == "member_file":
-        d = Path(st.entry_dir(st.entry_id("chaos", chaos.key_name(2))))
+        ident = st.entry_id("chaos", chaos.key_name(2))
+        d = root / "entries" / ident[:2] / ident
         m = next(p for p in d.iterdir() if p.name != "__kcache__.rec")
         os.chown(m, 0, 0)
         os.chmod(m, 0o600)
@@ -205,7 +212,7 @@ def test_index_locked_for_longer_than_any_timeout(
     compile_in_child(specs[:3], kenv(tmp_path, twin))
     free, _ = compile_in_child(specs, kenv(tmp_path, twin))
     holder = subprocess.Popen(
-        [PYTHON, "-c", LOCK_HOLDER, str(store / "index" / "cache.db")], stdout=subprocess.PIPE, text=True
+        [PYTHON, "-c", LOCK_HOLDER, str(store / "index" / "kcache.sqlite")], stdout=subprocess.PIPE, text=True
     )
     try:
         assert holder.stdout.readline().strip() == "LOCKED"

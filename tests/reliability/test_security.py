@@ -5,9 +5,9 @@ loaded, so it is a trust boundary:
   with one warning (caching off) unless KCACHE_ALLOW_INSECURE=1; a root-owned store (baked into
   an image) is accepted only read-only (KCACHE_READONLY=1), checked as an unprivileged user;
 - entries that are symlinks (entry directory, member, record, shard) are refused;
-- kcache never unpickles: a crafted index row that diskcache would unpickle is treated as
-  corruption by every command and by the library (a marker file proves nothing ran);
-- a row whose ``filename`` column points outside the store is never read nor deleted;
+- kcache never unpickles: a crafted index row holding a pickle is treated as corruption by every
+  command and by the library (a marker file proves nothing ran);
+- a row whose id names a path outside the store is never read nor deleted;
 - every path taken from a record or an index row stays inside the store;
 - nothing read from the store is executed except the GPU code and launcher libraries it exists
   to hold, and those only from a store that passed the ownership check (a planted launcher .so is
@@ -119,7 +119,9 @@ def test_root_owned_store_only_read_only(
 ) -> None:
     """An unprivileged user (uid 65534) and a store baked by root (0755, root's): refused unless
     KCACHE_READONLY=1; then hits are served and nothing is written."""
-    root = nobody_dir / "baked"
+    # Baked by root in a folder of root's (nobody can traverse it, not write it): a store inside
+    # a folder of nobody's would be refused by root itself (nobody could swap it).
+    root = nobody_dir.parent / "baked"
     fill(chaos, root, 3)
     for dirpath, _dirnames, filenames in os.walk(root):
         os.chmod(dirpath, 0o755)
@@ -204,13 +206,14 @@ def payload(marker: Path) -> bytes:
     return b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR."
 
 
-def add_row(db: Path, key: Any, raw: int, mode: int, value: Any, filename: str | None = None) -> None:
+def add_row(db: Path, ident: Any, record: Any) -> None:
+    """A row kcache did not write, straight into the index's database."""
     con = sqlite3.connect(db, isolation_level=None)
     try:
         con.execute(
-            "INSERT INTO Cache (key, raw, store_time, expire_time, access_time, access_count, tag, size, mode,"
-            " filename, value) VALUES (?, ?, 1.0, NULL, 1.0, 0, 'triton', 100, ?, ?, ?)",
-            (key, raw, mode, filename, value),
+            "INSERT INTO entries (id, kind, size, created, last_used, hits, record)"
+            " VALUES (?, 'triton', 100, 1.0, 1.0, 0, ?)",
+            (ident, record),
         )
     finally:
         con.close()
@@ -269,12 +272,12 @@ def test_pickle_rows_are_never_unpickled(tmp_path: Path, chaos: Any) -> None:
     marker = tmp_path / "PWNED"
     root = tmp_path / "store"
     fill(chaos, root)
-    db = root / "index" / "cache.db"
+    db = root / "index" / "kcache.sqlite"
     p = payload(marker)
-    add_row(db, "a" * 40, 1, 4, p)  # MODE_PICKLE value under a plausible entry id
-    add_row(db, "b" * 40, 1, 4, p)
-    add_row(db, p, 0, 1, b"x")  # a key diskcache would unpickle (raw=0)
-    add_row(db, "c" * 40, 1, 3, p)  # MODE_TEXT: diskcache would read a file
+    add_row(db, "a" * 40, p)  # a pickle where the record goes, under a plausible entry id
+    add_row(db, "b" * 40, p)
+    add_row(db, p, b"x")  # an id that is a pickle (bytes, not text)
+    add_row(db, p.decode(), p)  # the same as text
     results = everything_that_reads_the_index(root, tmp_path, chaos)
     assert not marker.exists()
     verify_out = json.loads(
@@ -309,7 +312,7 @@ def test_pickle_rows_refused_under_triton(tmp_path: Path, chaos: Any) -> None:
     store = tmp_path / "store"
     specs = chaos.kernel_specs(2)
     compile_in_child(specs[:1], kenv(tmp_path, store))
-    add_row(store / "index" / "cache.db", "d" * 40, 1, 4, payload(marker))
+    add_row(store / "index" / "kcache.sqlite", "d" * 40, payload(marker))
     out, r = compile_in_child(specs, kenv(tmp_path, store), after="st.evict(0)\nkcache.stats()")
     assert out["counts"]["triton"]["hits"] == 1
     assert not marker.exists()
@@ -319,9 +322,8 @@ def test_pickle_rows_refused_under_triton(tmp_path: Path, chaos: Any) -> None:
 def test_row_filename_outside_the_store_is_never_read_or_deleted(
     where: str, tmp_path: Path, chaos: Any
 ) -> None:
-    """Rows in file modes naming a path outside: a FIFO (opening it to read would hang the
-    command, caught by the timeout) and a regular file (it must survive clear, verify --fix and
-    eviction)."""
+    """Rows whose id names a path outside: a FIFO (opening it to read would hang the command,
+    caught by the timeout) and a regular file (it must survive clear, verify --fix and eviction)."""
     root = tmp_path / "store"
     fill(chaos, root)
     victim_dir = tmp_path / "victims"
@@ -334,11 +336,11 @@ def test_row_filename_outside_the_store_is_never_read_or_deleted(
     def name(p: Path) -> str:
         return os.path.relpath(p, root / "index") if where == "relative" else str(p)
 
-    db = root / "index" / "cache.db"
-    add_row(db, "e" * 40, 1, 2, None, name(fifo))  # MODE_BINARY: diskcache would open the file
-    add_row(db, "f" * 40, 1, 3, None, name(fifo))  # MODE_TEXT
-    add_row(db, "1" * 40, 1, 2, None, name(precious))
-    add_row(db, "2" * 40, 1, 4, None, name(precious))
+    db = root / "index" / "kcache.sqlite"
+    add_row(db, name(fifo), b"x")
+    add_row(db, name(precious), b"x")
+    add_row(db, "e" * 40, name(fifo).encode())
+    add_row(db, "f" * 40, 12345)
     everything_that_reads_the_index(root, tmp_path, chaos)
     assert precious.read_bytes() == b"keep me"
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
@@ -355,9 +357,9 @@ def test_crafted_row_ids_never_become_paths(tmp_path: Path, chaos: Any) -> None:
     st = chaos.open_store(root)
     rec = st.put("chaos", "template", chaos.expected("chaos", "template")).record
     st.close()
-    db = root / "index" / "cache.db"
+    db = root / "index" / "kcache.sqlite"
     for key in ("../../target", str(target), "../" * 8 + str(target).lstrip("/"), "ab/../../../target"):
-        add_row(db, key, 1, 1, rec.encode())
+        add_row(db, key, rec.encode())
     everything_that_reads_the_index(root, tmp_path, chaos)
     assert (target / "keep").read_bytes() == b"k"
 

@@ -1,12 +1,10 @@
-"""What ``kcache stats`` and ``kcache.stats()`` report, computed from a store's index."""
+"""``kcache stats`` and :func:`kcache.stats`: entries, bytes and counters from a store's index."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .store import Store
-
-KINDS = ("triton", "triton-autotune", "triton-aux", "nvfuser", "nvfuser-fusion")
+from ..store import Store
 
 
 def store_stats(store: Store) -> dict[str, Any]:
@@ -46,3 +44,17 @@ def store_stats(store: Store) -> dict[str, Any]:
         "saved_s": round(sum(v["saved_s"] for v in by_kind.values()), 3),
         "by_kind": by_kind,
     }
+
+
+def stats(store: Store) -> dict[str, Any]:
+    """``kcache stats``: :func:`store_stats`, and where the index is."""
+    out = store_stats(store)
+    out["index"] = str(store.index_dir)
+    return out
+
+
+def zero_counters(store: Store) -> None:
+    """Reset the hit/miss/put/eviction counters (not the entries, nor their per-entry hits)."""
+    if store.readonly:  # a missing directory: nothing to reset
+        return
+    store.index().reset_counters()

@@ -1,0 +1,53 @@
+"""``kcache config``: the effective settings, where each came from, and whether the store folder
+is usable (without opening or creating it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..config import Settings
+from ..store.safety import UnsafeStore, check_dir, fs_type, insecure_parent, is_network_fs
+
+
+def config_report(settings: Settings) -> dict[str, Any]:
+    """Each effective setting with where it came from, and whether the store dir is usable."""
+    from ..config import ENV
+
+    values = settings.as_dict()
+    rows = [
+        {"name": name, "env": var, "value": values.get(name), "source": settings.sources.get(name, "default")}
+        for name, var in ENV.items()
+    ]
+    root = Path(settings.dir).absolute()
+    store: dict[str, Any] = {"dir": str(root), "exists": root.exists()}
+    probe = root
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    store["fs_type"] = fs_type(probe)
+    store["network_fs"] = is_network_fs(probe)
+    if root.is_dir():
+        from ..store.local import MARKER
+
+        store["is_store"] = (root / MARKER).is_file()
+        try:
+            check_dir(root, readonly=settings.readonly, allow_insecure=settings.allow_insecure)
+            why = insecure_parent(str(root))
+            if why and not settings.allow_insecure:
+                raise UnsafeStore(f"another user can replace the store ({why})")
+            store["safe"], store["safety"] = (
+                True,
+                "ok" if not why else f"used anyway: {why} (no host code from it)",
+            )
+        except (UnsafeStore, OSError) as e:
+            store["safe"], store["safety"] = False, str(e)
+    elif root.exists():
+        store["is_store"], store["safe"], store["safety"] = False, False, f"{root} is not a directory"
+    else:
+        store["is_store"], store["safe"] = False, None
+        store["safety"] = "does not exist yet (created 0700 on first write)"
+    if store["network_fs"]:
+        store["index"] = "node-local (SQLite locking is unsafe on network filesystems)"
+    else:
+        store["index"] = str(root / "index" / "kcache.sqlite")
+    return {"settings": rows, "problems": list(settings.problems), "store": store}

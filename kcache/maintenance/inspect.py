@@ -1,0 +1,75 @@
+"""``kcache inspect``: entries from the index; with a prefix, whole records read from disk."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..store import Record, Store
+from . import entry_dict, jsonable
+
+
+def list_entries(store: Store, *, kind: str | None = None, limit: int | None = 50) -> list[dict[str, Any]]:
+    """Entries, most recently used first, from the index alone (no entry file is read)."""
+    out = []
+    for row in store.index().rows(kind=kind, limit=limit or None):
+        if row.record is None:
+            out.append(
+                {
+                    "id": row.id,
+                    "kind": row.kind,
+                    "key": None,
+                    "size": row.size,
+                    "created": row.created or None,
+                    "last_used": row.last_used,
+                    "hits": row.hits,
+                    "summary": {},
+                    "error": row.error,
+                }
+            )
+        else:
+            out.append(entry_dict(row.record, last_used=row.last_used, hits=row.hits, size=row.size))
+    return out
+
+
+def find_entries(
+    store: Store, prefix: str, *, kind: str | None = None, limit: int | None = 50
+) -> list[dict[str, Any]]:
+    """Entries whose id starts with ``prefix`` (looked up on disk), else whose key does (through
+    the index), each with its whole record, a check of its members and its path."""
+    recs: dict[str, Record | None] = {}
+    problems: dict[str, str] = {}
+    p = prefix.lower()
+    if re.fullmatch(r"[0-9a-f]{1,40}", p):
+        for ident in store.iter_entry_ids():
+            if not ident.startswith(p):
+                continue
+            rec, why = store.read_record(ident)
+            if rec is not None and kind and rec.kind != kind:
+                continue
+            recs[ident] = rec
+            if why:
+                problems[ident] = why
+    idx = store.index()
+    if not recs:
+        for row in idx.rows(kind=kind):
+            if row.record is not None and row.record.key.startswith(prefix):
+                recs[row.id] = row.record
+    out = []
+    for ident, rec in sorted(recs.items())[: limit or None]:
+        row = idx.row(ident)
+        if rec is None:
+            out.append({"id": ident, "kind": None, "key": None, "status": problems.get(ident, "unreadable")})
+            continue
+        d = entry_dict(rec, last_used=row.last_used if row else None, hits=row.hits if row else None)
+        _hit, why = store.read_any(ident)
+        d["status"] = "ok" if why is None else why
+        d["path"] = store.entry_dir(ident)
+        d["schema"] = rec.schema
+        d["components"] = jsonable(rec.components)
+        d["files"] = [
+            {"name": f.name, "size": f.size, "crc32": f.crc32, "sha256": f.sha256, "xxh3": f.xxh3}
+            for f in rec.files
+        ]
+        out.append(d)
+    return out

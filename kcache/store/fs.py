@@ -1,0 +1,287 @@
+"""File operations that never follow a link and never resolve a path name twice.
+
+The store is a trust boundary, and path names can be swapped under a process: a folder renamed
+away and replaced, a link planted where a folder or file was expected. Everything here works on
+descriptors: a folder is opened once (``O_DIRECTORY | O_NOFOLLOW``) and checked (owner, mode)
+through its descriptor, and what lies inside is opened, created, renamed and removed relative to
+it (``dir_fd=``). A path handed to another library (Triton opens and dlopens what kcache returns)
+goes through ``/proc/self/fd/N/...``, which the kernel resolves through the open descriptor, not
+through the name the folder had when it was opened.
+
+Everything here is Linux/POSIX; kcache runs where Triton runs.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+# O_NONBLOCK: a FIFO planted where a file was expected is refused (by fstat) instead of blocking
+# the open forever; it changes nothing for regular files.
+O_READ = os.O_RDONLY | O_NOFOLLOW | O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
+O_DIR = os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC
+O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC
+
+_PROC_FD = "/proc/self/fd"
+_proc_ok: bool | None = None
+
+
+class UnsafePath(Exception):
+    """A folder or file that must not be used: a link, not ours, writable by others (says why)."""
+
+
+def proc_fd_usable() -> bool:
+    """True where ``/proc/self/fd/N/name`` resolves through descriptor N (Linux with /proc)."""
+    global _proc_ok
+    if _proc_ok is None:
+        try:
+            fd = os.open("/", O_DIR)
+            try:
+                _proc_ok = os.path.samestat(os.stat(f"{_PROC_FD}/{fd}/."), os.fstat(fd))
+            finally:
+                os.close(fd)
+        except OSError:
+            _proc_ok = False
+    return _proc_ok
+
+
+def fd_path(fd: int, *names: str, fallback: str | None = None) -> str:
+    """A path to ``names`` inside the folder open as ``fd``, resolved through the descriptor.
+
+    Without /proc (not Linux), ``fallback`` (the folder's path name) is used instead."""
+    base = f"{_PROC_FD}/{fd}" if proc_fd_usable() or fallback is None else fallback
+    return os.path.join(base, *names)
+
+
+def trusted_owners(readonly: bool) -> frozenset[int]:
+    """Who may own what kcache reads: this user; root too for a read-only store (baked into an image)."""
+    uid = os.geteuid()
+    return frozenset({uid, 0}) if readonly else frozenset({uid})
+
+
+def check_stat(st: os.stat_result, what: str, owners: frozenset[int], *, want_dir: bool) -> None:
+    """Raise :class:`UnsafePath` unless ``st`` is a folder (or a regular file) owned by one of
+    ``owners`` and not writable by group or others."""
+    if want_dir and not stat.S_ISDIR(st.st_mode):
+        raise UnsafePath(f"{what} is not a folder")
+    if not want_dir and not stat.S_ISREG(st.st_mode):
+        raise UnsafePath(f"{what} is not a regular file")
+    if st.st_uid not in owners:
+        raise UnsafePath(f"{what} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafePath(f"{what} is writable by group or others (mode {stat.S_IMODE(st.st_mode):o})")
+
+
+def open_dir(path: str, what: str, owners: frozenset[int] | None) -> int:
+    """Open the folder ``path`` (its last component must not be a link) and check it (``owners``
+    None: no ownership check). Returns the descriptor; raises UnsafePath or OSError."""
+    try:
+        fd = os.open(path, O_DIR)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafePath(f"{what} is a link or not a folder") from None
+        raise
+    return _checked(fd, what, owners)
+
+
+def open_dir_at(
+    parent: int, name: str, what: str, owners: frozenset[int] | None, *, create: bool = False
+) -> int:
+    """Open (with ``create``, first make, 0700) the folder ``name`` inside ``parent``, refusing a
+    link, a non-folder, and (``owners`` given) one owned by someone else or writable by others."""
+    if create:
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent)
+        except FileExistsError:
+            pass
+    try:
+        fd = os.open(name, O_DIR, dir_fd=parent)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafePath(f"{what} is a link or not a folder") from None
+        raise
+    return _checked(fd, what, owners)
+
+
+def _checked(fd: int, what: str, owners: frozenset[int] | None) -> int:
+    try:
+        st = os.fstat(fd)
+        if owners is None:
+            if not stat.S_ISDIR(st.st_mode):
+                raise UnsafePath(f"{what} is not a folder")
+        else:
+            check_stat(st, what, owners, want_dir=True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_at(parent: int | None, name: str, limit: int) -> tuple[bytes, os.stat_result]:
+    """The bytes of the regular file ``name`` (in folder ``parent``; None: a plain path), refusing
+    links, FIFOs, devices and anything over ``limit`` bytes. Returns (data, its fstat)."""
+    fd = os.open(name, O_READ, dir_fd=parent) if parent is not None else os.open(name, O_READ)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePath(f"{name} is not a regular file")
+        if st.st_size > limit:
+            raise UnsafePath(f"{name} is larger than {limit} bytes")
+        return read_exact(fd, st.st_size), st
+    finally:
+        os.close(fd)
+
+
+def read_exact(fd: int, size: int) -> bytes:
+    """``size`` bytes from ``fd`` (fewer only at end of file), in one read when the kernel allows."""
+    b = os.read(fd, size)
+    if len(b) == size or not b:
+        return b
+    chunks = [b]
+    left = size - len(b)
+    while left > 0:
+        b = os.read(fd, left)
+        if not b:
+            break
+        chunks.append(b)
+        left -= len(b)
+    return b"".join(chunks)
+
+
+def write_new_at(parent: int, name: str, data: bytes, mode: int = 0o600) -> os.stat_result:
+    """Create ``name`` in ``parent`` (it must not exist, nor be a link) holding ``data``."""
+    fd = os.open(name, O_NEW, mode, dir_fd=parent)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+def unique_name(prefix: str) -> str:
+    """A name no other writer picks: pid plus 64 random bits."""
+    return f"{prefix}.{os.getpid()}.{os.urandom(8).hex()}"
+
+
+def rmtree_at(parent: int, name: str) -> bool:
+    """Remove ``name`` in ``parent`` and everything below it, following no link: a link is removed
+    as a link, never what it points to. Best effort; True when ``name`` is gone."""
+    try:
+        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        try:
+            os.unlink(name, dir_fd=parent)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+        return True
+    try:
+        fd = os.open(name, O_DIR, dir_fd=parent)
+    except OSError:
+        return False
+    try:
+        if not os.path.samestat(os.fstat(fd), st):
+            return False  # replaced between the stat and the open: leave it
+        for entry in os.scandir(fd):
+            if entry.is_dir(follow_symlinks=False):
+                rmtree_at(fd, entry.name)
+            else:
+                try:
+                    os.unlink(entry.name, dir_fd=fd)
+                except OSError:
+                    pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(name, dir_fd=parent)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    return True
+
+
+def atomic_write(path: str, data: bytes | None = None, *, writer=None, mode: int = 0o600) -> None:  # noqa: ANN001
+    """Write a new file at ``path`` that readers see whole or not at all.
+
+    The bytes go to a uniquely named temporary file created exclusively in the target folder
+    (``O_CREAT | O_EXCL | O_NOFOLLOW``: a name planted there, link or file, is never opened),
+    which is then renamed over ``path``. The rename replaces whatever is at ``path`` (a link
+    there is replaced, never followed); a folder at ``path`` is refused. ``writer(fileobj)``
+    writes the content instead of ``data`` (for streams such as a tar). The folder may be named
+    through links (the user chose it); the file itself never is."""
+    folder, name = os.path.split(os.path.abspath(path))
+    if not name:
+        raise IsADirectoryError(errno.EISDIR, "not a file name", path)
+    dfd = os.open(folder or ".", os.O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+    try:
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "is a folder; not replacing it", path)
+        tmp = "." + unique_name(name) + ".tmp"
+        fd = os.open(tmp, O_NEW, mode, dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "wb", closefd=True) as f:
+                if writer is not None:
+                    writer(f)
+                else:
+                    f.write(data or b"")
+                f.flush()
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(dfd)
+
+
+def open_input(path: str, limit: int | None = None) -> int:
+    """Open a file the user named as input (a bundle, a Triton cache file) for reading: never
+    blocks on a FIFO or device, refuses anything that is not a regular file (``/dev/zero``, a
+    FIFO, a folder) and, with ``limit``, a file larger than that. Returns the descriptor."""
+    fd = os.open(path, os.O_RDONLY | O_CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePath(f"{path} is not a regular file")
+        if limit is not None and st.st_size > limit:
+            raise UnsafePath(f"{path} is larger than {limit} bytes")
+        # Back to blocking reads for a regular file (O_NONBLOCK only guarded the open).
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def pid_alive(pid: int) -> bool:
+    """True unless no process ``pid`` exists (one of another user counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OverflowError:
+        return False
+    return True
