@@ -33,8 +33,18 @@ _failed = False  # the settings or the store are unusable: warned once, caching 
 _integrations: list[Any] = []  # functions that undo what was attached
 _exit_hook = False
 
-#: Modules whose import attaches an integration, and the function that attaches it.
-_TRIGGERS = (("triton", "_on_triton"), ("nvfuser_direct", "_on_nvfuser"), ("nvfuser", "_on_nvfuser"))
+#: Modules whose import attaches an integration, and the function that attaches it. torch's are
+#: its config modules (the remote-cache switches) and its remote-cache module (the backends).
+_TRIGGERS = (
+    ("triton", "_on_triton"),
+    ("nvfuser_direct", "_on_nvfuser"),
+    ("nvfuser", "_on_nvfuser"),
+    ("torch._inductor.config", "_on_torch"),
+    ("torch._functorch.config", "_on_torch"),
+    ("torch._dynamo.config", "_on_torch"),
+    ("torch._inductor.remote_cache", "_on_torch"),
+    ("torch._inductor.cpp_builder", "_on_torch"),
+)
 
 
 def enable(
@@ -46,6 +56,7 @@ def enable(
     remote: str | None = None,
     triton: bool = True,
     nvfuser: bool = True,
+    torch: bool = True,
 ) -> bool:
     """Turn kcache on in this process. Arguments override the ``KCACHE_*`` environment.
 
@@ -63,7 +74,7 @@ def enable(
         if active_store() is None:
             _wanted = False
             return False
-        _attach(triton=triton, nvfuser=nvfuser)
+        _attach(triton=triton, nvfuser=nvfuser, torch=torch)
         return True
 
 
@@ -74,14 +85,15 @@ def _enable_from_env() -> None:
         if _wanted:
             return
         _wanted = True
-        _attach(triton=True, nvfuser=True)
+        _attach(triton=True, nvfuser=True, torch=True)
 
 
-def _attach(*, triton: bool, nvfuser: bool) -> None:
+def _attach(*, triton: bool, nvfuser: bool, torch: bool) -> None:
     from ._imports import forget, when_imported
 
+    wanted = {"triton": triton, "nvfuser": nvfuser, "torch": torch}
     for name, fn_name in _TRIGGERS:
-        if (name == "triton" and triton) or (name.startswith("nvfuser") and nvfuser):
+        if wanted[name.split(".")[0].split("_")[0]]:
             fn = globals()[fn_name]
             when_imported(name, fn)
             _integrations.append(lambda name=name, fn=fn: forget(name, fn))
@@ -175,6 +187,16 @@ def _on_nvfuser(mod: Any) -> None:
 
     kerneldb.on_import(mod)
     _integrations.append(kerneldb.detach_all)
+
+
+def _on_torch(mod: Any) -> None:
+    if not _usable():
+        return
+    from . import inductor
+
+    inductor.on_import(mod)
+    if inductor.uninstall not in _integrations:
+        _integrations.append(inductor.uninstall)
 
 
 def _check_prewarm_build(_mod: Any) -> None:

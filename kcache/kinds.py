@@ -62,6 +62,7 @@ INDUCTOR_AOT = "inductor-aot"
 INDUCTOR_AUTOTUNE = "inductor-autotune"
 INDUCTOR_PGO = "inductor-pgo"
 INDUCTOR_PRECOMPILE = "inductor-precompile"
+INDUCTOR_CPP = "inductor-cpp"
 INDUCTOR_OTHER = "inductor-other"
 
 #: Counter-only names (no entries): the nvFuser fusion cache's in-process hits and misses.
@@ -86,6 +87,7 @@ KINDS: dict[str, Kind] = {
         Kind(INDUCTOR_AUTOTUNE, "Inductor autotune results and max-autotune choices"),
         Kind(INDUCTOR_PGO, "Dynamo's profile of dynamic dimensions (automatic dynamic)", pickled=True),
         Kind(INDUCTOR_PRECOMPILE, "a Dynamo caching-precompile artifact (torch pickle)", pickled=True),
+        Kind(INDUCTOR_CPP, "an Inductor CPU kernel: a C++ shared object (host code)", host_code=True),
         Kind(INDUCTOR_OTHER, "another torch.compile cache artifact (torch pickle)", pickled=True),
     )
 }

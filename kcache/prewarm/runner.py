@@ -64,7 +64,7 @@ class Summary:
 
     spec: str
     target: str | None
-    mode: str  # gpu | target | dry-run
+    mode: str  # gpu | target | cpu (torch.compile on the CPU only) | dry-run
     store: str | None
     items: list[ItemResult] = field(default_factory=list)
     env: dict[str, dict[str, str]] = field(default_factory=dict)  # per env group: applied
@@ -389,10 +389,14 @@ class Executor:
                 compiled, hits = cc.compiled, cc.hits
             elif self.arch is not None:
                 r.status = "skipped"
-                what = "nvFuser fusions" if e.kind == "nvfuser" else "callables"
+                what = {"nvfuser": "nvFuser fusions", "torch": "torch.compile models"}.get(
+                    e.kind, "callables"
+                )
                 r.reason = f"{what} compile by running on the GPU: not prepared for cuda:{self.arch} here"
             elif e.kind == "nvfuser":
                 self._nvfuser(item, r)
+            elif e.kind == "torch":
+                self._torch(item, r)
             else:
                 self._callable(item, r)
         except Exception as ex:
@@ -418,6 +422,8 @@ class Executor:
                 r.status = "cached"
                 if not r.hits:
                     r.info.append("same specialisation as an earlier argument set")
+            elif not wrote and e.kind == "torch":
+                r.status = "cached"  # every graph and kernel came from the store (or was compiled already)
         r.seconds = round(time.perf_counter() - t0, 3)
         return r
 
@@ -452,6 +458,43 @@ class Executor:
         fc(*values)
         torch.cuda.synchronize()
 
+    def _torch(self, item: Item, r: ItemResult) -> None:
+        """torch.compile the entry's model once, then call it with the inputs of this sizes
+        binding (and backward, if asked): Inductor's graphs, kernels, autotune results and the
+        dynamic-shape profile land in the store through kcache's torch.compile integration."""
+        import torch
+
+        e = item.entry
+        device = e.device
+        if e.index not in self._factories:
+            model = e.obj()
+            if isinstance(model, torch.nn.Module):
+                model = model.to(device)
+            self._factories[e.index] = torch.compile(model, **e.compile)
+        fn = self._factories[e.index]
+        got = e.inputs_obj(**item.symbols, device=device)
+        if (
+            isinstance(got, tuple)
+            and len(got) == 2
+            and isinstance(got[1], dict)
+            and isinstance(got[0], (tuple, list))
+        ):
+            args, kwargs = tuple(got[0]), dict(got[1])
+        elif isinstance(got, dict):
+            args, kwargs = (), got
+        else:
+            args, kwargs = (got if isinstance(got, (tuple, list)) else (got,)), {}
+        if e.backward:
+            out = fn(*args, **kwargs)
+            loss = sum(o.float().sum() for o in _tensors(out))
+            loss.backward()
+        else:
+            with torch.no_grad():
+                fn(*args, **kwargs)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        r.info.append(f"{device}, " + ", ".join(f"{k}={v}" for k, v in item.symbols.items()))
+
     def _callable(self, item: Item, r: ItemResult) -> None:
         import torch
 
@@ -468,6 +511,21 @@ class Executor:
         kwargs = {k: make_value(v, "cuda", torch=torch) for k, v in item.kwargs.items()}
         fn(*values, **kwargs)
         torch.cuda.synchronize()
+
+
+def _tensors(out: Any) -> list[Any]:
+    """The tensors in a model's output (a tensor, a tuple/list, a dict, or an object with fields)."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out] if out.requires_grad else []
+    if isinstance(out, dict):
+        out = list(out.values())
+    elif hasattr(out, "to_tuple"):  # transformers' ModelOutput
+        out = list(out.to_tuple())
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _tensors(o)]
+    return []
 
 
 def _why_not(store_dir: str | None) -> str:
@@ -493,7 +551,7 @@ def _planned(items: Sequence[Item], arch: int | None) -> list[ItemResult]:
     for it in items:
         why = None
         if arch is not None and it.entry.kind != "triton":
-            why = f"skipped: {it.entry.kind} entries need the GPU"
+            why = f"skipped: {it.entry.kind} entries run their model: they need the GPU"
         elif it.entry.what == "autotune":
             n = len(getattr(_tuner_of(it.entry.obj), "configs", []) or [])
             why = f"{n} configs" + (" (timings need the GPU)" if arch is not None else "")
@@ -582,14 +640,15 @@ def prewarm(
                 seconds=time.perf_counter() - t0,
                 protect_s=protect,
             )
-        if arch is None and not _gpu_available():
+        cpu_only = all(it.entry.kind == "torch" and it.entry.device == "cpu" for it in items)
+        if arch is None and not cpu_only and not _gpu_available():
             raise UsageError(
                 "no GPU here: use --target cuda:ARCH (e.g. cuda:90) to compile for a GPU this machine does not have"
             )
         summary = Summary(
             sp.source,
             target,
-            "target" if arch is not None else "gpu",
+            "target" if arch is not None else ("cpu" if cpu_only and not _gpu_available() else "gpu"),
             store_dir,
             jobs=jobs,
             protect_s=protect,

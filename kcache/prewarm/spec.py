@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 SPEC_VERSION = 1
-KINDS = ("triton", "nvfuser", "callable")
+KINDS = ("triton", "nvfuser", "callable", "torch")
 
 #: canonical dtype names (torch's) and their accepted aliases
 DTYPES: dict[str, tuple[str, ...]] = {
@@ -360,6 +360,12 @@ class Entry:
     env: dict[str, str] | None = None
     is_factory: bool = False  # callable: ref is a factory
     name: str | None = None
+    # torch only: the inputs function, torch.compile's keyword arguments, the device, backward
+    inputs: str | None = None
+    compile: dict[str, Any] = field(default_factory=dict)
+    device: str = "cuda"
+    backward: bool = False
+    inputs_obj: Any = None
     # filled by resolve()
     obj: Any = None
     what: str = ""  # jit | autotune | heuristics | fusion-cache | fusion-builder | callable
@@ -519,7 +525,9 @@ def parse(raw: Mapping[str, Any], source: str = "<spec>") -> Spec:
                 raise err(f"{kind}[{i}]", "must be a table")
             entries.append(_parse_entry(kind, i, t, err))
     if not entries:
-        raise err("spec", "names nothing to prepare (no [[triton]], [[nvfuser]] or [[callable]] entry)")
+        raise err(
+            "spec", "names nothing to prepare (no [[triton]], [[nvfuser]], [[callable]] or [[torch]] entry)"
+        )
     return Spec(source, int(version), env, entries, raw=copy.deepcopy(dict(raw)))
 
 
@@ -527,10 +535,21 @@ _ENTRY_KEYS = {
     "triton": {"kernel", "args", "sizes", "options", "grid", "env", "name"},
     "nvfuser": {"fusion", "args", "sizes", "env", "name"},
     "callable": {"factory", "call", "args", "kwargs", "sizes", "env", "name"},
+    "torch": {"model", "inputs", "sizes", "compile", "device", "backward", "env", "name"},
+}
+#: torch.compile's keyword arguments a [[torch]] entry may give, and their types.
+_COMPILE_KEYS: dict[str, tuple[type, ...]] = {
+    "mode": (str,),
+    "dynamic": (bool,),
+    "fullgraph": (bool,),
+    "backend": (str,),
+    "options": (dict,),
 }
 
 
 def _parse_entry(kind: str, i: int, t: Mapping[str, Any], err: Any) -> Entry:
+    if kind == "torch":
+        return _parse_torch_entry(i, t, err)
     ref_key = {"triton": "kernel", "nvfuser": "fusion", "callable": "factory"}[kind]
     where0 = f"{kind}[{i}]"
     if kind == "callable" and "call" in t and "factory" not in t:
@@ -607,6 +626,58 @@ def _parse_entry(kind: str, i: int, t: Mapping[str, Any], err: Any) -> Entry:
         env=env,
         is_factory=(ref_key == "factory"),
         name=name,
+    )
+
+
+def _parse_torch_entry(i: int, t: Mapping[str, Any], err: Any) -> Entry:
+    """A [[torch]] entry: ``model`` (called once: the module or function torch.compile compiles),
+    ``inputs`` (called with each ``sizes`` binding and ``device=``: the arguments), ``compile``
+    (torch.compile's keyword arguments), ``device`` and ``backward``."""
+    ref = t.get("model")
+    where0 = f"torch[{i}]"
+    label = f"{where0} ({ref})" if isinstance(ref, str) else where0
+    for k in t:
+        if k not in _ENTRY_KEYS["torch"]:
+            raise err(f"{label} {k}", f"unknown field; expected {', '.join(sorted(_ENTRY_KEYS['torch']))}")
+    for key in ("model", "inputs"):
+        v = t.get(key)
+        if v is None:
+            raise err(f"{label} {key}", "missing field (an import path, module:name)")
+        if not isinstance(v, str) or not _IMPORT_PATH.match(v):
+            raise err(f"{label} {key}", f"expected an import path module:name, got {v!r}")
+    name = t.get("name")
+    if name is not None and not isinstance(name, str):
+        raise err(f"{label} name", "must be a string")
+    compile_kw = t.get("compile", {})
+    if not isinstance(compile_kw, Mapping):
+        raise err(f"{label} compile", "must be a table of torch.compile arguments (mode, dynamic, ...)")
+    for k, v in compile_kw.items():
+        if k not in _COMPILE_KEYS:
+            raise err(
+                f"{label} compile.{k}", f"unknown argument; expected {', '.join(sorted(_COMPILE_KEYS))}"
+            )
+        if not isinstance(v, _COMPILE_KEYS[k]) or (k == "mode" and isinstance(v, bool)):
+            raise err(f"{label} compile.{k}", f"must be a {_COMPILE_KEYS[k][0].__name__}, got {v!r}")
+    device = t.get("device", "cuda")
+    if device not in ("cuda", "cpu"):
+        raise err(f"{label} device", f"must be cuda or cpu, got {device!r}")
+    backward = t.get("backward", False)
+    if not isinstance(backward, bool):
+        raise err(f"{label} backward", "must be true or false")
+    env = _parse_env(t["env"], f"{label} env", err) if "env" in t else None
+    return Entry(
+        kind="torch",
+        index=i,
+        ref=ref,
+        arg_sets=[[]],
+        sizes=_parse_sizes(t.get("sizes"), f"{label} sizes", err) or [{}],
+        env=env,
+        is_factory=True,
+        name=name,
+        inputs=t["inputs"],
+        compile=dict(compile_kw),
+        device=device,
+        backward=backward,
     )
 
 
@@ -780,7 +851,7 @@ def resolve(spec: Spec, *, extra_paths: Sequence[str] = ()) -> None:
     """Import what each entry names and check its fields against it. Raises :class:`SpecError`."""
     add_sys_path([*(extra_paths or ()), *([spec.base_dir] if spec.base_dir else []), os.getcwd()])
     for e in spec.entries:
-        field_name = {"triton": "kernel", "nvfuser": "fusion"}.get(
+        field_name = {"triton": "kernel", "nvfuser": "fusion", "torch": "model"}.get(
             e.kind, "factory" if e.is_factory else "call"
         )
         where = f"{spec.source}: {e.label} {field_name}"
@@ -810,6 +881,18 @@ def resolve(spec: Spec, *, extra_paths: Sequence[str] = ()) -> None:
                 raise SpecError(
                     f"{where}: {e.ref} is a {type(obj).__name__}, not a FusionCache or a builder function"
                 )
+        elif e.kind == "torch":
+            if not callable(obj):
+                raise SpecError(f"{where}: {e.ref} is a {type(obj).__name__}, not callable")
+            try:
+                e.inputs_obj = import_object(e.inputs or "")
+            except Exception as ex:
+                raise SpecError(
+                    f"{spec.source}: {e.label} inputs: cannot import {e.inputs!r}: {ex}"
+                ) from None
+            if not callable(e.inputs_obj):
+                raise SpecError(f"{spec.source}: {e.label} inputs: {e.inputs} is not callable")
+            e.what = "torch.compile"
         else:
             if not callable(obj):
                 raise SpecError(f"{where}: {e.ref} is a {type(obj).__name__}, not callable")

@@ -1,0 +1,291 @@
+"""kcache's torch.compile integration: Inductor's own caches, kept in kcache's store.
+
+A warm torch.compile start needs what Inductor keeps beside the Triton kernels: the FX graph
+cache, the AOTAutograd cache, autotune results and Dynamo's profile of dynamic dimensions (PGO).
+Inductor can keep each of those in a remote cache as well as in ``TORCHINDUCTOR_CACHE_DIR``; the
+remote caches all go through one small interface (``torch._inductor.remote_cache``:
+``RemoteCacheBackend._get/_put``, bytes in, bytes out), and each cache class has a
+``backend_override_cls`` hook (the one torch's own ``mock_cache`` test helper uses; present from
+torch 2.8 to 2.13). kcache plugs its store in there:
+
+- when torch's config modules load, the remote switches the user left unset are turned on, in
+  this process only (config attributes, never environment variables that children without
+  kcache would inherit): ``fx_graph_remote_cache``, ``autotune_remote_cache``,
+  ``enable_remote_autograd_cache``, ``automatic_dynamic_remote_pgo``. A switch the user set (to
+  use their own Redis, or 0 to keep a cache local) is left alone, and so is that cache's backend;
+- when ``torch._inductor.remote_cache`` loads, those caches' backend becomes kcache's store.
+
+Why this over Mega-Cache (``save/load_cache_artifacts``: no per-key lookup, someone must call
+save, a load writes every artifact) or owning the cache folder (no lookup hook, mutable files):
+the remote-cache interface is per key, is consulted only after Inductor's own local folder
+(Inductor's warm path is untouched), works for several processes at once, and has kept its shape
+from torch 2.8 to 2.13. docs/design.md and docs/torch-compile.md say more.
+
+What the store holds: the bytes Inductor gives, as they are (a JSON envelope around a base64
+pickle for FX, AOT and PGO entries; JSON for autotune results). kcache never decodes the pickle;
+these kinds are "pickled" in :mod:`kcache.kinds`: taken from a bundle (or a shared tier) only
+when signed, and never from a store opened with ``KCACHE_ALLOW_INSECURE``. Inductor's remote
+caches overwrite (last writer wins: the PGO profile grows under one key; a new guard variant
+replaces the old): puts here replace the entry.
+
+Keys: Inductor's own key (``pt2:<cache id>::<key>:c1``; FX, AOT and autotune keys already hash
+torch's sources), plus the torch version for PGO (whose key is only job id, rank and tag) and the
+GPU model for autotune results (Triton's key says sm_90, not H100 or H200; timings are per model).
+
+Nothing here imports torch: every function is called from an import hook, with the module.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from typing import Any
+
+from .. import kinds as _kinds
+from ..log import logger, warn_once
+
+MEMBER = "value"  # the one file of an inductor entry: the bytes Inductor gave
+
+#: torch's remote cache class -> kcache kind
+KIND_BY_CLASS = {
+    "RemoteFxGraphCache": _kinds.INDUCTOR_FX,
+    "RemoteAOTAutogradCache": _kinds.INDUCTOR_AOT,
+    "RemoteAutotuneCache": _kinds.INDUCTOR_AUTOTUNE,
+    "RemoteDynamoPGOCache": _kinds.INDUCTOR_PGO,
+}
+
+#: config module -> (switch, the cache class it turns on). Not ``bundled_autotune_remote_cache``:
+#: it enters the FX graph key, and without a Triton backend (a CPU machine) it fails the compile.
+FLAGS: dict[str, tuple[tuple[str, str], ...]] = {
+    "torch._inductor.config": (
+        ("fx_graph_remote_cache", "RemoteFxGraphCache"),
+        ("autotune_remote_cache", "RemoteAutotuneCache"),
+    ),
+    "torch._functorch.config": (("enable_remote_autograd_cache", "RemoteAOTAutogradCache"),),
+    "torch._dynamo.config": (("automatic_dynamic_remote_pgo", "RemoteDynamoPGOCache"),),
+}
+
+#: The modules whose import attaches this integration (see kcache/__init__.py).
+TRIGGERS = (*FLAGS, "torch._inductor.remote_cache", "torch._inductor.cpp_builder")
+
+_ours: set[str] = set()  # cache classes whose switch kcache turned on in this process
+_installed: dict[str, Any] = {}  # cache class name -> the backend_override_cls it had before
+
+
+def on_import(mod: Any) -> None:
+    """Called when one of :data:`TRIGGERS` has been imported."""
+    name = getattr(mod, "__name__", "")
+    if name in FLAGS:
+        _turn_on(mod, FLAGS[name])
+    elif name == "torch._inductor.remote_cache":
+        _install_backends(mod)
+    elif name == "torch._inductor.cpp_builder" and not _is_fbcode():
+        from . import cpp
+
+        cpp.on_import(mod)
+
+
+def _is_fbcode() -> bool:
+    cfg = sys.modules.get("torch._inductor.config")
+    try:
+        return bool(cfg is not None and cfg.is_fbcode())
+    except Exception:
+        return False
+
+
+def _turn_on(cfg: Any, switches: tuple[tuple[str, str], ...]) -> None:
+    if _is_fbcode():
+        return
+    for attr, cls_name in switches:
+        try:
+            if not hasattr(cfg, attr):
+                continue  # this torch has no such cache
+            if getattr(cfg, attr) is None:  # unset: off in open-source torch
+                setattr(cfg, attr, True)
+                _ours.add(cls_name)
+        except Exception as e:
+            logger.info("torch.compile: could not turn on %s: %s", attr, e)
+    rc = sys.modules.get("torch._inductor.remote_cache")
+    if rc is not None:  # loaded before this config (not the usual order): install now
+        _install_backends(rc)
+
+
+def _install_backends(rc: Any) -> None:
+    base = getattr(rc, "RemoteCacheBackend", None)
+    remote = getattr(rc, "RemoteCache", None)
+    if base is None or remote is None or "backend_override_cls" not in vars(remote):
+        warn_once(
+            "inductor-interface",
+            "this torch's Inductor has no remote-cache backend hook kcache knows; "
+            "torch.compile's own caches are not kept in kcache's store (Triton kernels still are)",
+        )
+        return
+    backend_cls = _backend_class(base)
+    for cls_name in sorted(_ours):
+        cls = getattr(rc, cls_name, None)
+        if cls is None or not (isinstance(cls, type) and issubclass(cls, remote)) or cls_name in _installed:
+            continue
+        _installed[cls_name] = cls.__dict__.get("backend_override_cls")
+        cls.backend_override_cls = functools.partial(backend_cls, KIND_BY_CLASS[cls_name])
+
+
+def uninstall() -> None:
+    """Give torch its own backends, switches and C++ builder back (kcache.disable())."""
+    cppmod = sys.modules.get("kcache.inductor.cpp")
+    if cppmod is not None:
+        cppmod.uninstall()
+    rc = sys.modules.get("torch._inductor.remote_cache")
+    for cls_name, before in list(_installed.items()):
+        cls = getattr(rc, cls_name, None) if rc is not None else None
+        if cls is not None:
+            if before is None:
+                try:
+                    del cls.backend_override_cls
+                except AttributeError:
+                    pass
+            else:
+                cls.backend_override_cls = before
+        del _installed[cls_name]
+    for mod_name, switches in FLAGS.items():
+        cfg = sys.modules.get(mod_name)
+        for attr, cls_name in switches:
+            if cfg is not None and cls_name in _ours:
+                try:
+                    setattr(cfg, attr, None)
+                except Exception:
+                    pass
+    _ours.clear()
+
+
+@functools.lru_cache(maxsize=1)
+def _backend_class(base: type) -> type:
+    class KcacheBackend(base):  # type: ignore[misc, valid-type]
+        """Inductor's remote cache backend, on kcache's store (never raises)."""
+
+        def __init__(self, kind: str) -> None:
+            super().__init__()
+            self.kind = kind
+
+        def _get(self, key: str) -> bytes | None:
+            return get(self.kind, key)
+
+        def _put(self, key: str, data: Any) -> None:
+            put(self.kind, key, data)
+
+    return KcacheBackend
+
+
+# ------------------------------------------------------------------------------------ keys
+@functools.lru_cache(maxsize=1)
+def _torch_version() -> str:
+    torch = sys.modules.get("torch")
+    v = str(getattr(torch, "__version__", "?"))
+    git = getattr(getattr(torch, "version", None), "git_version", None)
+    return f"{v}+{git[:12]}" if isinstance(git, str) and git else v
+
+
+_gpu: list[str] = []
+
+
+def _gpu_model() -> str:
+    """The GPU model autotune results were (or will be) measured on; "cpu" without one."""
+    if _gpu:
+        return _gpu[0]
+    name = "cpu"
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            name = torch.cuda.get_device_name(torch.cuda.current_device())
+    except Exception:
+        name = "unknown-gpu"
+    _gpu.append(name)
+    return name
+
+
+def store_key(kind: str, key: str) -> tuple[str, dict[str, Any]]:
+    """kcache's key for Inductor's ``key`` and its named components (for ``explain``)."""
+    comps: dict[str, Any] = {"torch_version": _torch_version()}
+    if key.startswith("pt2:") and "::" in key:
+        comps["cache"] = key[4 : key.index("::")]
+    if kind == _kinds.INDUCTOR_PGO:
+        key = f"{key}|torch={comps['torch_version']}"
+    elif kind == _kinds.INDUCTOR_AUTOTUNE:
+        comps["gpu_name"] = _gpu_model()
+        key = f"{key}|gpu={comps['gpu_name']}"
+    return key, comps
+
+
+def _compile_s(data: bytes) -> float:
+    """The compile time Inductor recorded in its envelope (``"time_taken_ms": N``, at the end)."""
+    i = data.rfind(b'"time_taken_ms"', max(0, len(data) - 256))
+    if i < 0:
+        return 0.0
+    digits = bytearray()
+    for c in data[i + 15 :]:
+        if 48 <= c <= 57:
+            digits.append(c)
+        elif digits:
+            break
+    return int(digits) / 1000.0 if digits else 0.0
+
+
+# ------------------------------------------------------------------------------------ get/put
+def _store() -> Any:
+    from .. import active_store
+
+    store = active_store()
+    if store is not None and not store.trust_host_code and _kinds.get(_kinds.INDUCTOR_FX).pickled:
+        # A store opened with KCACHE_ALLOW_INSECURE: torch unpickles what it is given, so
+        # nothing pickled is taken from (or put into) it. Autotune JSON would be safe, but one
+        # rule for the whole integration is easier to reason about.
+        warn_once(
+            "inductor-insecure",
+            "the store failed its ownership checks: torch.compile's caches are not kept in it",
+        )
+        return None
+    return store
+
+
+def get(kind: str, key: str) -> bytes | None:
+    """The bytes stored for Inductor's ``key``, or None. Never raises."""
+    try:
+        store = _store()
+        if store is None:
+            return None
+        skey, comps = store_key(kind, key)
+        hit = store.get(kind, skey, comps)
+        return hit.read(MEMBER) if hit is not None else None
+    except Exception as e:
+        warn_once(f"inductor-get:{type(e).__name__}", f"torch.compile cache lookup failed ({e}); compiling")
+        return None
+
+
+def put(kind: str, key: str, data: Any) -> None:
+    """Keep Inductor's bytes for ``key`` (replacing what was there). Never raises."""
+    try:
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            warn_once(
+                "inductor-put-type",
+                f"torch.compile gave kcache a {type(data).__name__}, not bytes; not stored",
+            )
+            return
+        store = _store()
+        if store is None:
+            return
+        blob = bytes(data)
+        skey, comps = store_key(kind, key)
+        summary = {k: v for k, v in comps.items() if k in ("cache", "gpu_name", "torch_version")}
+        t0 = time.perf_counter()
+        store.replace(
+            kind, skey, {MEMBER: blob}, components=comps, summary=summary, compile_s=_compile_s(blob)
+        )
+        logger.debug(
+            "torch.compile: stored %s %s (%d bytes, %.1f ms)",
+            kind,
+            key,
+            len(blob),
+            1e3 * (time.perf_counter() - t0),
+        )
+    except Exception as e:
+        warn_once(f"inductor-put:{type(e).__name__}", f"torch.compile cache entry not stored ({e})")

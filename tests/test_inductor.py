@@ -1,0 +1,324 @@
+"""torch.compile through kcache (issue 14): Inductor's own caches in kcache's store.
+
+Real torch.compile runs on the CPU (Inductor's C++ backend), each in a fresh process with its own
+empty ``TORCHINDUCTOR_CACHE_DIR``: what a new container, node or replica has. The second process
+must find the FX graph, AOTAutograd, C++ kernel and dynamic-shape (PGO) entries in kcache's store
+(Inductor's own hit counters say so, and kcache's), bundles must carry them (signed only), and
+the store's commands must know the new kinds. The integration's functions are also tested
+directly, without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import kcache
+from kcache import inductor
+from kcache.kinds import (
+    INDUCTOR_AOT,
+    INDUCTOR_AUTOTUNE,
+    INDUCTOR_CPP,
+    INDUCTOR_FX,
+    INDUCTOR_PGO,
+    TRITON_META,
+)
+from kcache.store import Store
+
+PYTHON = sys.executable
+CHILD = Path(__file__).parent / "torch_compile" / "child.py"
+JOB = "kcache-test-job"  # PGO keeps profiles only under a job id (TORCH_COMPILE_JOB_ID)
+SECRET = "bundle-secret"
+
+
+def env_for(tmp: Path, store: Path | None, inductor_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TORCHINDUCTOR", "TRITON_"))}
+    env.pop("PYTHONPATH", None)
+    env.update(
+        HOME=str(tmp / "home"), XDG_CACHE_HOME=str(tmp / "xdg"), TORCHINDUCTOR_CACHE_DIR=str(inductor_dir)
+    )
+    env["TORCH_COMPILE_JOB_ID"] = JOB
+    env["OMP_NUM_THREADS"] = "1"  # the FX key holds the thread count: the same in every child
+    if store is not None:
+        env.update(KCACHE="1", KCACHE_DIR=str(store))
+    env.update(extra)
+    return env
+
+
+def run_child(env: dict[str, str], *batches: int) -> dict[str, Any]:
+    r = subprocess.run(
+        [PYTHON, str(CHILD), *map(str, batches)], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def kc(env: dict[str, str], *args: str) -> Any:
+    r = subprocess.run(
+        [PYTHON, "-m", "kcache", *args, "--json"], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def counts(out: dict[str, Any], kind: str, what: str) -> int:
+    return int(out.get("process", {}).get(kind, {}).get(what, 0))
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One cold process (KCACHE=1, empty store, empty Inductor folder) at two batch sizes: a
+    static graph, then a dynamic one (automatic dynamic), each kept in the store."""
+    pytest.importorskip("torch", reason="torch.compile tests need torch (CI installs it)")
+    base = tmp_path_factory.mktemp("inductor")
+    store = base / "store"
+    out = run_child(env_for(base, store, base / "ind-cold"), 8, 16)
+    return {"base": base, "store": store, "cold": out}
+
+
+# ------------------------------------------------------------------------------- end to end
+def test_a_cold_run_stores_every_kind(warm: dict[str, Any]) -> None:
+    cold = warm["cold"]
+    assert cold["kcache"] and cold["ok"]
+    assert cold["inductor"].get("fxgraph_cache_miss", 0) >= 2 and cold["unique_graphs"] == 2
+    for kind in (INDUCTOR_FX, INDUCTOR_AOT, INDUCTOR_CPP, INDUCTOR_PGO):
+        assert counts(cold, kind, "puts") >= 1, (kind, cold["process"])
+    env = env_for(warm["base"], warm["store"], warm["base"] / "unused")
+    stats = kc(env, "stats")
+    for kind in (INDUCTOR_FX, INDUCTOR_AOT, INDUCTOR_CPP, INDUCTOR_PGO):
+        assert stats["by_kind"][kind]["entries"] >= 1, stats["by_kind"]
+    listed = kc(env, "inspect", "--kind", INDUCTOR_FX)
+    assert len(listed) >= 2 and all(e["summary"].get("cache") == "fx-graph-v1" for e in listed)
+
+
+def test_a_new_process_with_an_empty_inductor_folder_starts_warm(
+    warm: dict[str, Any], tmp_path: Path
+) -> None:
+    fresh = tmp_path / "ind-fresh"
+    out = run_child(env_for(warm["base"], warm["store"], fresh), 8, 16)
+    assert out["ok"]
+    assert out["inductor"].get("fxgraph_cache_hit", 0) >= 1 and "fxgraph_cache_miss" not in out["inductor"]
+    assert out["aot"].get("autograd_cache_hit", 0) >= 1 and "autograd_cache_miss" not in out["aot"]
+    # The stored profile says the batch is dynamic: one graph at once, not a static one first.
+    assert out["unique_graphs"] == 1
+    assert counts(out, INDUCTOR_FX, "hits") >= 1 and counts(out, INDUCTOR_PGO, "hits") >= 1
+    assert counts(out, INDUCTOR_CPP, "hits") >= 1 and counts(out, INDUCTOR_CPP, "puts") == 0, "no g++ ran"
+    assert not (fresh / "fxgraph").exists(), "served from kcache, not from a local copy"
+
+
+def test_without_kcache_an_empty_folder_is_cold(warm: dict[str, Any], tmp_path: Path) -> None:
+    """The control for the test above: the same child with KCACHE unset compiles everything."""
+    out = run_child(env_for(warm["base"], None, tmp_path / "ind-plain"), 8)
+    assert not out["kcache"] and out["inductor"].get("fxgraph_cache_miss", 0) >= 1
+
+
+def test_a_signed_bundle_carries_them_to_another_path(warm: dict[str, Any], tmp_path: Path) -> None:
+    env = env_for(warm["base"], warm["store"], tmp_path / "x", KCACHE_SECRET=SECRET)
+    bundle = tmp_path / "compile.kcb.tgz"
+    exported = kc(env, "export", str(bundle))
+    assert exported["signed"] and exported["by_kind"].get(INDUCTOR_FX, 0) >= 2
+    assert TRITON_META not in exported["by_kind"], "machine-local: never exported"
+    other = tmp_path / "elsewhere" / "store"
+    imported = kc({**env, "KCACHE_DIR": str(other)}, "import", str(bundle))
+    assert imported["signed"] and not imported["skipped"], imported
+    hidden = warm["store"].with_name("store.hidden")  # the original is gone while the copy is used
+    os.rename(warm["store"], hidden)
+    try:
+        out = run_child(env_for(warm["base"], other, tmp_path / "ind-bundle"), 8, 16)
+    finally:
+        os.rename(hidden, warm["store"])
+    assert out["inductor"].get("fxgraph_cache_hit", 0) >= 1 and "fxgraph_cache_miss" not in out["inductor"]
+    assert out["unique_graphs"] == 1 and counts(out, INDUCTOR_CPP, "puts") == 0
+
+
+def test_an_unsigned_bundle_never_brings_pickles_or_host_code(warm: dict[str, Any], tmp_path: Path) -> None:
+    env = env_for(warm["base"], warm["store"], tmp_path / "x")
+    bundle = tmp_path / "unsigned.kcb"
+    kc(env, "export", str(bundle))
+    other = tmp_path / "other" / "store"
+    # Imported by a process that has a secret: the bundle has no signature, so what torch would
+    # unpickle (FX, AOT, PGO entries) and what it would dlopen (C++ kernels) stays out.
+    imported = kc({**env, "KCACHE_DIR": str(other), "KCACHE_SECRET": SECRET}, "import", str(bundle))
+    refused = {s["kind"] for s in imported["skipped"]}
+    assert {INDUCTOR_FX, INDUCTOR_AOT, INDUCTOR_PGO, INDUCTOR_CPP} <= refused, imported
+    stats = kc({**env, "KCACHE_DIR": str(other)}, "stats")
+    assert not {INDUCTOR_FX, INDUCTOR_AOT, INDUCTOR_PGO, INDUCTOR_CPP} & {
+        k for k, v in stats["by_kind"].items() if v["entries"]
+    }
+
+
+def test_clear_kind_and_eviction_on_the_new_kinds(warm: dict[str, Any], tmp_path: Path, monkeypatch) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(warm["store"], copy, symlinks=True)
+    env = env_for(warm["base"], copy, tmp_path / "x")
+    before = kc(env, "stats")["by_kind"]
+    res = kc(env, "clear", "--kind", INDUCTOR_FX)
+    assert res["count"] == before[INDUCTOR_FX]["entries"] >= 2
+    after = kc(env, "stats")["by_kind"]
+    assert after.get(INDUCTOR_FX, {}).get("entries", 0) == 0
+    assert after[INDUCTOR_AOT]["entries"] == before[INDUCTOR_AOT]["entries"], "only that kind"
+    from kcache.store import local
+
+    monkeypatch.setattr(local, "GRACE_S", 0.0)
+    s = Store.open(copy, max_size=1)
+    removed, _ = s.evict(target=0)
+    s.close()
+    assert removed >= after[INDUCTOR_AOT]["entries"] + after[INDUCTOR_CPP]["entries"]
+    assert sum(v["entries"] for v in kc(env, "stats")["by_kind"].values()) == 0
+
+
+SWITCHES = """
+import json, sys
+import torch._inductor.config as ic, torch._functorch.config as fc, torch._dynamo.config as dc
+import torch._inductor.remote_cache as rc
+print(json.dumps({
+    "fx": ic.fx_graph_remote_cache, "autotune": ic.autotune_remote_cache,
+    "aot": fc.enable_remote_autograd_cache, "pgo": dc.automatic_dynamic_remote_pgo,
+    "bundled": ic.bundled_autotune_remote_cache,
+    "override": {c: rc.__dict__[c].backend_override_cls is not None for c in
+                 ("RemoteFxGraphCache", "RemoteAutotuneCache", "RemoteAOTAutogradCache", "RemoteDynamoPGOCache")},
+}))
+"""
+
+
+@pytest.mark.parametrize("user", ["unset", "fx_off", "kcache_off"])
+def test_switches_the_user_set_are_left_alone(tmp_path: Path, user: str) -> None:
+    pytest.importorskip("torch", reason="needs torch")
+    extra = {"TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "0"} if user == "fx_off" else {}
+    env = env_for(tmp_path, None if user == "kcache_off" else tmp_path / "store", tmp_path / "ind", **extra)
+    r = subprocess.run([PYTHON, "-c", SWITCHES], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["bundled"] is None, "never turned on: it changes the FX key and fails without Triton"
+    if user == "kcache_off":
+        assert (got["fx"], got["autotune"], got["aot"], got["pgo"]) == (None, None, None, None)
+        assert not any(got["override"].values())
+        return
+    assert got["autotune"] and got["aot"] and got["pgo"]
+    assert got["override"]["RemoteAutotuneCache"] and got["override"]["RemoteDynamoPGOCache"]
+    if user == "fx_off":
+        assert got["fx"] is False and not got["override"]["RemoteFxGraphCache"]
+    else:
+        assert got["fx"] is True and got["override"]["RemoteFxGraphCache"]
+
+
+# ------------------------------------------------------------------------------- the backend, directly
+@pytest.fixture
+def enabled(tmp_path: Path):
+    assert kcache.enable(dir=tmp_path / "store", triton=False, nvfuser=False, torch=False)
+    yield kcache.active_store()
+    kcache.disable()
+
+
+def test_get_put_replace_round_trip(enabled: Store) -> None:
+    key = "pt2:fx-graph-v1::abc:c1"
+    assert inductor.get(INDUCTOR_FX, key) is None
+    inductor.put(INDUCTOR_FX, key, b'{"data": "AAAA", "time_taken_ms": 1234}')
+    assert inductor.get(INDUCTOR_FX, key) == b'{"data": "AAAA", "time_taken_ms": 1234}'
+    # Inductor's remote caches overwrite: the last put wins (a grown PGO profile, a new variant).
+    inductor.put(INDUCTOR_FX, key, b'{"data": "BBBB", "time_taken_ms": 7}')
+    assert inductor.get(INDUCTOR_FX, key) == b'{"data": "BBBB", "time_taken_ms": 7}'
+    skey, _ = inductor.store_key(INDUCTOR_FX, key)
+    hit = enabled.get(INDUCTOR_FX, skey, count=False)
+    assert hit.record.compile_s == pytest.approx(0.007) and hit.record.summary["cache"] == "fx-graph-v1"
+    assert len([i for i in enabled.iter_entry_ids()]) == 1
+
+
+def test_keys_name_what_torch_leaves_out() -> None:
+    pgo, comps = inductor.store_key(INDUCTOR_PGO, "pt2:dynamo-pgo::job:None::c1")
+    assert pgo.endswith(f"|torch={comps['torch_version']}")
+    tune, comps = inductor.store_key(INDUCTOR_AUTOTUNE, "pt2:xyz::k:c1")
+    assert tune.endswith(f"|gpu={comps['gpu_name']}") and comps["cache"] == "xyz"
+    fx, _ = inductor.store_key(INDUCTOR_FX, "pt2:fx-graph-v1::k:c1")
+    assert fx == "pt2:fx-graph-v1::k:c1"
+
+
+def test_what_is_not_bytes_is_not_stored(enabled: Store, kcache_warnings: list[str]) -> None:
+    inductor.put(INDUCTOR_AOT, "pt2:a::k:c1", {"not": "bytes"})
+    assert list(enabled.iter_entry_ids()) == []
+    assert any("not bytes" in m for m in kcache_warnings)
+
+
+def test_an_insecure_store_gets_no_pickles(tmp_path: Path, kcache_warnings: list[str]) -> None:
+    root = tmp_path / "store"
+    Store.open(root).close()
+    os.chmod(root, 0o770)  # group-writable: used only with KCACHE_ALLOW_INSECURE=1
+    try:
+        os.environ["KCACHE_ALLOW_INSECURE"] = "1"
+        assert kcache.enable(dir=root, triton=False, nvfuser=False, torch=False)
+        inductor.put(INDUCTOR_FX, "pt2:fx::k:c1", b"pickle bytes")
+        assert inductor.get(INDUCTOR_FX, "pt2:fx::k:c1") is None
+        assert list(kcache.active_store().iter_entry_ids()) == []
+        assert any("ownership checks" in m for m in kcache_warnings)
+    finally:
+        os.environ.pop("KCACHE_ALLOW_INSECURE", None)
+        kcache.disable()
+
+
+def test_compile_time_from_the_envelope() -> None:
+    assert inductor._compile_s(b'{"data": "x", "time_taken_ms": 2500}') == 2.5
+    assert inductor._compile_s(b"no time here") == 0.0
+
+
+# ------------------------------------------------------------------------------- prewarm
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "torch_compile"
+
+
+def test_prewarm_a_torch_compile_spec_then_serve_warm(tmp_path: Path) -> None:
+    """`kcache prewarm` of the example's [[torch]] entry on the CPU, then the example's serving
+    process with an empty Inductor folder: every listed shape is an FX graph cache hit."""
+    pytest.importorskip("torch", reason="needs torch")
+    store = tmp_path / "store"
+    env = env_for(tmp_path, None, tmp_path / "ind-prewarm", KCACHE_DIR=str(store))
+    env.pop("TORCH_COMPILE_JOB_ID")
+    r = subprocess.run(
+        [PYTHON, "-m", "kcache", "prewarm", "spec.toml", "--json"],
+        capture_output=True, text=True, env=env, timeout=600, cwd=EXAMPLE,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout)
+    assert summary["mode"] == "cpu" and [i["status"] for i in summary["items"]] == ["prepared", "prepared"]
+    serve_env = env_for(tmp_path, store, tmp_path / "ind-serve")
+    serve_env.pop("TORCH_COMPILE_JOB_ID")
+    r = subprocess.run(
+        [PYTHON, "serve.py"], capture_output=True, text=True, env=serve_env, timeout=600, cwd=EXAMPLE
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    assert report["fxgraph_cache"] == {"fxgraph_cache_hit": 2}, report
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ('model = "m:f"', "inputs"),
+        ('model = "m:f"\ninputs = "m:g"\ndevice = "tpu"', "cuda or cpu"),
+        ('model = "m:f"\ninputs = "m:g"\ncompile = { modee = "max-autotune" }', "unknown argument"),
+        ('model = "m:f"\ninputs = "m:g"\ncompile = { dynamic = "yes" }', "must be a bool"),
+        ('model = "m:f"\ninputs = "m:g"\nbackward = 1', "true or false"),
+        ('model = "not a path"\ninputs = "m:g"', "import path"),
+    ],
+)
+def test_torch_entries_are_checked(entry: str, message: str) -> None:
+    from kcache.prewarm.spec import SpecError, load
+
+    with pytest.raises(SpecError, match=message):
+        load(f"[[torch]]\n{entry}\n")
+
+
+def test_a_torch_entry_expands_per_sizes_binding() -> None:
+    from kcache.prewarm.spec import load
+
+    sp = load(
+        '[[torch]]\nmodel = "m:f"\ninputs = "m:g"\nsizes = [{ B = 1 }, { B = 8 }]\ncompile = { mode = "max-autotune" }\n'
+    )
+    items = sp.items()
+    assert [i.symbols for i in items] == [{"B": 1}, {"B": 8}]
+    assert items[0].entry.compile == {"mode": "max-autotune"} and items[0].entry.device == "cuda"

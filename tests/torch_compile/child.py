@@ -1,0 +1,56 @@
+"""A torch.compile run in a fresh process (the tests' child): a small MLP on the CPU, compiled by
+Inductor, called at the shapes given; prints one JSON line with Inductor's and kcache's counters.
+
+    python child.py [BATCH ...]      (default: 8)
+
+The model is defined at module level: Dynamo's profile of dynamic dimensions (PGO) is keyed by
+code object, and a method that closes over a local (``torch`` imported inside a function) gets
+a different key in every process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import torch
+
+
+class MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(32, 64)
+        self.b = torch.nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.b(torch.relu(self.a(x))), -1)
+
+
+def main(argv: list[str]) -> int:
+    torch.manual_seed(0)
+    model = MLP().eval()
+    compiled = torch.compile(model)
+    out: dict = {"first_call_s": [], "ok": True}
+    for batch in [int(a) for a in argv] or [8]:
+        x = torch.randn(batch, 32)
+        t = time.perf_counter()
+        with torch.no_grad():
+            y = compiled(x)
+        out["first_call_s"].append(round(time.perf_counter() - t, 3))
+        out["ok"] = out["ok"] and bool(torch.allclose(y, model(x), atol=1e-5))
+    from torch._dynamo.utils import counters
+
+    out["inductor"] = {k: v for k, v in counters["inductor"].items() if "cache" in k}
+    out["aot"] = {k: v for k, v in counters["aot_autograd"].items() if "cache" in k}
+    out["unique_graphs"] = counters["stats"]["unique_graphs"]
+    kcache = sys.modules.get("kcache")
+    out["kcache"] = bool(kcache is not None and kcache.is_enabled())
+    if out["kcache"]:
+        out["process"] = kcache.stats()["process"]
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
