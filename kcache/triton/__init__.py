@@ -80,6 +80,13 @@ def install(triton: ModuleType | None = None) -> None:
         install_tool_memo()
     except Exception as e:
         logger.info("tool version memo not installed: %s", e)
+    try:  # Triton's own one-time work, off the first kernel's path (see warmup.py)
+        from .warmup import install_libcuda_memo, start_gluon_import
+
+        when_imported("triton.backends.nvidia.driver", install_libcuda_memo)
+        start_gluon_import()
+    except Exception as e:
+        logger.info("Triton warm-up not started: %s", e)
 
 
 def install_if_pending() -> None:
@@ -110,6 +117,7 @@ def uninstall() -> None:
         ("kcache.triton.keymemo", "uninstall_key_memo"),
         ("kcache.triton.toolmemo", "uninstall_tool_memo"),
         ("kcache.triton.components", "uninstall_component_capture"),
+        ("kcache.triton.warmup", "uninstall_libcuda_memo"),
     ):
         mod = sys.modules.get(modname)
         undo = getattr(mod, fn, None) if mod is not None else None
