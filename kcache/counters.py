@@ -11,9 +11,6 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
-#: Counter names the store and the CLI know about.
-NAMES = ("hits", "misses", "puts", "evictions", "bytes_written", "saved_s", "errors")
-
 
 class Counters:
     def __init__(self) -> None:
@@ -40,9 +37,6 @@ class Counters:
         with self._lock:
             for k, v in pending.items():
                 self._buf[k] += v
-
-    def pending(self) -> bool:
-        return bool(self._buf)
 
     def process_totals(self) -> dict[str, dict[str, float]]:
         """Counters since this object was made, by kind."""

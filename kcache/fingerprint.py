@@ -281,8 +281,3 @@ def _ptxas() -> str | None:
     out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20).stdout
     m = re.search(r"release (\S+?),? V(\S+)", out)
     return m.group(2) if m else out.strip().splitlines()[-1] if out.strip() else None
-
-
-def snapshot(selected: Iterable[str] | None = None) -> dict[str, Any]:
-    """Every (or the selected) component, computed now: what ``kcache config`` shows."""
-    return components(selected if selected is not None else names())

@@ -37,7 +37,3 @@ def warn_once(topic: str, message: str) -> None:
     if not _configured:
         configure()
     logger.warning(message)
-
-
-def debug_enabled() -> bool:
-    return logger.isEnabledFor(logging.DEBUG)

@@ -195,6 +195,66 @@ def test_hook_cost_is_reported(tmp_path: Path, env: dict[str, str], capsys) -> N
     assert not {"torch", "triton"} & set(added)
 
 
+#: What the hook may load in a process that imports neither triton, nor torch, nor nvFuser: the
+#: package, the hook and the import-hook module. Settings, logging, the store and msgpack load
+#: when an integration first needs them (issue 19: every Python process of a user who exports
+#: KCACHE=1 pays for what is here).
+HOOK_MODULES = {"kcache", "kcache._autoload", "kcache._imports"}
+
+
+def test_the_hook_loads_only_its_three_modules(tmp_path: Path, env: dict[str, str]) -> None:
+    code = "import sys, json; print(json.dumps(sorted(sys.modules)))"
+    on = {**env, "KCACHE": "1", "KCACHE_DIR": str(tmp_path / "store")}
+    import json
+
+    base = set(json.loads(run(code, env).stdout))
+    with_hook = set(json.loads(run(code, on).stdout))
+    assert with_hook - base == HOOK_MODULES, sorted(with_hook - base)
+    assert not (tmp_path / "store").exists(), "the store is opened at first use, not at start-up"
+
+
+def test_settings_are_checked_when_an_integration_attaches(tmp_path: Path, env: dict[str, str]) -> None:
+    """A bad setting warns once when triton is imported (not in every process that never uses
+    kcache), and leaves caching off."""
+    on = {**env, "KCACHE": "1", "KCACHE_DIR": str(tmp_path / "store"), "KCACHE_MAX_SIZE": "lots"}
+    quiet = run("pass", on)
+    assert quiet.returncode == 0 and "kcache" not in quiet.stderr
+    loud = run("import triton, kcache; print(kcache.is_enabled())", on)
+    assert loud.returncode == 0 and loud.stdout.split() == ["False"], loud.stderr
+    assert [ln for ln in loud.stderr.splitlines() if ln.startswith("kcache:")] == [
+        ln for ln in loud.stderr.splitlines() if "KCACHE_MAX_SIZE" in ln
+    ] and "KCACHE_MAX_SIZE" in loud.stderr
+
+
+def test_disable_never_imports_triton_and_removes_every_hook(tmp_path: Path, env: dict[str, str]) -> None:
+    code = textwrap.dedent(
+        f"""
+        import sys, kcache
+        assert kcache.enable(dir={str(tmp_path / "s1")!r})
+        kcache.disable()
+        print("triton" in sys.modules)
+        import triton
+        import triton.runtime.cache as rc
+        assert kcache.enable(dir={str(tmp_path / "s2")!r})
+        from triton import knobs
+        from kcache.triton import toolmemo
+        import triton.knobs as tk
+        memo = isinstance(getattr(tk, "subprocess", None), toolmemo._MemoSubprocess)
+        installed = (knobs.cache.manager_class.__name__, rc.triton_key.__module__, memo)
+        kcache.disable()
+        print(*installed, knobs.cache.manager_class, rc.triton_key.__module__,
+              isinstance(getattr(tk, "subprocess", None), toolmemo._MemoSubprocess))
+        """
+    )
+    r = run(code, env)
+    assert r.returncode == 0, r.stderr
+    first, second = r.stdout.strip().splitlines()
+    assert first == "False", "disable() imported Triton"
+    manager, memo_mod, tool_memo_on, after_manager, after_mod, tool_memo = second.split()
+    assert manager == "KcacheCacheManager" and memo_mod.startswith("kcache") and tool_memo_on == "True"
+    assert after_manager == "None" and not after_mod.startswith("kcache") and tool_memo == "False"
+
+
 def test_wheel_ships_the_pth(tmp_path: Path) -> None:
     """A regular (non-editable) wheel carries kcache.pth at its root, next to the package."""
     src = tmp_path / "src"

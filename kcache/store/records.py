@@ -23,6 +23,8 @@ from typing import Any
 
 import msgpack
 
+from ..kinds import valid_id
+
 SCHEMA = 1
 MAGIC = b"KCR1"
 RECORD_NAME = "__kcache__.rec"
@@ -189,7 +191,7 @@ class Record:
             kind, key, ident = d["kind"], d["key"], d["id"]
             if not (isinstance(kind, str) and isinstance(key, str) and isinstance(ident, str)):
                 raise CorruptRecord("bad kind/key/id")
-            if not re.fullmatch(r"[0-9a-f]{40}", ident):
+            if not valid_id(ident):
                 raise CorruptRecord("bad id")
             return cls(
                 kind=kind,

@@ -16,19 +16,21 @@ import hashlib
 import re
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
+from ... import kinds as _kinds
 from ...log import logger, warn_once
 from .fingerprint import SCHEMA, Fingerprint
 from .folder import Kernel
 
-KIND = "nvfuser"
-MANIFEST_KIND = "nvfuser-manifest"
-LOCK_TIMEOUT_S = 20.0
+if TYPE_CHECKING:
+    from ...store import Store
 
-_HEX_RE = re.compile(r"[0-9a-f]{40}")
+KIND = _kinds.NVFUSER
+MANIFEST_KIND = _kinds.NVFUSER_MANIFEST
+LOCK_TIMEOUT_S = 20.0
 
 
 def entry_key(fp: Fingerprint, content_hash: str) -> str:
@@ -56,7 +58,7 @@ def key_components(fp: Fingerprint, k: Kernel | None = None) -> dict[str, Any]:
     return comps
 
 
-def put_kernel(store: Any, fp: Fingerprint, k: Kernel) -> str | None:
+def put_kernel(store: Store, fp: Fingerprint, k: Kernel) -> str | None:
     """Store one kernel: ``"added"``, ``"already"`` (another process committed the same kernel
     first: the store keeps the first, immutable), or None when the store refused."""
     meta = msgpack.packb(
@@ -105,7 +107,7 @@ def kernel_from_hit(hit: Any, content_hash: str) -> Kernel | None:
     return k
 
 
-def read_manifest(store: Any, fp: Fingerprint, count: bool = True) -> list[str] | None:
+def read_manifest(store: Store, fp: Fingerprint, count: bool = True) -> list[str] | None:
     hit = store.get(MANIFEST_KIND, fp.hash, count=count)
     if hit is None:
         return None
@@ -114,12 +116,12 @@ def read_manifest(store: Any, fp: Fingerprint, count: bool = True) -> list[str] 
         members = d["members"] if isinstance(d, dict) and d.get("schema") == SCHEMA else None
         if not isinstance(members, list):
             return None
-        return [m for m in members if isinstance(m, str) and _HEX_RE.fullmatch(m)]
+        return [m for m in members if _kinds.valid_id(m)]
     except Exception:
         return None
 
 
-def _index_members(store: Any, fp: Fingerprint) -> list[str]:
+def _index_members(store: Store, fp: Fingerprint) -> list[str]:
     """Members of ``fp`` as the store's index knows them (the fallback listing)."""
     prefix = fp.hash + "/"
     out = []
@@ -127,7 +129,7 @@ def _index_members(store: Any, fp: Fingerprint) -> list[str]:
         for _ident, _at, _hits, _size, rec, _err in store.index().rows(kind=KIND, order="store_time DESC"):
             if rec is not None and rec.key.startswith(prefix):
                 h = rec.key[len(prefix) :]
-                if _HEX_RE.fullmatch(h):
+                if _kinds.valid_id(h):
                     out.append(h)
     except Exception as e:
         logger.info("nvfuser: cannot list kernels from the index: %s", e)
@@ -135,7 +137,7 @@ def _index_members(store: Any, fp: Fingerprint) -> list[str]:
     return out
 
 
-def list_members(store: Any, fp: Fingerprint) -> tuple[list[str], str]:
+def list_members(store: Store, fp: Fingerprint) -> tuple[list[str], str]:
     """Content hashes stored for ``fp`` (oldest first) and where the list came from:
     ``manifest``, or ``index`` when there is no readable manifest."""
     members = read_manifest(store, fp)
@@ -153,7 +155,7 @@ def list_members(store: Any, fp: Fingerprint) -> tuple[list[str], str]:
 
 
 def update_manifest(
-    store: Any, fp: Fingerprint, add: Iterable[str] = (), drop: Iterable[str] = ()
+    store: Store, fp: Fingerprint, add: Iterable[str] = (), drop: Iterable[str] = ()
 ) -> list[str] | None:
     """Add members to (and remove confirmed-absent members from) ``fp``'s manifest, under the
     store's lock for it. Returns the new member list, or None if it could not be written."""

@@ -15,9 +15,12 @@ import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...log import logger, warn_once
+
+if TYPE_CHECKING:
+    from ...store import Store
 from .fingerprint import current_fingerprint
 from .session import Session
 
@@ -35,7 +38,7 @@ class _ModuleState:
     def __init__(self, module: ModuleType) -> None:
         self.module = module
         self.name = module.__name__
-        self.store: Any = None
+        self.store: Store | None = None
         self.session: Session | None = None
         self.failed = False
 

@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .entries import (
     KIND,
@@ -32,6 +32,9 @@ from .entries import (
 )
 from .fingerprint import Fingerprint
 from .folder import DB_FILE, HEADER, Kernel, load_kernel, read_rows
+
+if TYPE_CHECKING:
+    from ...store import Store
 
 
 @dataclass
@@ -61,7 +64,7 @@ def _zero_atime(path: str) -> None:
         os.utime(path, ns=(0, st.st_mtime_ns))
 
 
-def seed(store: Any, db_dir: str | os.PathLike, fp: Fingerprint) -> SeedResult:
+def seed(store: Store, db_dir: str | os.PathLike, fp: Fingerprint) -> SeedResult:
     """Write every kernel stored for ``fp`` into ``db_dir`` in nvFuser's format (a fresh db.csv
     with ``seed_<i>`` files). ``db_dir`` is created if needed and must hold no db.csv yet.
     Corrupt or mismatching entries are skipped (and reported in ``missing``)."""
@@ -113,7 +116,7 @@ class HarvestResult:
 
 
 def harvest(
-    store: Any,
+    store: Store,
     db_dir: str | os.PathLike,
     fp: Fingerprint,
     known: set[str] | None = None,

@@ -23,33 +23,27 @@ import tempfile
 import threading
 import time
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...log import logger, warn_once
+from ...store.fs import pid_alive
 from .direct import DirectKernelDb
 from .fingerprint import Fingerprint
 from .folder import DB_DIR, DB_FILE, read_rows
 from .libs import codegen_path
 from .seed_harvest import HarvestResult, SeedResult, harvest, seed
 
+if TYPE_CHECKING:
+    from ...store import Store
+
 ROOT_PREFIX = "kcache-nvfuser-"
 SESSION_FILE = "kcache-session.json"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    return True
 
 
 class Session:
     """One process's private KernelDb folder for one nvFuser module, and what it seeded and stored."""
 
-    def __init__(self, store: Any, fp: Fingerprint, root: str, module_name: str = "nvfuser_direct") -> None:
+    def __init__(self, store: Store, fp: Fingerprint, root: str, module_name: str = "nvfuser_direct") -> None:
         self.store = store
         self.fp = fp
         self.root = root
@@ -80,7 +74,7 @@ class Session:
 
     # -- setting up ---------------------------------------------------------------------------
     @classmethod
-    def create(cls, store: Any, fp: Fingerprint, module_name: str = "nvfuser_direct") -> Session:
+    def create(cls, store: Store, fp: Fingerprint, module_name: str = "nvfuser_direct") -> Session:
         base = tempfile.gettempdir()  # Python's value is computed (and cached) before any TMPDIR change
         root = tempfile.mkdtemp(prefix=f"{ROOT_PREFIX}{os.getpid()}-", dir=base)
         s = cls(store, fp, root, module_name)
@@ -208,7 +202,7 @@ class Session:
     def flush(self) -> int:
         """Store the kernels added since the last flush. Returns how many were new to the store."""
         with self._lock:
-            if self.pid != os.getpid() or self.store is None or getattr(self.store, "_closed", False):
+            if self.pid != os.getpid() or self.store is None or self.store.closed:
                 return 0
             if self.mode == "tmpdir" and self.tmpdir_pending:
                 return 0  # nvFuser has not opened the folder: nothing of its own there
@@ -299,10 +293,10 @@ def _owned_by_nobody(root: str, pid: int) -> bool:
 
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except ImportError:
-        return not _pid_alive(pid)
+        return not pid_alive(pid)
     except OSError:
         try:
-            return not _pid_alive(pid) and time.time() - os.lstat(root).st_mtime > 60
+            return not pid_alive(pid) and time.time() - os.lstat(root).st_mtime > 60
         except OSError:
             return False
     try:
@@ -314,7 +308,7 @@ def _owned_by_nobody(root: str, pid: int) -> bool:
         os.close(fd)  # also releases the probe's lock
 
 
-def adopt_stale(store: Any, fp: Fingerprint, base: str, exclude: str = "") -> int:
+def adopt_stale(store: Store, fp: Fingerprint, base: str, exclude: str = "") -> int:
     """Harvest, then remove, private folders that dead processes of this user left in ``base``
     (a crash skips the harvest at exit). Folders of another fingerprint are only removed."""
     n = 0
