@@ -633,3 +633,21 @@ def test_any_argv_exits_cleanly_and_reads_never_write(template, tmp_path_factory
     if rc == 0 and ("--json" in rest or json_first):
         json.loads(out.getvalue())
     shutil.rmtree(root.parent, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("inspect", "--kind", "nosuchkind"),
+        ("clear", "--kind", "triton-kernal"),
+        ("explain", "--kind", "Triton"),
+    ],
+)
+def test_an_unknown_kind_is_a_bad_argument(filled, clean_env, args) -> None:
+    """A misspelt --kind used to exit 0 having done nothing: now exit 2, naming the kinds."""
+    root, _ids = filled
+    r = kc(clean_env, *args, "--dir", str(root))
+    assert r.returncode == 2
+    one_line_error(r)
+    assert "triton-autotune" in r.stderr and "inductor-fx" in r.stderr
+    assert len(kjson(clean_env, "inspect", "--dir", str(root))) == len(_ids), "nothing was removed"
