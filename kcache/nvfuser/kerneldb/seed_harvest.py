@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ...store.fs import atomic_write
 from .entries import (
     KIND,
     entry_key,
@@ -95,9 +96,7 @@ def seed(store: Store, db_dir: str | os.PathLike, fp: Fingerprint) -> SeedResult
         res.seeded[h] = cubin
         res.bytes += len(k.code) + len(k.cubin)
     csv = os.path.join(d, DB_FILE)
-    tmp = os.path.join(d, f".{DB_FILE}.{os.getpid()}.tmp")
-    _write_new(tmp, ("\n".join(lines) + "\n").encode("ascii"))
-    os.replace(tmp, csv)
+    atomic_write(csv, ("\n".join(lines) + "\n").encode("ascii"))
     _zero_atime(csv)
     res.seconds = time.perf_counter() - t0
     return res
