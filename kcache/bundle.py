@@ -14,15 +14,22 @@ versions, libtriton digests: answers about this machine's own files) are never e
 never imported, signed or not.
 
 Hostile inputs: the bundle must be a regular file (a FIFO or ``/dev/zero`` is refused, never
-read); the tar is read member by member, never extracted; a name that is not
-``e/<40 hex>/<plain file name>``, a member that is not a regular file (links, devices, sparse
-files) or whose size differs from its record is refused; every member is bounded by
-:data:`MAX_MEMBER` and the whole bundle by the store's size bound before anything is read, and
-members are streamed to disk while hashed, never held whole in memory.
+read), a tar or a gzip-compressed tar (what export writes; bz2 and xz are refused); the tar is
+read member by member, never extracted; a name that is not ``e/<40 hex>/<plain file name>``, a
+member that is not a regular file (links, devices, sparse files), a member that appears twice or
+whose size differs from its record is refused. Before anything is read, every member is bounded
+by :data:`MAX_MEMBER`, every entry by :data:`MAX_ENTRY` and the whole bundle by the store's size
+bound (a bundle over any of them is refused whole, nothing imported). Members are streamed to
+disk while hashed, never held whole in memory by the import (the store holds one entry's bytes
+while it writes it: hence :data:`MAX_ENTRY`). What tarfile itself reads (each header with its
+pax or GNU extension records and sparse maps) is bounded by :data:`MAX_HEADER`: the decompressed
+stream is read through a window that advances member by member, so neither a header that claims
+gigabytes nor compressed data that expands past what the manifest declares is ever read.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import hmac
 import io
@@ -47,6 +54,13 @@ _MEMBER_RE = re.compile(r"^e/([0-9a-f]{40})/([^/]+)$")
 MAX_MANIFEST = 256 << 20
 #: The largest single member imported (and never more than the store's size bound).
 MAX_MEMBER = 1 << 30
+#: The largest entry imported (all its members together): Store.put holds an entry's bytes in
+#: memory while it writes it, so this bounds what an import holds (a gzip bomb of many members
+#: of 1 GiB each would otherwise pass every per-member check).
+MAX_ENTRY = 1 << 30
+#: The most that one tar header may take with its pax or GNU extension records and sparse maps
+#: (kcache's own take under 2 KiB): tarfile reads those whole, at the size the header claims.
+MAX_HEADER = 64 << 10
 _CHUNK = 1 << 20
 
 
@@ -130,20 +144,99 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
+class _Window:
+    """The bundle's (decompressed) bytes, readable only up to :attr:`end`, which the reader moves
+    ahead one member at a time: a header may take :data:`MAX_HEADER`, a member's data what its
+    record declares. tarfile reads a header's pax records, GNU long names and sparse maps in one
+    read of the size the header claims (a 1.5 KB tar can ask for 8 GiB) and skips members by
+    reading (decompressing) through them: both stop at the window with a :class:`BundleError`,
+    before anything is read or allocated."""
+
+    def __init__(self, f: BinaryIO, path: str, compressed: bool = False) -> None:
+        self._f, self.path, self.pos, self.end = f, path, 0, MAX_HEADER
+        self._compressed = compressed
+
+    def allow(self, end: int) -> None:
+        self.end = end
+
+    def read(self, n: int | None = -1) -> bytes:
+        if n is None or n < 0:
+            n = max(0, self.end - self.pos)
+        if self.pos + n > self.end:
+            raise BundleError(
+                f"{self.path}: the bundle asks to read {n} bytes at offset {self.pos}, past what its "
+                f"manifest declares (a tar header over {MAX_HEADER} bytes, or data past a member); stopped"
+            )
+        b = self._f.read(n)
+        self.pos += len(b)
+        return b
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        target = offset if whence == 0 else self.pos + offset if whence == 1 else -1
+        if target < 0 or target > self.end:
+            raise BundleError(f"{self.path}: the bundle seeks past what its manifest declares; stopped")
+        if target > self.pos and self._compressed:
+            # Forward through a compressed stream: decompress and drop, a MiB at a time
+            # (GzipFile.seek goes 8 KiB at a time, four times slower).
+            while self.pos < target:
+                b = self._f.read(min(_CHUNK, target - self.pos))
+                if not b:
+                    raise BundleError(f"{self.path}: the bundle is cut short; stopped")
+                self.pos += len(b)
+        elif target != self.pos:
+            self._f.seek(target)
+            self.pos = target
+        return target
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+
 class Bundle:
     """An opened, checked bundle: its manifest's records and whether its signature verified.
     Made by :func:`open_bundle`; its members are read by :func:`import_bundle`."""
 
     def __init__(
-        self, path: str, tar: tarfile.TarFile, fileobj: BinaryIO, records: dict[str, Record], signed: bool
+        self,
+        path: str,
+        tar: tarfile.TarFile,
+        fileobj: BinaryIO,
+        records: dict[str, Record],
+        signed: bool,
+        window: _Window | None = None,
+        closers: list[Any] | None = None,
     ):
         self.path, self.tar, self._fileobj, self.records, self.signed = path, tar, fileobj, records, signed
+        self.window = window
+        self._closers = closers or []
 
     def close(self) -> None:
         try:
             self.tar.close()
         finally:
+            for c in self._closers:
+                try:
+                    c.close()
+                except Exception:
+                    pass
             self._fileobj.close()
+
+
+def _next(tar: tarfile.TarFile, window: _Window, path: str) -> tarfile.TarInfo | None:
+    """The next member's header, read through the window (at most :data:`MAX_HEADER` more)."""
+    window.allow(max(tar.offset, window.pos) + MAX_HEADER)
+    try:
+        return tar.next()
+    except BundleError:
+        raise
+    except Exception as e:  # tarfile, gzip and zlib raise many types (IndexError on a cut sparse map)
+        raise BundleError(f"{path}: not a kcache bundle ({type(e).__name__}: {e})") from None
 
 
 def open_bundle(path: str | Path, *, secret: bytes | None = None, key_tag: str = "") -> Bundle:
@@ -158,31 +251,55 @@ def open_bundle(path: str | Path, *, secret: bytes | None = None, key_tag: str =
     except OSError as e:
         raise BundleError(f"{path}: {e.strerror or e}") from None
     f = os.fdopen(fd, "rb")
+    closers: list[Any] = []
     try:
         try:
-            tar = tarfile.open(fileobj=f, mode="r:*")
-        except (OSError, tarfile.TarError, EOFError, ValueError) as e:
-            raise BundleError(f"{path}: not a kcache bundle ({e})") from None
+            magic = f.read(6)
+            f.seek(0)
+        except OSError as e:
+            raise BundleError(f"{path}: {e.strerror or e}") from None
+        src: Any = f
+        if magic[:2] == b"\x1f\x8b":
+            src = gzip.GzipFile(fileobj=f, mode="rb")  # decompressed as read, never whole
+            closers.append(src)
+        elif magic[:3] == b"BZh" or magic == b"\xfd7zXZ\x00":
+            raise BundleError(f"{path}: not a kcache bundle (bz2 or xz; kcache export writes tar or tar.gz)")
+        window = _Window(src, path, compressed=src is not f)
         try:
-            records, signed = _read_manifest(path, tar, secret, key_tag)
+            tar = tarfile.open(fileobj=window, mode="r:")  # type: ignore[call-overload]
+        except BundleError:
+            raise
+        except Exception as e:
+            raise BundleError(f"{path}: not a kcache bundle ({type(e).__name__}: {e})") from None
+        try:
+            records, signed = _read_manifest(path, tar, secret, key_tag, window)
         except BaseException:
             tar.close()
             raise
     except BaseException:
+        for c in closers:
+            try:
+                c.close()
+            except Exception:
+                pass
         f.close()
         raise
-    return Bundle(path, tar, f, records, signed)
+    return Bundle(path, tar, f, records, signed, window, closers)
 
 
 def _read_manifest(
-    path: str, tar: tarfile.TarFile, secret: bytes | None, key_tag: str
+    path: str, tar: tarfile.TarFile, secret: bytes | None, key_tag: str, window: _Window
 ) -> tuple[dict[str, Record], bool]:
-    try:
-        first = tar.next()
-    except (OSError, tarfile.TarError, EOFError, ValueError) as e:
-        raise BundleError(f"{path}: not a kcache bundle ({e})") from None
-    if first is None or first.name != MANIFEST or not first.isreg() or first.size > MAX_MANIFEST:
+    first = _next(tar, window, path)
+    if (
+        first is None
+        or first.name != MANIFEST
+        or not first.isreg()
+        or first.issparse()
+        or first.size > MAX_MANIFEST
+    ):
         raise BundleError(f"{path}: not a kcache bundle (no {MANIFEST} first)")
+    window.allow(first.offset_data + first.size)
     raw = _read_member(tar, first, first.size, path)
     try:
         outer = msgpack.unpackb(raw, raw=False)
@@ -244,7 +361,9 @@ def _read_member(
                 sink.write(b)
             else:
                 chunks.append(b)
-    except (OSError, tarfile.TarError, EOFError, ValueError, MemoryError) as e:
+    except BundleError:
+        raise
+    except Exception as e:  # OSError, tarfile's, gzip's EOFError, zlib.error, MemoryError
         raise BundleError(f"{path}: cannot read member {m.name!r} ({type(e).__name__}: {e})") from None
     if got != m.size:
         raise BundleError(f"{path}: member {m.name!r} is truncated ({got} of {m.size} bytes)")
@@ -278,19 +397,35 @@ def _import(store: Store, b: Bundle) -> dict[str, Any]:
     declared = {(r.id, f.name): f for r in b.records.values() for f in r.files}
     total_bound = max(0, store.max_size)
     member_bound = min(MAX_MEMBER, total_bound)
+    entry_bound = min(MAX_ENTRY, total_bound)
     total = sum(f.size for f in declared.values())
     if total > total_bound:
         raise BundleError(
             f"{b.path}: the bundle holds {total} bytes, more than the store's bound ({total_bound}); nothing imported"
         )
+    for ident, rec in b.records.items():
+        # Decided from the manifest, before anything is read (the store holds an entry's bytes
+        # in memory while it writes it). Refused whole, as for the total: skipping it would
+        # still mean decompressing through it.
+        big = max((f.size for f in rec.files), default=0)
+        if big > member_bound or rec.size > entry_bound:
+            raise BundleError(
+                f"{b.path}: entry {ident[:12]} ({rec.kind}) holds {rec.size} bytes, over the bound "
+                f"(members at most {member_bound}, an entry at most {entry_bound}); nothing imported"
+            )
+    window = b.window
+    if window is None:
+        raise BundleError(f"{b.path}: not opened by open_bundle")
     scratch = store.scratch_dir()
     staged: dict[str, dict[str, str]] = {}
     bad: dict[str, str] = {}
+    seen: set[tuple[str, str]] = set()
     n = 0
     try:
-        for i, m in enumerate(b.tar):
-            if i == 0 and m.name == MANIFEST:
-                continue  # read by open_bundle
+        while True:
+            m = _next(b.tar, window, b.path)
+            if m is None:
+                break
             match = _MEMBER_RE.match(m.name)
             if not match or not valid_name(match.group(2)) or match.group(1) not in b.records:
                 raise BundleError(f"{b.path}: unexpected member {m.name!r}; stopped")
@@ -300,15 +435,21 @@ def _import(store: Store, b: Bundle) -> dict[str, Any]:
             info = declared.get((ident, name))
             if info is None:
                 raise BundleError(f"{b.path}: member {m.name!r} is not in its record; stopped")
+            if (ident, name) in seen:
+                # Each copy would be read (decompressed) and staged again: a small gzip file could
+                # write many times the store's bound. kcache export writes each member once.
+                raise BundleError(f"{b.path}: member {m.name!r} appears twice; stopped")
+            seen.add((ident, name))
             if m.size != info.size:
                 raise BundleError(
                     f"{b.path}: member {m.name!r} is {m.size} bytes, its record says {info.size}; stopped"
                 )
             if ident in refused:
-                continue  # skipped unread: tarfile seeks (or reads past) its data
+                continue  # skipped unread: tarfile seeks (or reads past) its data, at most its declared size
             n += 1
             dst = os.path.join(scratch, f"import.{n}")
             h = hashlib.sha256()
+            window.allow(m.offset_data + m.size)
             with open(dst, "xb", opener=_private_opener) as out:
                 _read_member(b.tar, m, member_bound, b.path, sink=_Hashing(out, h))
             if h.hexdigest() != info.sha256:

@@ -46,6 +46,9 @@ _GRP = "__grp__"
 #: Bounds on what is read from the folder (a ``__grp__`` file linked to /dev/zero, a huge file).
 MAX_JSON = 16 << 20
 MAX_FILE = 1 << 30
+#: The most one kernel (all the files of its group) may take: the store holds an entry's bytes
+#: in memory while it writes it, so a group of several sparse 1 GiB files is skipped, unread.
+MAX_GROUP = 1 << 30
 
 
 def _read(path: Path, limit: int) -> bytes:
@@ -72,10 +75,29 @@ def _trusted_host_code(path: Path, key_dir: Path, root: Path) -> str | None:
                 return f"{p} is a symlink"
             if not _private(st):
                 return f"{p} is not owned by this user or is writable by others"
-        if _read(path, MAX_FILE)[:4] != b"\x7fELF":
+        # The first four bytes only (the whole file is read once, by put, if it is one).
+        fd = fs.open_input(str(path), MAX_FILE)
+        try:
+            head = os.read(fd, 4)
+        finally:
+            os.close(fd)
+        if head != b"\x7fELF":
             return "not an ELF shared object"
-    except OSError as e:
+    except (OSError, fs.UnsafePath) as e:
         return str(e)
+    return None
+
+
+def _too_large(files: dict[str, Path], bound: int) -> str | None:
+    """Why the files are too large to import together (sizes from lstat, nothing read), or None."""
+    total = 0
+    for p in files.values():
+        try:
+            total += os.lstat(p).st_size
+        except OSError as e:
+            return str(e)
+    if total > bound:
+        return f"too large: {total} bytes (at most {bound} per kernel)"
     return None
 
 
@@ -181,14 +203,26 @@ def import_triton_cache(
     def skip(path: Path, why: str) -> None:
         skipped.append({"path": str(path), "why": why})
 
+    bound = min(MAX_GROUP, store.max_size)
+
     def put(
         kind: str, skey: str, files: dict[str, Path], comps: dict[str, Any], summary: dict[str, Any]
-    ) -> bool:
+    ) -> bool | None:
+        """True when stored, False when already there, None when skipped (said in the report)."""
         if store.get(kind, skey, count=False) is not None:
             return False
+        where = next(iter(files.values()))
+        why = _too_large(files, bound)
+        if why is not None:
+            skip(where, why)
+            return None
         # Bytes, not paths: the store would hard-link a path, sharing the inode (and its mode)
         # with a file in a folder kcache does not control.
-        blobs = {n: _read(p, min(MAX_FILE, store.max_size)) for n, p in files.items()}
+        try:
+            blobs = {n: _read(p, min(MAX_FILE, bound)) for n, p in files.items()}
+        except OSError as e:  # changed since it was listed (now a FIFO, a link, larger): skipped
+            skip(where, str(e))
+            return None
         hit = store.put(kind, skey, blobs, components=comps, summary=summary)
         if hit is None:
             raise OSError(f"could not write to the store at {store.root}")
@@ -226,9 +260,10 @@ def import_triton_cache(
                 summary["triton_version"] = comps["triton_version"]
             if this_triton and comps.get("triton_version") not in (None, this_triton):
                 report["other_triton"] += 1
-            if put(KIND_GROUP, store_key(key, name), files, comps, summary):
+            done = put(KIND_GROUP, store_key(key, name), files, comps, summary)
+            if done:
                 report["kernels"] += 1
-            else:
+            elif done is False:
                 report["kernels_present"] += 1
         for n in names:
             if n in used:

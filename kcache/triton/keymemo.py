@@ -27,6 +27,7 @@ from typing import Any
 from .. import active_store, fingerprint
 from .. import kinds as _kinds
 from ..log import logger
+from .toolmemo import boot_id, trusted
 
 KIND = _kinds.TRITON_META
 _lock = threading.Lock()
@@ -44,10 +45,12 @@ def _libtriton_path(cache_mod: Any) -> str | None:
 def file_identity(path: str) -> str:
     st = os.stat(path)
     real = os.path.realpath(path)
-    # "v2": entries written before machine-local kinds were refused from bundles are never read.
+    # "v3" and this boot's id (see toolmemo.boot_id): a digest planted under a key anyone could
+    # compute (v1, v2: an older kcache imported them from bundles) is never read; a wrong one
+    # would give this Triton another build's key.
     return (
-        f"v2|{real}|ino={st.st_ino}|size={st.st_size}|mtime={st.st_mtime_ns}|ctime={st.st_ctime_ns}"
-        f"|triton={fingerprint.current('triton_version')}"
+        f"v3|boot={boot_id()}|{real}|ino={st.st_ino}|size={st.st_size}|mtime={st.st_mtime_ns}"
+        f"|ctime={st.st_ctime_ns}|triton={fingerprint.current('triton_version')}"
     )
 
 
@@ -62,6 +65,8 @@ def sha256_file(path: str) -> str:
 def libtriton_digest(path: str) -> tuple[str, bool]:
     """(sha256 of the file, whether it came from the memo)."""
     store = active_store()
+    if store is not None and not trusted(store):
+        store = None  # a store that failed its trust checks: never asked, never told
     ident = file_identity(path)
     if store is not None:
         hit = store.get(KIND, ident, count=False)

@@ -6,8 +6,11 @@ the way to the first kernel of every process. The output names the ptxas that is
 key, so it is remembered exactly, keyed by what identifies the binary (real path, inode, size,
 mtime and ctime in ns); a replaced binary is asked again.
 
-The memo is machine-local (kind ``triton-meta``): it is never exported, imported or shared, and
-an answer that does not look like a version banner is ignored (the tool is asked).
+The memo is machine-local (kind ``triton-meta``): it is never exported, imported or shared; its
+key also names this boot of this machine (:func:`boot_id`), so an entry that reached the store
+any other way (an older kcache's import, another host on a shared folder) is never looked up; a
+store that failed its trust checks (``KCACHE_ALLOW_INSECURE=1``) is never asked; and an answer
+without the ``release X.Y`` Triton parses is ignored (the tool is asked).
 
 Only calls of the form ``check_output([path, "--version"], ...)`` made from the Triton modules
 listed in :data:`MODULES` are answered from the memo; everything else goes to :mod:`subprocess`
@@ -17,6 +20,7 @@ untouched, errors included.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -33,6 +37,41 @@ def _identity(path: str) -> str:
     return f"{os.path.realpath(path)}|ino={st.st_ino}|size={st.st_size}|mtime={st.st_mtime_ns}|ctime={st.st_ctime_ns}"
 
 
+_boot: str | None = None
+
+
+def boot_id() -> str:
+    """This boot of this machine: Linux's random per-boot id ("none" where there is none).
+
+    Part of every machine-local memo key: the binary's path, inode, size and times are the same
+    in every container of one image, and a bundle made in one could carry a wrong answer under
+    exactly the key another looks up (older kcache versions imported such entries; a plausible
+    wrong ``ptxas --version`` breaks every compile). Nothing outside this machine knows this id
+    (local users can read it: a store they can write is not asked at all, see :func:`trusted`),
+    and it changes at every boot: one ``--version`` call (and one libtriton hash) per boot."""
+    global _boot
+    if _boot is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+                _boot = f.read(64).strip().decode("ascii", "replace") or "none"
+        except OSError:
+            _boot = "none"
+    return _boot
+
+
+def trusted(store: Any) -> bool:
+    """Whether machine-local answers may be read from (and written to) ``store``: not from a
+    store that failed its ownership checks (another user could plant them)."""
+    return bool(getattr(store, "trust_host_code", False))
+
+
+def memo_key(path: str, stderr: Any) -> str:
+    """The store key of ``[path, "--version"]`` run with ``stderr``."""
+    # "v3": bound to this boot (see boot_id); v1 and v2 entries (which an import could have
+    # planted under a key anyone could compute) are never read.
+    return f"tool-version/v3|boot={boot_id()}|{_identity(path)}|stderr={stderr!r}"
+
+
 class _MemoSubprocess:
     """Stands in for the ``subprocess`` module inside one Triton module."""
 
@@ -46,6 +85,7 @@ class _MemoSubprocess:
         store = active_store()
         if (
             store is None
+            or not trusted(store)
             or rest
             or set(kwargs) - {"stderr"}
             or not isinstance(args, (list, tuple))
@@ -56,9 +96,7 @@ class _MemoSubprocess:
         ):
             return self._real.check_output(args, *rest, **kwargs)
         try:
-            # "v2": entries written before machine-local kinds were refused from bundles (which
-            # could carry a wrong answer for this very binary) are never read.
-            key = f"tool-version/v2|{_identity(args[0])}|stderr={kwargs.get('stderr')!r}"
+            key = memo_key(args[0], kwargs.get("stderr"))
             hit = store.get(KIND, key, count=False)
             if hit is not None and _plausible(hit.read("output")):
                 return hit.read("output")
@@ -71,14 +109,16 @@ class _MemoSubprocess:
 
 
 def _plausible(out: bytes) -> bool:
-    """A remembered answer that could be a tool's ``--version`` output (else: ask the tool)."""
+    """A remembered answer that could be a CUDA tool's ``--version`` output (else: ask the tool).
+    Triton reads the version from ``release X.Y`` (knobs.NvidiaTool.from_path): an answer without
+    one made every compile fail with "Cannot find ptxas"."""
     if not out or len(out) > 1 << 16:
         return False
     try:
         text = out.decode("utf-8")
     except UnicodeDecodeError:
         return False
-    return "version" in text.lower() or "release" in text.lower()
+    return re.search(r"release \d+\.\d+", text) is not None
 
 
 def _patch(mod: Any) -> None:

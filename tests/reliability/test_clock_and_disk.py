@@ -1,0 +1,237 @@
+"""Clock skew and a full disk (issue 18, points 4 and 5).
+
+- A process whose clock runs an hour ahead (``time.time`` and ``time.time_ns`` shifted by a
+  sitecustomize; the kernel's clock, and so the filesystem's, untouched) evicts under a tiny
+  bound: what others used within the grace period stays, because last use and the grace period
+  are judged by the filesystem's clock. Real Triton compiles in several processes go on while
+  such a process evicts and removes entries: an entry removed under a reader is a miss.
+- On a tmpfs filled to the last byte, ``kcache clear --kind`` and ``clear --all`` remove entries
+  (folders first, the index after), free space and say so; ``verify --fix`` then leaves the store
+  clean.
+
+Children import the kcache of this checkout (``PYTHONPATH``); run against the code before
+efe2a87 every test here fails (see the docstrings).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import tmpfs
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load_inputs() -> Any:
+    spec = importlib.util.spec_from_file_location("chaos_inputs", REPO / "tools" / "chaos_inputs.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("chaos_inputs", mod)
+    spec.loader.exec_module(mod)
+    return sys.modules["chaos_inputs"]
+
+
+ci = _load_inputs()
+
+
+# ============================================================================= 4. clock skew
+
+
+def test_skew_site_shifts_the_clock(tmp_path: Path) -> None:
+    """The control: the sitecustomize really moves time.time() and time.time_ns() an hour ahead
+    (and leaves the filesystem's clock alone)."""
+    env = ci.skewed_env(ci.child_env(tmp_path), tmp_path / "skew")
+    code = "import os, time, json; f = os.open('f', os.O_CREAT | os.O_WRONLY); print(json.dumps([time.time(), time.time_ns() / 1e9, os.fstat(f).st_mtime]))"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
+    t, tns, mtime = json.loads(r.stdout)
+    now = time.time()
+    assert abs(t - now - ci.SKEW_S) < 30 and abs(tns - now - ci.SKEW_S) < 30
+    assert abs(mtime - now) < 30
+
+
+def test_skewed_clock_never_evicts_entries_in_use(tmp_path: Path) -> None:
+    """12 entries unused for 1,000 s and 8 in use by another process; a process an hour ahead
+    evicts under a 1 KiB bound, over and over, for 2 s: the 12 go, the 8 stay (every hit of the
+    user is a hit, byte-exact). Before efe2a87 the skewed process judged by its own clock and
+    evicted the entries in use too."""
+    env = ci.child_env(tmp_path)
+    root = tmp_path / "store"
+    old = [f"old/{i}" for i in range(12)]
+    hot = [f"hot/{i}" for i in range(8)]
+    res = ci.finish(ci.store_child(root, "fill", {"keys": old + hot}, env))
+    assert not res["errors"], res["errors"]
+    ids = res["ids"]
+    ci.age_entries(root, [ids[k] for k in old], 1000, env)
+    user = ci.store_child(root, "use", {"keys": hot, "seconds": 4}, env)
+    time.sleep(0.5)  # the user's first hits land before the eviction starts
+    skewed = ci.skewed_env(env, tmp_path / "skew")
+    ev = ci.finish(ci.store_child(root, "evict", {"max_size": 1024, "seconds": 2}, skewed))
+    used = ci.finish(user)
+    assert not ev["errors"] and not used["errors"], (ev["errors"], used["errors"])
+    assert ev["clock"] - time.time() > ci.SKEW_S - 60, "the evicting process's clock was not ahead"
+    on_disk = ci.entry_ids_on_disk(root)
+    assert [k for k in hot if ids[k] not in on_disk] == [], "entries in use were evicted"
+    assert used["misses"] == [] and used["wrong"] == 0 and used["hits"] > 0, used
+    assert ev["evicted"] == len(old) and not any(ids[k] in on_disk for k in old), ev
+
+
+COMPILE_LOOP = r"""
+import importlib.util, json, sys, time, traceback
+spec = importlib.util.spec_from_file_location("kcache_chaos", {chaos!r})
+chaos = importlib.util.module_from_spec(spec); sys.modules["kcache_chaos"] = chaos
+spec.loader.exec_module(chaos)
+import triton, kcache
+ref = {ref!r}
+out = {{"enabled": kcache.is_enabled(), "compiles": 0, "errors": [], "mismatches": 0}}
+end = time.monotonic() + {seconds!r}
+specs = [tuple(s) for s in {specs!r}]
+i = {start!r}
+while time.monotonic() < end:
+    spec = specs[i % len(specs)]; i += 1
+    try:
+        d = chaos.kernel_digest(chaos.compile_kernel(spec))
+    except Exception:
+        out["errors"].append(traceback.format_exc(limit=4)[-2000:])
+        continue
+    out["compiles"] += 1
+    out["mismatches"] += d != ref["/".join(map(str, spec))]
+st = kcache.active_store()
+if st is not None:
+    st.flush(force=True)
+    out["counts"] = st.counts.process_totals().get("triton", {{}})
+print(json.dumps(out))
+"""
+
+
+def test_compiles_go_on_while_a_skewed_process_evicts(tmp_path: Path, reference_kernels: dict) -> None:
+    """Two processes compile four real kernels in a loop under KCACHE=1 with a 1 KB bound (one
+    of them with its clock an hour ahead), for 20 s, while a third process, also an hour ahead,
+    evicts every 50 ms and removes every entry every 0.5 s: no compile raises, every kernel is
+    Triton's own, and entries are really removed under the compilers (hits, misses and
+    evictions all happen). Before efe2a87 hits' files were removed between the lookup and
+    Triton's open: FileNotFoundError out of triton.compile."""
+    from .conftest import CHAOS_PATH, load_chaos
+
+    chaos = load_chaos()
+    specs = chaos.kernel_specs(4)
+    seconds = 20.0
+    root = tmp_path / "store"
+    env = ci.child_env(tmp_path, KCACHE="1", KCACHE_DIR=str(root), KCACHE_MAX_SIZE="1KB")
+    skewed = ci.skewed_env(env, tmp_path / "skew")
+    ref = {n: reference_kernels[n] for n in ("/".join(map(str, s)) for s in specs)}
+    workers = []
+    for i, e in enumerate((env, skewed)):
+        code = COMPILE_LOOP.format(
+            chaos=str(CHAOS_PATH), ref=ref, seconds=seconds, specs=[list(s) for s in specs], start=i
+        )
+        workers.append(
+            subprocess.Popen(
+                [sys.executable, "-c", code], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/"
+            )
+        )
+    aggressor = ci.store_child(
+        root,
+        "aggressor",
+        {"max_size": 1000, "seconds": seconds, "remove_every": 10},
+        ci.skewed_env(ci.child_env(tmp_path), tmp_path / "skew2"),
+    )
+    results = []
+    for p in workers:
+        out, err = p.communicate(timeout=300)
+        assert b"Traceback" not in err, err.decode(errors="replace")[-3000:]
+        assert p.returncode == 0, err.decode(errors="replace")[-3000:]
+        results.append(json.loads(out.decode().strip().splitlines()[-1]))
+    agg = ci.finish(aggressor)
+    assert not agg["errors"], agg["errors"]
+    assert agg["removed"] > 0, agg  # entries were removed under the compilers
+    for r in results:
+        assert r["enabled"]
+        assert r["errors"] == [], r["errors"][0]
+        assert r["mismatches"] == 0, r
+        assert r["compiles"] >= 8, r
+    hits = sum(int(r.get("counts", {}).get("hits", 0)) for r in results)
+    misses = sum(int(r.get("counts", {}).get("misses", 0)) for r in results)
+    assert hits > 0 and misses > len(specs), (hits, misses)  # served, and recompiled after removals
+
+
+# ============================================================================= 5. full disk
+
+
+def _clear(root: Path, env: dict[str, str], *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    r = ci.cli(["clear", *args, "--dir", str(root)], env)
+    assert b"Traceback" not in r.stderr, r.stderr.decode(errors="replace")
+    return r, r.stdout.decode(errors="replace").splitlines()
+
+
+def test_clear_frees_a_full_disk(tmp_path: Path) -> None:
+    """A 4 MiB tmpfs filled by a store (entries of two kinds) and then, to the last byte, by a
+    filler file: ``clear --kind triton`` removes exactly the triton entries and frees space; the
+    disk filled again, ``clear --all --json`` removes the rest; each says what it removed, and
+    a second line if the index could not be updated. ``verify --fix`` then leaves the store
+    clean. Before efe2a87 both exited 1 and deleted nothing (opening the index for writing
+    needs space), with a message about the index."""
+    with tmpfs(tmp_path / "mnt", "4m") as mnt:
+        env = ci.child_env(tmp_path)
+        root = mnt / "store"
+        n = ci.fill_store(root, env)
+        assert n["triton"] > 5 and n["nvfuser"] > 5, n
+        ci.fill_to_the_last_byte(mnt / "filler")
+        assert ci.free_bytes(mnt) == 0
+        before = ci.entry_ids_on_disk(root)
+        assert len(before) == n["triton"] + n["nvfuser"]
+
+        r, out = _clear(root, env, "--kind", "triton")
+        assert r.returncode == 0, (out, r.stderr)
+        assert out[0].startswith(f"removed {n['triton']} entries, "), out
+        assert all("index could not be updated" in line for line in out[1:]), out
+        assert ci.free_bytes(mnt) > n["triton"] * 48 * 1024 // 2
+        assert len(ci.entry_ids_on_disk(root)) == n["nvfuser"]
+
+        ci.fill_to_the_last_byte(mnt / "filler")
+        assert ci.free_bytes(mnt) == 0
+        r, out = _clear(root, env, "--all", "--json")
+        assert r.returncode == 0, (out, r.stderr)
+        rep = json.loads("\n".join(out))
+        assert rep["count"] == n["nvfuser"] and rep["bytes"] >= n["nvfuser"] * 48 * 1024, rep
+        assert rep["index_updated"] or rep["index_problem"], rep
+        assert ci.entry_ids_on_disk(root) == set()
+        assert ci.free_bytes(mnt) > 0
+
+        r = ci.cli(["verify", "--fix", "--dir", str(root)], env)
+        assert r.returncode == 0 and b"Traceback" not in r.stderr, (r.stdout, r.stderr)
+        os.unlink(mnt / "filler")
+        r = ci.cli(["verify", "--json", "--dir", str(root)], env)
+        assert r.returncode == 0, r.stdout
+        assert json.loads(r.stdout)["ok"]
+        r = ci.cli(["stats", "--json", "--dir", str(root)], env)
+        assert json.loads(r.stdout)["entries"] == 0
+
+
+@pytest.mark.parametrize("what", ["clear --all", "verify --fix"])
+def test_full_disk_of_leftovers_only(what: str, tmp_path: Path) -> None:
+    """The disk is full of what a dead writer left in ``tmp/``: ``clear --all`` and ``verify
+    --fix`` remove it first (that frees the space they need), and ``clear`` says so."""
+    with tmpfs(tmp_path / "mnt", "2m") as mnt:
+        env = ci.child_env(tmp_path)
+        root = mnt / "store"
+        res = ci.finish(ci.store_child(root, "fill", {"keys": ["one"]}, env))
+        assert not res["errors"], res["errors"]
+        dead = root / "tmp" / "0123456789abcdef0123456789abcdef01234567.999999999.0000000000000000"
+        dead.mkdir()
+        ci.fill_to_the_last_byte(dead / "m0.cubin")
+        assert ci.free_bytes(mnt) == 0
+        r = ci.cli([*what.split(), "--dir", str(root)], env)
+        assert r.returncode == 0 and b"Traceback" not in r.stderr, (r.stdout, r.stderr)
+        assert not dead.exists()
+        assert ci.free_bytes(mnt) > 0
+        if what == "clear --all":
+            assert r.stdout.startswith(b"removed 1 entry") and b"leftovers" in r.stdout, r.stdout
