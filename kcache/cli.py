@@ -217,9 +217,56 @@ def _stats_run(args: argparse.Namespace) -> int:
         print(
             table(["kind", "entries", "size", "hits", "misses", "hit rate", "saved"], rows, right=range(1, 7))
         )
+    if data.get("remote"):
+        _print_remote_counts(data)
     if args.zero:
         print("\ncounters zeroed")
     return 0
+
+
+def _print_remote_counts(data: dict[str, Any]) -> None:
+    """The shared tier's rows of ``kcache stats`` (its hits are part of the hits above)."""
+    from .config import format_size
+
+    r = data["remote"]
+    print("\nshared tier (Redis): its hits are among the hits above")
+    print(
+        table(
+            ["", ""],
+            [
+                ["hits", r["hits"]],
+                ["misses", r["misses"]],
+                ["hit rate", fmt_rate(r["hit_rate"])],
+                ["puts", r["puts"]],
+                ["bytes in", format_size(r["bytes_in"])],
+                ["bytes out", format_size(r["bytes_out"])],
+                ["errors", r["errors"]],
+                ["refused", r["refused"]],
+                ["dropped", r["dropped"]],
+                ["too large", r["too_large"]],
+                ["waited", r["waited"]],
+                ["time", f"{r['s']:.3f} s in Redis calls"],
+            ],
+        ).split("\n", 1)[1]
+    )
+    rows = [
+        [
+            k,
+            v["remote"]["hits"],
+            v["remote"]["misses"],
+            v["remote"]["puts"],
+            format_size(v["remote"]["bytes_in"]),
+            format_size(v["remote"]["bytes_out"]),
+            v["remote"]["errors"],
+            v["remote"]["refused"],
+        ]
+        for k, v in data["by_kind"].items()
+        if "remote" in v
+    ]
+    print()
+    print(
+        table(["kind", "hits", "misses", "puts", "in", "out", "errors", "refused"], rows, right=range(1, 8))
+    )
 
 
 # ---------------------------------------------------------------------------------- inspect
@@ -441,8 +488,12 @@ def _config_run(args: argparse.Namespace) -> int:
     rows = []
     for r in res["settings"]:
         v = r["value"]
-        if r["name"] == "max_size":
+        if r["name"] in ("max_size", "remote_max_entry"):
             v = f"{format_size(v)} ({v} bytes)"
+        elif r["name"] == "remote_timeout":
+            v = f"{v:g} ms"
+        elif r["name"] == "remote_lock_lease":
+            v = f"{v:g} s" + (" (off)" if not v else "")
         rows.append([r["name"], r["env"], "-" if v is None else v, r["source"]])
     print(table(["setting", "variable", "value", "source"], rows))
     st = res["store"]
@@ -465,7 +516,68 @@ def _config_run(args: argparse.Namespace) -> int:
         print("\nproblems (caching is off until they are fixed):")
         for p in res["problems"]:
             print(f"  {p}")
+    if res.get("remote_problems"):
+        print("\nproblems with the shared tier (it is off until they are fixed; local caching is on):")
+        for p in res["remote_problems"]:
+            print(f"  {p}")
     return 0
+
+
+# ---------------------------------------------------------------------------------- remote
+def _remote_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--limit",
+        type=_count,
+        default=10_000,
+        help="check at most N entries of the index, newest first (default 10000; 0: all)",
+    )
+
+
+def _remote_run(args: argparse.Namespace) -> int:
+    """the shared tier (KCACHE_REMOTE): whether it answers, the server, and what kcache holds there"""
+    from .config import format_size
+    from .maintenance.remote import remote_report
+
+    settings = load_settings(args, strict=False)
+    if settings.remote_problems:
+        raise UsageError("bad setting: " + "; ".join(settings.remote_problems))
+    if not settings.remote:
+        raise UsageError("no shared tier configured: set KCACHE_REMOTE=redis://host:port/db")
+    res = remote_report(settings, limit=args.limit)
+    if wants_json(args):
+        print_json(res)
+        return 0 if res["reachable"] and "error" not in res else 1
+    rows = [
+        ["url", res["url"]],
+        ["prefix", res["prefix"]],
+        ["signed", "yes (KCACHE_SECRET)" if res["signed"] else "no (host code and pickles stay local)"],
+        ["reachable", "yes" if res["reachable"] else "no"],
+    ]
+    if res["reachable"]:
+        rows.append(["ping", f"{res['ping_ms']:.2f} ms"])
+        srv = res.get("server", {})
+        if "error" in srv:
+            rows.append(["server", f"INFO refused: {srv['error']}"])
+        else:
+            version = srv.get("valkey_version") and f"valkey {srv['valkey_version']}"
+            rows.append(["server", version or f"redis {srv.get('redis_version', '?')}"])
+            mm = int(srv.get("maxmemory") or 0)
+            used = format_size(int(srv.get("used_memory") or 0))
+            rows.append(["memory", f"{used} of {format_size(mm) if mm else 'no maxmemory'}"])
+            rows.append(["policy", srv.get("maxmemory_policy", "?")])
+            rows.append(["evicted", srv.get("evicted_keys", "?")])
+    if "entries" in res:
+        rows.append(["entries", f"{res['entries']} ({format_size(res['bytes'])})"])
+        rows.append(["indexed", f"{res['indexed']}; checked {res['checked']}, {res['gone']} gone (evicted)"])
+        rows.append(["newest", fmt_time(res["newest"])])
+    if "error" in res:
+        rows.append(["error", res["error"]])
+    print(table(["", ""], rows).split("\n", 1)[1])
+    if res.get("by_kind"):
+        print()
+        krows = [[k, v["entries"], format_size(v["bytes"]), v["gone"]] for k, v in res["by_kind"].items()]
+        print(table(["kind", "entries", "size", "gone"], krows, right=(1, 2, 3)))
+    return 0 if res["reachable"] and "error" not in res else 1
 
 
 # ---------------------------------------------------------------------------------- explain
@@ -608,6 +720,7 @@ COMMANDS: dict[str, tuple[AddArguments, Run]] = {
     "prewarm": (_prewarm_cli.add_arguments, _prewarm_cli.run),
     "export": (_export_args, _export_run),
     "import": (_import_args, _import_run),
+    "remote": (_remote_args, _remote_run),
     # ---- Other modules register their subcommands here, one line each, e.g.
     #   "prewarm": (prewarm.add_arguments, prewarm.run),   (from . import prewarm, at the top)
     #   "import": (bundle.add_import_arguments, bundle.run_import),

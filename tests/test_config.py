@@ -111,9 +111,14 @@ def test_every_variable_parsed(tmp_path: Path) -> None:
         "KCACHE_LOG": "DEBUG",
         "KCACHE_RECORD": str(tmp_path / "spec.toml"),
         "KCACHE_ALLOW_INSECURE": "yes",
+        "KCACHE_REMOTE_PASSWORD": "pw",
+        "KCACHE_REMOTE_PREFIX": "team:",
+        "KCACHE_REMOTE_MAX_ENTRY": "1MiB",
+        "KCACHE_REMOTE_TIMEOUT": "50ms",
+        "KCACHE_REMOTE_LOCK_LEASE": "30s",
     }
     s = load(env)
-    assert s.problems == []
+    assert s.problems == [] and s.remote_problems == []
     assert s.enabled is True
     assert s.dir == tmp_path / "store"
     assert s.max_size == 500 * 1000**2
@@ -124,6 +129,8 @@ def test_every_variable_parsed(tmp_path: Path) -> None:
     assert s.log == "debug"
     assert s.record == str(tmp_path / "spec.toml")
     assert s.allow_insecure is True
+    assert (s.remote_password, s.remote_prefix, s.remote_max_entry) == ("pw", "team:", 1 << 20)
+    assert (s.remote_timeout, s.remote_lock_lease) == (50.0, 30.0)
     assert s.sources == {name: f"env {var}" for name, var in config.ENV.items()}
     d = s.as_dict()
     assert d["secret"] == "set" and "s3cret" not in repr(d)
@@ -175,7 +182,6 @@ def _bad_cases(tmp_path: Path) -> dict[str, str]:
         "KCACHE_DIR": str(f),
         "KCACHE_READONLY": "maybe",
         "KCACHE_LOG": "loud",
-        "KCACHE_REMOTE": "http://x",
         "KCACHE": "sometimes",
         "KCACHE_ALLOW_INSECURE": "please",
     }
@@ -188,7 +194,6 @@ def _bad_cases(tmp_path: Path) -> dict[str, str]:
         "KCACHE_DIR",
         "KCACHE_READONLY",
         "KCACHE_LOG",
-        "KCACHE_REMOTE",
         "KCACHE_ALLOW_INSECURE",
     ],
 )
@@ -272,7 +277,6 @@ def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     [
         ("KCACHE_MAX_SIZE", "banana"),
         ("KCACHE_LOG", "loud"),
-        ("KCACHE_REMOTE", "http://x"),
         ("KCACHE_READONLY", "maybe"),
     ],
 )

@@ -50,4 +50,9 @@ def config_report(settings: Settings) -> dict[str, Any]:
         store["index"] = "node-local (SQLite locking is unsafe on network filesystems)"
     else:
         store["index"] = str(root / "index" / "kcache.sqlite")
-    return {"settings": rows, "problems": list(settings.problems), "store": store}
+    return {
+        "settings": rows,
+        "problems": list(settings.problems),
+        "remote_problems": list(getattr(settings, "remote_problems", [])),
+        "store": store,
+    }

@@ -28,6 +28,9 @@ def store_stats(store: Store) -> dict[str, Any]:
             "errors": int(c.get("errors", 0)),
             "saved_s": round(c.get("saved_s", 0.0), 3),
         }
+        remote = _remote_counts(c)
+        if remote:
+            by_kind[k]["remote"] = remote
     hits = sum(v["hits"] for v in by_kind.values())
     misses = sum(v["misses"] for v in by_kind.values())
     return {
@@ -43,7 +46,47 @@ def store_stats(store: Store) -> dict[str, Any]:
         "errors": sum(v["errors"] for v in by_kind.values()),
         "saved_s": round(sum(v["saved_s"] for v in by_kind.values()), 3),
         "by_kind": by_kind,
+        "remote": _remote_totals(by_kind),
     }
+
+
+#: The shared tier's counters (``remote_*`` in the index, per kind; see kcache/store/remote.py),
+#: as ``kcache stats`` shows them.
+REMOTE_FIELDS = (
+    "hits",
+    "misses",
+    "puts",
+    "fills",
+    "bytes_in",
+    "bytes_out",
+    "errors",
+    "refused",
+    "dropped",
+    "too_large",
+    "bypassed",
+    "waited",
+    "s",
+)
+
+
+def _remote_counts(c: dict[str, float]) -> dict[str, float]:
+    """A kind's shared-tier counters (empty when it never used one)."""
+    got = {name[len("remote_") :]: v for name, v in c.items() if name.startswith("remote_")}
+    if not got:
+        return {}
+    return {f: (round(got.get(f, 0.0), 3) if f == "s" else int(got.get(f, 0))) for f in REMOTE_FIELDS}
+
+
+def _remote_totals(by_kind: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The shared tier's counters over every kind, with its hit rate; None if never used."""
+    parts = [v["remote"] for v in by_kind.values() if "remote" in v]
+    if not parts:
+        return None
+    out: dict[str, Any] = {f: sum(p[f] for p in parts) for f in REMOTE_FIELDS}
+    out["s"] = round(out["s"], 3)
+    asked = out["hits"] + out["misses"]
+    out["hit_rate"] = out["hits"] / asked if asked else None
+    return out
 
 
 def stats(store: Store) -> dict[str, Any]:

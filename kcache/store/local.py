@@ -198,6 +198,9 @@ class Store:
         self._private: dict[str, _Private] = {}
         self._served: dict[str, tuple[dict[tuple[int, int], int], dict[str, str]]] = {}
         self._served_n = 0
+        # --- shared tier (issue 15): set by attach_remote; the tier is made on first need.
+        self._remote_cfg: Any = None
+        self._remote: Any = None
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -350,9 +353,21 @@ class Store:
         return store
 
     @classmethod
-    def from_settings(cls, settings: Any, *, write: bool = True, create: bool = True, **kwargs: Any) -> Store:
-        """The store named by :class:`kcache.config.Settings` (read-only unless ``write``)."""
-        return cls.open(
+    def from_settings(
+        cls,
+        settings: Any,
+        *,
+        write: bool = True,
+        create: bool = True,
+        remote: bool | None = None,
+        **kwargs: Any,
+    ) -> Store:
+        """The store named by :class:`kcache.config.Settings` (read-only unless ``write``).
+
+        ``remote``: attach the shared tier of the settings (``KCACHE_REMOTE``); by default only
+        to a program's own store (the one :func:`kcache.active_store` opens, with
+        ``drain_global``), never to a maintenance command's."""
+        store = cls.open(
             settings.dir,
             max_size=settings.max_size,
             readonly=settings.readonly or not write,
@@ -361,11 +376,73 @@ class Store:
             create=create,
             **kwargs,
         )
+        # --- shared tier (issue 15)
+        if (kwargs.get("drain_global", False) if remote is None else remote) and (
+            getattr(settings, "remote", None) or getattr(settings, "remote_problems", None)
+        ):
+            store.attach_remote(settings)  # a bad shared-tier setting: one warning, tier off
+        return store
+
+    # --- shared tier (issue 15): the wiring. The tier itself is kcache/store/remote.py; it is
+    # imported (and redis with it) at the first local miss or put, never on the hit path.
+    def attach_remote(self, settings: Any) -> bool:
+        """Use the shared tier named by ``settings`` (:class:`kcache.config.Settings`) from now
+        on. A bad shared-tier setting warns once and leaves the tier off (local caching goes
+        on). Returns True when attached."""
+        problems = list(getattr(settings, "remote_problems", None) or [])
+        if problems:
+            warn_once("remote-settings", "the shared tier is off: " + "; ".join(problems))
+            return False
+        from .remote import RemoteConfig
+
+        cfg = RemoteConfig.from_settings(settings)
+        if cfg is not None:
+            cfg.key_tag = self.key_tag
+        self._remote_cfg, self._remote = cfg, None
+        return cfg is not None
+
+    def remote_tier(self) -> Any:
+        """The shared tier (:class:`kcache.store.remote.RemoteTier`), made on first use; None
+        when none is attached."""
+        if self._remote is None and self._remote_cfg is not None and not self._closed:
+            with self._lock:
+                if self._remote is None:
+                    from .remote import RemoteTier
+
+                    self._remote = RemoteTier(self._remote_cfg, self.counts)
+        return self._remote
+
+    def remote_flight(self, kind: str, key: str) -> Hit | None:
+        """Single flight across machines (see :meth:`RemoteTier.flight`): call after taking the
+        local lock for (kind, key) and missing in both tiers. A Hit: another machine compiled it
+        meanwhile; None: compile here (then :meth:`put` or :meth:`remote_unlock`). Never raises."""
+        if self._remote_cfg is None or self.readonly:
+            return None
+        try:
+            return self.remote_tier().flight(self, kind, key, self.entry_id(kind, key))
+        except Exception as e:
+            warn_once("remote-flight", f"shared tier lock failed ({e}); compiling")
+            return None
+
+    def remote_unlock(self, kind: str, key: str) -> None:
+        """Let go of the shared tier's lock for (kind, key) if this process holds it (a compile
+        that failed or was not stored). Never raises."""
+        if self._remote is None:
+            return
+        try:
+            self._remote.unlock(self.entry_id(kind, key))
+        except Exception as e:
+            logger.debug("remote unlock: %s", e)
 
     def close(self) -> None:
         """Flush what is batched, close the index and every descriptor. Idempotent."""
         if self._closed:
             return
+        if self._remote is not None:  # --- shared tier (issue 15): its queue, within its bound
+            try:
+                self._remote.close()
+            except Exception as e:
+                logger.debug("remote close: %s", e)
         self.flush(force=True)
         self._closed = True
         with self._lock:
@@ -560,13 +637,17 @@ class Store:
         components: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
         *,
         count: bool = True,
+        remote: bool = True,
     ) -> Hit | None:
         """The verified entry for (kind, key), or None. Never raises.
 
         A hit is counted (with ``count``) and its last use noted in memory for the next batched
         index write. A miss is counted and, with ``components`` (or a callable that gives them),
         remembered for ``kcache explain``. An entry that fails its checks is a miss: a corrupt
-        one is removed (one warning), one that is not this user's is left alone and refused."""
+        one is removed (one warning), one that is not this user's is left alone and refused.
+
+        With a shared tier attached (and ``remote``), a local miss asks it; an entry found there
+        is checked, committed here and returned like a local hit (counted as a hit)."""
         ident = self.entry_id(kind, key)
         hit = None
         try:
@@ -584,6 +665,8 @@ class Store:
                 f"read:{type(e).__name__}", f"cannot read the store at {self.root}: {e}; compiling instead"
             )
             self.counts.add(kind, errors=1)
+        if hit is None and remote and self._remote_cfg is not None:  # --- shared tier (issue 15)
+            hit = self._remote_fetch(kind, key, ident)
         if hit is not None:
             if count:
                 self.counts.add(kind, hits=1, saved_s=hit.record.compile_s)
@@ -601,6 +684,14 @@ class Store:
                     self._misses.append((self.now(), kind, key, comps))
             self._maybe_flush()
         return None
+
+    def _remote_fetch(self, kind: str, key: str, ident: str) -> Hit | None:
+        """--- shared tier (issue 15): a local miss asks the tier. Never raises."""
+        try:
+            return self.remote_tier().fetch(self, kind, key, ident)
+        except Exception as e:
+            warn_once("remote-get", f"shared tier lookup failed ({e}); compiling instead")
+            return None
 
     def read_any(self, ident: str, full: bool = False) -> tuple[Hit | None, str | None]:
         """(entry, None) or (None, problem) for an entry id, without counting, touching or
@@ -774,13 +865,18 @@ class Store:
         summary: Mapping[str, Any] | None = None,
         compile_s: float = 0.0,
         protect_s: float = 0.0,
+        _origin: str = "",
     ) -> Hit | None:
         """Store ``files`` (name -> bytes, or the path of a file to link or copy) as one entry.
 
         Returns the committed entry (this writer's, or an identical one that another writer
         committed first: entries are immutable, first writer wins), or None if it could not be
         written (read-only, full, broken: one warning). Never raises. ``protect_s`` (default:
-        :attr:`protect_s`) keeps the entry from eviction until its first hit or that many seconds."""
+        :attr:`protect_s`) keeps the entry from eviction until its first hit or that many seconds.
+
+        With a shared tier attached, the committed entry is also queued for it (the caller does
+        not wait). ``_origin="remote"``: the entry came from the shared tier (counted as
+        ``remote_fills``, not as a put, and not sent back)."""
         if self.readonly or self._closed:
             return None
         protect_s = min(float(protect_s or self.protect_s or 0.0), MAX_PROTECT_S)
@@ -840,7 +936,15 @@ class Store:
         finally:
             if tmp is not None and tfd is not None:
                 fs.rmtree_at(tfd, tmp)
-        self.counts.add(kind, puts=1, bytes_written=rec.size)
+        if _origin == "remote":  # --- shared tier (issue 15)
+            self.counts.add(kind, remote_fills=1, bytes_written=rec.size)
+        else:
+            self.counts.add(kind, puts=1, bytes_written=rec.size)
+            if self._remote_cfg is not None:
+                try:
+                    self.remote_tier().publish(rec, blobs)
+                except Exception as e:
+                    logger.debug("remote publish: %s", e)
         access = self.now() + protect_s if protect_s else self.now()
 
         def insert(idx: Index) -> bool:

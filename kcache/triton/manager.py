@@ -18,6 +18,8 @@ scratch folder, so Triton never notices. ``override`` and ``dump`` managers are 
 A miss on a group takes a per-kernel lock (an flock) until ``put_group``: processes that miss on
 the same kernel at once wait for the first to compile it instead of compiling it too; the wait is
 bounded by :data:`LOCK_TIMEOUT_S` and a holder that dies releases the lock with its process.
+With a shared tier, the lock holder then takes the kernel's lock in Redis too
+(:meth:`Store.remote_flight`): one process per machine waits there for another machine's compile.
 
 A compile that raises never reaches ``put_group``, and its manager may live on (a traceback
 cycle) with the lock. flock locks belong to open files, not processes, so this process would then
@@ -85,7 +87,7 @@ def _wait_for_kernel(store: Store, skey: str) -> tuple[Any, Any]:
     found: list[Any] = []
 
     def finished() -> bool:
-        hit = store.get(KIND_GROUP, skey, count=False)
+        hit = store.get(KIND_GROUP, skey, count=False, remote=False)  # the holder is on this machine
         if hit is not None:
             found.append(hit)
         return hit is not None
@@ -298,7 +300,9 @@ class KcacheCacheManager(CacheManager):
                 # Single flight: whoever holds the kernel's lock is compiling it; wait for its entry.
                 locked, hit = self._take_lock(store, skey)
                 if locked:  # ours now; the entry may have been committed just before we got it
-                    hit = store.get(KIND_GROUP, skey, count=False)
+                    hit = store.get(KIND_GROUP, skey, count=False, remote=False)
+                    if hit is None:  # single flight across machines, through the shared tier (if any)
+                        hit = store.remote_flight(KIND_GROUP, skey)
                     if hit is not None:
                         self._release()
                     else:
@@ -390,6 +394,8 @@ class KcacheCacheManager(CacheManager):
             entry = _held.get(skey)
             if entry is not None and entry[0] is lk:
                 del _held[skey]
+        if pid == os.getpid() and self._store is not None:
+            self._store.remote_unlock(KIND_GROUP, skey)  # the shared tier's lock, if held and not handed on
         _release_lock(lk, pid)
 
     def __del__(self) -> None:  # a compile that raised: let the waiters go

@@ -1,0 +1,345 @@
+#!/usr/bin/env python3
+"""The shared tier (issue 15): what a hit from Redis costs against a local hit and a compile, and
+what N processes on N "machines" missing the same kernels at once compile in all.
+
+    python tools/bench_remote.py [--repeats 5] [--procs 8] [--json OUT.json] [--redis-server PATH]
+
+Starts its own redis-server (the distribution's package) on 127.0.0.1 at a free port, no
+persistence, and stops it at the end. Each store path stands for one machine.
+
+1. Hit latency, in this process, median over ``--iters`` lookups, for a 4 KB and a 100 KB group
+   of Triton-like members: ``Store.get`` plus ``Hit.paths`` (the files Triton opens), from
+   * the local store (a hit; its served files made anew each time, as a new process would),
+   * Redis (the entry removed locally before each lookup: a local miss, ``GET``, checks,
+     commit to the local store, served files), with and without ``KCACHE_SECRET`` (HMAC),
+   * and the first lookup in a fresh process (importing redis and connecting included).
+2. Fresh processes (``python -m kernels.run``, tests/kernels, 10 kernels for ``cuda:90``, no GPU):
+   the time to get every kernel when Triton compiles them (cold), from the local store (warm),
+   and from Redis into an empty local store (remote); medians of ``--repeats``.
+3. ``--procs`` processes with a store each (8 machines) start cold on the same 10 kernels at
+   once (a barrier), sharing one Redis; then the same without Redis; then one process alone.
+   Compiles are counted from Triton's own listener (``cache_hit=False``) and kcache's puts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
+
+from kernels.harness import clean_env, release_barrier, start_kernels  # noqa: E402
+from kernels.specs import SPECS  # noqa: E402
+
+from kcache import config  # noqa: E402
+from kcache.store import Store  # noqa: E402
+
+KIND = "triton"
+
+
+# ------------------------------------------------------------------------------------ Redis
+class Redis:
+    def __init__(self, exe: str, workdir: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+            + ["--dir", str(workdir), "--logfile", str(workdir / "redis.log")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as c:
+                    c.sendall(b"PING\r\n")
+                    if c.recv(7).startswith(b"+PONG"):
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise SystemExit("redis-server did not start")
+            time.sleep(0.02)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.split()[2]
+
+    def flush(self) -> None:
+        import redis
+
+        redis.Redis(port=self.port).flushall()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+# ------------------------------------------------------------------------------------ 1. latency
+def group(size: int) -> dict[str, bytes]:
+    """Members as Triton names them, about ``size`` bytes in all (the cubin the largest)."""
+    small = {
+        "k.json": b'{"name": "k", "num_warps": 4}' * 8,
+        "k.ttir": os.urandom(size // 16),
+        "k.ttgir": os.urandom(size // 16),
+        "k.llir": os.urandom(size // 8),
+        "k.ptx": os.urandom(size // 4),
+    }
+    small["k.cubin"] = os.urandom(max(64, size - sum(len(v) for v in small.values())))
+    return small
+
+
+def _settings(url: str, prefix: str, secret: str | None) -> Any:
+    env = {"KCACHE_REMOTE": url, "KCACHE_REMOTE_PREFIX": prefix}
+    if secret:
+        env["KCACHE_SECRET"] = secret
+    return config.load(env)
+
+
+def hit_latency(redis: Redis, tmp: Path, size: int, iters: int, secret: str | None) -> dict[str, float]:
+    prefix = f"bench{size}{'s' if secret else ''}:"
+    files = group(size)
+    key = f"K{size}"
+    a = Store.open(tmp / f"a{size}{bool(secret)}")
+    a.attach_remote(_settings(redis.url, prefix, secret))
+    a.put(KIND, key, files, compile_s=1.0)
+    assert a.remote_tier().flush(10)
+    b = Store.open(tmp / f"b{size}{bool(secret)}")
+    b.attach_remote(_settings(redis.url, prefix, secret))
+    ident = b.entry_id(KIND, key)
+    b.get(KIND, "warm-up")  # redis imported, connected
+    local, remote = [], []
+    for _ in range(iters):
+        b.remove([ident])
+        b._served.clear()
+        t = time.perf_counter()
+        h = b.get(KIND, key)
+        _ = h.paths  # type: ignore[union-attr]
+        remote.append(time.perf_counter() - t)
+        assert b.counts.process_totals()[KIND].get("remote_refused", 0) == 0
+        b._served.clear()  # as a new process: its served files made anew
+        t = time.perf_counter()
+        h = b.get(KIND, key)
+        _ = h.paths  # type: ignore[union-attr]
+        local.append(time.perf_counter() - t)
+    value_bytes = int(b.counts.process_totals()[KIND]["remote_bytes_in"] / iters)
+    a.close()
+    b.close()
+    return {
+        "group_bytes": sum(len(v) for v in files.values()),
+        "value_bytes": value_bytes,
+        "local_ms": statistics.median(local) * 1000,
+        "remote_ms": statistics.median(remote) * 1000,
+    }
+
+
+FIRST = """
+import sys, time
+t0 = time.perf_counter()
+from kcache import config
+from kcache.store import Store
+s = Store.open(sys.argv[1])
+s.attach_remote(config.load({"KCACHE_REMOTE": sys.argv[2], "KCACHE_REMOTE_PREFIX": sys.argv[3]}))
+t = time.perf_counter()
+h = s.get("triton", sys.argv[4]); h.paths
+print((time.perf_counter() - t) * 1000, "redis" in sys.modules)
+"""
+
+
+def first_lookup(redis: Redis, tmp: Path, repeats: int) -> float:
+    out = []
+    for i in range(repeats):
+        r = subprocess.run(
+            [sys.executable, "-c", FIRST, str(tmp / f"first{i}"), redis.url, "bench4096:", "K4096"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        out.append(float(r.stdout.split()[0]))
+    return statistics.median(out)
+
+
+# ------------------------------------------------------------------------------------ 2. processes
+def run_key_first(env: dict[str, str], out: Path, names: str) -> dict[str, Any]:
+    """``kernels.run`` with Triton's key computed before the timed loop (reported apart)."""
+    cmd = [sys.executable, "-m", "kernels.run", "--out", str(out), "--specs", names, "--key-first"]
+    p = subprocess.run(cmd, env=env, cwd=str(out.parent), capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr[-3000:])
+    return json.loads(out.read_text())
+
+
+def fresh_processes(redis: Redis, tmp: Path, repeats: int) -> dict[str, Any]:
+    names = ",".join(SPECS)
+    rows: dict[str, list[dict[str, Any]]] = {"cold": [], "warm": [], "remote": []}
+    for rep in range(repeats):
+        d = tmp / f"proc{rep}"
+        prefix = f"proc{rep}:"
+        for sub in ("a", "b"):
+            (d / sub).mkdir(parents=True)
+        env_a = clean_env(d / "a", kcache_dir=d / "a" / "store", KCACHE_REMOTE=redis.url)
+        env_a["KCACHE_REMOTE_PREFIX"] = prefix
+        env_b = clean_env(d / "b", kcache_dir=d / "b" / "store", KCACHE_REMOTE=redis.url)
+        env_b["KCACHE_REMOTE_PREFIX"] = prefix
+        for label, env, out in (
+            ("cold", env_a, d / "a" / "cold.json"),  # compiles, writes through to Redis
+            ("warm", env_a, d / "a" / "warm.json"),  # the same machine again: local hits
+            ("remote", env_b, d / "b" / "remote.json"),  # another machine: from Redis
+        ):
+            rows[label].append(run_key_first(env, out, names))
+    out: dict[str, Any] = {}
+    for label, rs in rows.items():
+        compiled = [sum(x["cache_hit"] is False for x in r["results"]) for r in rs]
+        per = {
+            name: statistics.median(
+                next(x["seconds"] for x in r["results"] if x["label"] == name) for r in rs
+            )
+            * 1000
+            for name in ("add", "matmul_64x64x32")
+        }
+        out[label] = {
+            "kernels_ms": statistics.median(r["t_compile_all"] for r in rs) * 1000,
+            "first_kernel_ms": statistics.median(r["results"][0]["seconds"] for r in rs) * 1000,
+            "per_kernel_ms": per,
+            "compiled": compiled,
+            "process_s": statistics.median(r["t_total"] for r in rs),
+        }
+    return out
+
+
+# ------------------------------------------------------------------------------------ 3. at once
+def at_once(redis: Redis | None, tmp: Path, procs: int) -> dict[str, Any]:
+    tmp.mkdir(parents=True)
+    names = ",".join(SPECS)
+    barrier = tmp / "go"
+    ps = []
+    prefix = f"{tmp.name}:"
+    for i in range(procs):
+        (tmp / f"m{i}").mkdir()
+        extra = {"KCACHE_REMOTE": redis.url, "KCACHE_REMOTE_PREFIX": prefix} if redis else {}
+        env = clean_env(tmp / f"m{i}", kcache_dir=tmp / f"m{i}" / "store", **extra)
+        ps.append(start_kernels(env, tmp / f"m{i}" / "r.json", specs=names, barrier=barrier))
+    release_barrier(barrier, ps)
+    t_release = time.time()
+    for p in ps:
+        p.wait(timeout=900)
+        if p.returncode != 0:
+            raise RuntimeError(p.stderr.read()[-3000:] if p.stderr else "process failed")
+    results = [json.loads((tmp / f"m{i}" / "r.json").read_text()) for i in range(procs)]
+    end = max(r["t_go_wall"] + r["t_compile_all"] for r in results)
+    tri = [r["process"].get("triton", {}) for r in results]
+    return {
+        "wall_s": end - t_release,
+        "triton_compiles": sum(x["cache_hit"] is False for r in results for x in r["results"]),
+        "kcache_puts": int(sum(c.get("puts", 0) for c in tri)),
+        "remote_hits": int(sum(c.get("remote_hits", 0) for c in tri)),
+        "remote_waited": int(sum(c.get("remote_waited", 0) for c in tri)),
+        "errors": sum(x["error"] is not None for r in results for x in r["results"]),
+        "distinct_binaries": len({(x["label"], x["cubin_sha256"]) for r in results for x in r["results"]}),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=200, help="lookups per latency figure")
+    ap.add_argument("--procs", type=int, default=8)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--redis-server", default=shutil.which("redis-server") or "/usr/bin/redis-server")
+    a = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="kcache-bench-remote-"))
+    redis = Redis(a.redis_server, root / "redis")
+    res: dict[str, Any] = {}
+    try:
+        print(f"1. hit latency (ms, median of {a.iters} lookups; get + served files)", flush=True)
+        res["latency"] = {}
+        for size in (4096, 100 * 1024):
+            for secret in (None, "bench-secret"):
+                r = hit_latency(redis, root, size, a.iters, secret)
+                tag = f"{size // 1024}KB" + ("-signed" if secret else "")
+                res["latency"][tag] = r
+                print(
+                    f"  {tag:<13} local {r['local_ms']:.3f}  remote {r['remote_ms']:.3f}  "
+                    f"({r['remote_ms'] / r['local_ms']:.1f}x; value {r['value_bytes']} B)",
+                    flush=True,
+                )
+        res["first_lookup_ms"] = first_lookup(redis, root, a.repeats)
+        print(f"  first remote lookup in a fresh process: {res['first_lookup_ms']:.1f} ms", flush=True)
+        print(f"2. fresh processes, {len(SPECS)} kernels, median of {a.repeats}", flush=True)
+        res["processes"] = fresh_processes(redis, root, a.repeats)
+        for label, r in res["processes"].items():
+            print(
+                f"  {label:<7} kernels {r['kernels_ms']:8.1f} ms  first {r['first_kernel_ms']:7.1f} ms  "
+                f"add {r['per_kernel_ms']['add']:7.1f}  matmul {r['per_kernel_ms']['matmul_64x64x32']:7.1f}  "
+                f"compiled {r['compiled']}",
+                flush=True,
+            )
+        print(f"3. {a.procs} processes, a store each, cold at once; median of {a.repeats}", flush=True)
+        rounds: dict[str, list[dict[str, Any]]] = {"redis": [], "no-redis": [], "alone": []}
+        for rep in range(a.repeats):
+            redis.flush()
+            for name, red, n in (("redis", redis, a.procs), ("no-redis", None, a.procs), ("alone", None, 1)):
+                r = at_once(red, root / f"{name}-{rep}", n)
+                rounds[name].append(r)
+                print(
+                    f"  round {rep + 1} {name:<9} wall {r['wall_s']:6.2f} s  Triton compiles "
+                    f"{r['triton_compiles']:3d}  kcache puts {r['kcache_puts']:3d}  from Redis "
+                    f"{r['remote_hits']:3d} (waited {r['remote_waited']})  errors {r['errors']}",
+                    flush=True,
+                )
+        res["at_once"] = {
+            name: {
+                "wall_s_median": statistics.median(r["wall_s"] for r in rs),
+                "wall_s_all": [round(r["wall_s"], 3) for r in rs],
+                "triton_compiles": [r["triton_compiles"] for r in rs],
+                "kcache_puts": [r["kcache_puts"] for r in rs],
+                "remote_hits": [r["remote_hits"] for r in rs],
+                "remote_waited": [r["remote_waited"] for r in rs],
+                "errors": sum(r["errors"] for r in rs),
+            }
+            for name, rs in rounds.items()
+        }
+    finally:
+        redis.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    alone = res["at_once"]["alone"]["wall_s_median"]
+    for name, s in res["at_once"].items():
+        s["ratio_vs_alone"] = s["wall_s_median"] / alone
+        print(f"  {name:<9} wall {s['wall_s_median']:.2f} s ({s['ratio_vs_alone']:.2f}x alone)")
+    import redis as redis_py
+    import triton
+
+    res.update(
+        date=datetime.datetime.now().isoformat(timespec="minutes"),
+        python=platform.python_version(),
+        triton=triton.__version__,
+        redis_server=redis.version,
+        redis_py=redis_py.__version__,
+        cpus=os.cpu_count(),
+        load=os.getloadavg(),
+        procs=a.procs,
+        repeats=a.repeats,
+    )
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
+    exact = all(c == len(SPECS) for c in res["at_once"]["redis"]["triton_compiles"])
+    print(f"\nexactly {len(SPECS)} compiles in every round with Redis: {'yes' if exact else 'NO'}")
+    return 0 if exact else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
