@@ -58,6 +58,12 @@ MAX_MEMBER = 1 << 30
 #: memory while it writes it, so this bounds what an import holds (a gzip bomb of many members
 #: of 1 GiB each would otherwise pass every per-member check).
 MAX_ENTRY = 1 << 30
+#: The most records one manifest may hold (a manifest at MAX_MANIFEST of real Triton records,
+#: about 1.6 KB each, holds some 160,000): a 40 MB .tgz of 1.1 million tiny records took 1.6 GB
+#: to decode. Counted from the array's header, before any record is decoded.
+MAX_RECORDS = 250_000
+#: The largest record in a manifest (the store reads no larger record file).
+MAX_RECORD = 1 << 20
 #: The most that one tar header may take with its pax or GNU extension records and sparse maps
 #: (kcache's own take under 2 KiB): tarfile reads those whole, at the size the header claims.
 MAX_HEADER = 64 << 10
@@ -198,6 +204,24 @@ class _Window:
         return True
 
 
+class _Declared:
+    """What an import needs of one manifest record until it writes the entry: its id, kind and
+    members, and the record's bytes (decoded again then). Decoded records (key, components,
+    summary) are not all held at once: a manifest costs about its own size in memory."""
+
+    __slots__ = ("id", "kind", "files", "blob")
+
+    def __init__(self, rec: Record, blob: bytes) -> None:
+        self.id, self.kind, self.files, self.blob = rec.id, rec.kind, rec.files, blob
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def record(self) -> Record:
+        return Record.decode(self.blob)
+
+
 class Bundle:
     """An opened, checked bundle: its manifest's records and whether its signature verified.
     Made by :func:`open_bundle`; its members are read by :func:`import_bundle`."""
@@ -207,7 +231,7 @@ class Bundle:
         path: str,
         tar: tarfile.TarFile,
         fileobj: BinaryIO,
-        records: dict[str, Record],
+        records: dict[str, _Declared],
         signed: bool,
         window: _Window | None = None,
         closers: list[Any] | None = None,
@@ -289,7 +313,7 @@ def open_bundle(path: str | Path, *, secret: bytes | None = None, key_tag: str =
 
 def _read_manifest(
     path: str, tar: tarfile.TarFile, secret: bytes | None, key_tag: str, window: _Window
-) -> tuple[dict[str, Record], bool]:
+) -> tuple[dict[str, _Declared], bool]:
     first = _next(tar, window, path)
     if (
         first is None
@@ -302,13 +326,27 @@ def _read_manifest(
     window.allow(first.offset_data + first.size)
     raw = _read_member(tar, first, first.size, path)
     try:
-        outer = msgpack.unpackb(raw, raw=False)
+        # Every length is bounded as msgpack reads its header, before it allocates: the outer
+        # map is {"body": bytes, "hmac": str}, the body a small map whose records are at most
+        # MAX_RECORDS byte strings of at most MAX_RECORD each. Each copy is dropped when done
+        # with: the peak is about twice the manifest.
+        outer = msgpack.unpackb(
+            raw, raw=False, max_map_len=16, max_array_len=16, max_str_len=1 << 10, max_bin_len=MAX_MANIFEST,
+            max_ext_len=0,
+        )  # fmt: skip
+        del raw
         if not isinstance(outer, dict) or not isinstance(outer.get("body"), bytes):
             raise ValueError("no body")
         body, sig = outer["body"], outer.get("hmac")
-        manifest = msgpack.unpackb(body, raw=False)
+        del outer
+        manifest = msgpack.unpackb(
+            body, raw=False, max_map_len=64, max_array_len=MAX_RECORDS, max_str_len=1 << 16,
+            max_bin_len=MAX_RECORD, max_ext_len=0,
+        )  # fmt: skip
     except Exception as e:
-        raise BundleError(f"{path}: unreadable manifest ({type(e).__name__}: {e})") from None
+        raise BundleError(
+            f"{path}: unreadable manifest ({type(e).__name__}: {e}; at most {MAX_RECORDS} records)"
+        ) from None
     if not isinstance(manifest, dict) or manifest.get("format") != "kcache-bundle":
         raise BundleError(f"{path}: not a kcache bundle")
     if manifest.get("schema") != SCHEMA:
@@ -324,7 +362,8 @@ def _read_manifest(
         raise BundleError(
             f"{path}: made under KCACHE_KEY_TAG={manifest.get('key_tag')!r}, this store uses {key_tag!r}; nothing imported"
         )
-    records: dict[str, Record] = {}
+    del body
+    records: dict[str, _Declared] = {}
     blobs = manifest.get("records", [])
     if not isinstance(blobs, list):
         raise BundleError(f"{path}: bad manifest (records is not a list)")
@@ -335,7 +374,7 @@ def _read_manifest(
             rec = Record.decode(blob)
         except CorruptRecord as e:
             raise BundleError(f"{path}: bad record in manifest ({e})") from None
-        records[rec.id] = rec
+        records[rec.id] = _Declared(rec, blob)
     return records, signed
 
 
@@ -459,16 +498,17 @@ def _import(store: Store, b: Bundle) -> dict[str, Any]:
             staged.setdefault(ident, {})[name] = dst
     except (OSError, tarfile.TarError, EOFError) as e:
         raise BundleError(f"{b.path}: cannot read the bundle ({type(e).__name__}: {e})") from None
-    for ident, rec in b.records.items():
+    for ident, d in b.records.items():
         if ident in refused:
-            report["skipped"].append({"id": ident, "kind": rec.kind, "why": refused[ident]})
+            report["skipped"].append({"id": ident, "kind": d.kind, "why": refused[ident]})
             continue
         got = staged.get(ident, {})
-        missing = [f.name for f in rec.files if f.name not in got]
+        missing = [f.name for f in d.files if f.name not in got]
         if ident in bad or missing:
             why = bad.get(ident) or f"missing members: {', '.join(missing)}"
-            report["skipped"].append({"id": ident, "kind": rec.kind, "why": why})
+            report["skipped"].append({"id": ident, "kind": d.kind, "why": why})
             continue
+        rec = d.record()
         if store.get(rec.kind, rec.key, count=False) is not None:
             report["present"] += 1
             continue

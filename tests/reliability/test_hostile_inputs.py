@@ -15,6 +15,7 @@ import os
 import stat
 import subprocess
 import sys
+import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -278,6 +279,22 @@ def test_bundle_bomb_refused_before_reading(bomb: str, tmp_path: Path) -> None:
     assert m["maxrss"] is not None and m["maxrss"] < RSS_BUNDLE, m
     assert m["wchar"] < 8 * ci.MiB, m
     assert not ci.entry_ids_on_disk(tmp_path / "store")
+
+
+def test_manifest_of_many_records_refused_by_its_count(tmp_path: Path) -> None:
+    """A 5 MB .tgz whose manifest (97 MB, under MAX_MANIFEST) holds 400,000 tiny records: refused
+    from the array's header (MAX_RECORDS), before any record is decoded; the peak RSS stays near
+    twice the manifest (its bytes, then the body's). At efe2a87 every record was decoded and kept
+    (about six times the manifest: 1.1 million records, a 41 MB .tgz, ended in MemoryError), then
+    400,000 "missing members" lines and exit 0."""
+    path = ci.many_records_bundle(tmp_path / "many.tgz", 400_000)  # MAX_RECORDS is 250,000
+    with tarfile.open(path) as t:
+        manifest = t.next().size  # type: ignore[union-attr]
+    r, m = ci.cli_limited(
+        ["import", str(path), "--dir", str(tmp_path / "store")], ci.child_env(tmp_path), tmp_path
+    )
+    _refused(r, str(path))
+    assert m["maxrss"] < 2.5 * manifest + 64 * ci.MiB, (m, manifest)
 
 
 @pytest.mark.parametrize("suffix", [".tar", ".tgz"])
