@@ -624,6 +624,18 @@ if mode == "plant":
         n += st.put("triton-meta", key, {{name: ans}}) is not None
     st.close()
     print(json.dumps({{"planted": n, "keys": len(keys)}}))
+elif mode == "redis":  # straight into a shared tier, as the remote store packs its entries
+    import redis
+    from kcache.store.remote import pack_entry
+    url, prefix = target.split("|", 1)
+    r = redis.Redis.from_url(url)
+    n = 0
+    for (what, key), ans in keys.items():
+        name = "output" if what == "tool" else "digest"
+        rec = ci.make_record("triton-meta", key, {{name: ans}})
+        r.set(f"{{prefix}}e:{{rec.id}}", pack_entry(rec.encode(), {{name: ans}}, {secret!r}))
+        n += 1
+    print(json.dumps({{"planted": n}}))
 else:
     secret = {secret!r}
     entries = []
@@ -650,7 +662,8 @@ def poison(
 ) -> dict[str, Any]:
     """``mode`` "plant": put wrong ``triton-meta`` answers straight into the store at ``target``;
     "bundle": write a hand-made bundle at ``target`` holding them (plus an entry of a kind no
-    kcache knows and one ordinary kernel). Runs in a child with the code under test."""
+    kcache knows and one ordinary kernel); "redis": set them in the shared tier ``target``
+    (``URL|PREFIX``), signed with ``secret`` if given. Runs in a child with the code under test."""
     code = POISON_CHILD.format(
         here=str(HERE.parent), mode=mode, target=str(target), current=current, secret=secret, wrong=wrong
     )

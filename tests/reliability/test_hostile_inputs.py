@@ -175,6 +175,36 @@ def test_memo_never_read_from_an_untrusted_store(tmp_path: Path, reference_kerne
     _check_compiled(out, r, reference_kernels)
 
 
+@pytest.mark.parametrize("signed", [False, True], ids=["unsigned", "signed"])
+def test_poisoned_meta_never_taken_from_the_shared_tier(
+    signed: bool, tmp_path: Path, redis_server: Any, reference_kernels: dict
+) -> None:
+    """The same wrong answers set straight in the shared tier (Redis) under every key format, as
+    the remote store packs entries, signed with the job's KCACHE_SECRET or not: a compile under
+    KCACHE=1 with KCACHE_REMOTE is Triton's own, the tier is live (the kernel went to it), and
+    no machine-local entry went to it."""
+    prefix = f"poison{os.getpid()}{int(signed)}:"
+    secret = "issue-18" if signed else None
+    env = ci.child_env(tmp_path)
+    assert (
+        ci.poison("redis", f"{redis_server.url}|{prefix}", env, secret=secret.encode() if secret else None)[
+            "planted"
+        ]
+        >= 5
+    )
+    extra = {"KCACHE_SECRET": secret} if secret else {}
+    kenv = ci.child_env(
+        tmp_path, KCACHE="1", KCACHE_DIR=str(tmp_path / "store"), KCACHE_REMOTE=redis_server.url,
+        KCACHE_REMOTE_PREFIX=prefix, **extra,
+    )  # fmt: skip
+    out, r = _compile(kenv)
+    assert out["enabled"], r.stderr
+    _check_compiled(out, r, reference_kernels)
+    listed = [m.decode() for m in redis_server.client().zrange(prefix + "index", 0, -1)]
+    assert any(m.startswith("triton ") for m in listed), listed
+    assert not any(m.startswith("triton-meta") for m in listed), listed
+
+
 # ============================================================================= 2. never blocks
 
 
