@@ -338,7 +338,7 @@ class Bench:
         }
 
     def admin_commands(self, label: str, n: int) -> None:
-        from kcache.report import store_stats
+        from kcache.maintenance.stats import store_stats
 
         kroot = self.work / f"kcache-{label}"
         cli = Path(__file__).resolve().parents[1] / "kcache" / "cli.py"
@@ -391,7 +391,7 @@ def order_rot(xs: list[str], j: int) -> list[str]:
 # ---------------------------------------------------------------------------------- report
 def versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
-    for mod in ("diskcache", "msgpack", "triton", "filelock", "xxhash"):
+    for mod in ("msgpack", "triton", "xxhash"):
         try:
             __import__(mod)
             out[mod] = importlib.metadata.version(mod)
