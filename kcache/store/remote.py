@@ -288,8 +288,7 @@ class RemoteTier:
         """Fresh state for this process (at start, and in a forked child: the parent's queue,
         locks, thread and sockets are the parent's)."""
         self._pid = os.getpid()
-        self._client: Any = None
-        self._wclient: Any = None
+        self._clients_: tuple[Any, Any] | None = None  # (the callers' client, the writer's)
         self._cond = threading.Condition(threading.Lock())
         self._queue: collections.deque[tuple[Any, ...]] = collections.deque()
         self._queued_bytes = 0
@@ -307,10 +306,12 @@ class RemoteTier:
     def _clients(self) -> tuple[Any, Any] | None:
         if self.off:
             return None
-        if self._client is None:
+        if self._clients_ is None:
             try:
-                self._client = connect(self.cfg)
-                self._wclient = connect(self.cfg, max(self.cfg.timeout_s, WRITE_TIMEOUT_MIN_S))
+                self._clients_ = (
+                    connect(self.cfg),
+                    connect(self.cfg, max(self.cfg.timeout_s, WRITE_TIMEOUT_MIN_S)),
+                )
             except ImportError:
                 self.off = True
                 warn_once(
@@ -325,7 +326,7 @@ class RemoteTier:
                     "remote-config", f"cannot use KCACHE_REMOTE={self.cfg.shown_url} ({e}); shared tier off"
                 )
                 return None
-        return self._client, self._wclient
+        return self._clients_
 
     def _call(self, kind: str, fn: Any) -> Any:
         """``fn(client)`` on the caller's thread, bounded by the timeouts; :data:`_FAIL` when it
@@ -420,7 +421,7 @@ class RemoteTier:
         if self.off or not eligible(rec.kind, self.cfg.secret):
             self.unlock(rec.id)
             return
-        if self._client is None and self._clients() is None:
+        if self._clients_ is None and self._clients() is None:
             return  # made here, not in the writer: importing redis there can race the exit
         token = self._held.pop(rec.id, None)
         if rec.size > self.cfg.max_entry:
@@ -567,12 +568,11 @@ class RemoteTier:
             self._queue.clear()
             self._queued_bytes = 0
             self._cond.notify_all()
-        for c in (self._client, self._wclient):
-            if c is not None:
-                try:
-                    c.close()
-                except Exception:
-                    pass
+        for c in self._clients_ or ():
+            try:
+                c.close()
+            except Exception:
+                pass
 
     # ------------------------------------------------------------------ single flight
     def flight(self, store: Any, kind: str, key: str, ident: str) -> Any:
