@@ -597,13 +597,20 @@ def _open_record_file(path: str) -> int:
     user's (in a shared folder such as /tmp, another user may have made the name first)."""
     import stat
 
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    fd = os.open(
+        path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600
+    )
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(f"{path} is not a regular file")
         if st.st_uid != os.geteuid():
             raise OSError(f"{path} belongs to uid {st.st_uid}, not to this user")
+        if st.st_nlink != 1:
+            # A hard link to one of this user's files (another user can plant one in a shared
+            # folder where fs.protected_hardlinks is off) passes the owner check: appending to
+            # it would write into that file. A spec file has one name (issue 16).
+            raise OSError(f"{path} has {st.st_nlink} names (a hard link to another file?); not writing it")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)

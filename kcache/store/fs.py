@@ -235,8 +235,18 @@ def atomic_write(path: str, data: bytes | None = None, *, writer=None, mode: int
             st = None
         if st is not None and stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, "is a folder; not replacing it", path)
-        tmp = "." + unique_name(name) + ".tmp"
-        fd = os.open(tmp, O_NEW, mode, dir_fd=dfd)
+        for attempt in range(8):
+            tmp = "." + unique_name(name) + ".tmp"
+            try:
+                fd = os.open(tmp, O_NEW, mode, dir_fd=dfd)
+                break
+            except FileExistsError:
+                # Someone made that name first (in a shared folder, another user may plant names
+                # there): never opened; another random name is tried (issue 16).
+                if attempt == 7:
+                    raise FileExistsError(
+                        errno.EEXIST, "cannot create a temporary file beside it (names taken)", path
+                    ) from None
         try:
             with os.fdopen(fd, "wb", closefd=True) as f:
                 if writer is not None:

@@ -87,13 +87,56 @@ def insecure_parent(path: str) -> str | None:
             st = os.stat(cur)
         except OSError as e:
             return f"cannot check {cur}: {e.strerror}"
-        if st.st_uid not in (0, uid):
-            return f"{cur} is owned by uid {st.st_uid}"
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-            return f"{cur} is writable by group or others without the sticky bit (mode {stat.S_IMODE(st.st_mode):o})"
+        why = _unsafe_folder(cur, st, uid)
+        if why:
+            return why
         parent = os.path.dirname(cur)
         if parent == cur:
             return None
+        cur = parent
+
+
+def _unsafe_folder(path: str, st: os.stat_result, uid: int) -> str | None:
+    if st.st_uid not in (0, uid):
+        return f"{path} is owned by uid {st.st_uid}"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        return f"{path} is writable by group or others without the sticky bit (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def insecure_path(path: str) -> str | None:
+    """Why the path as it is named, links and all, lets another user decide where it leads, or
+    None. The partner of :func:`insecure_parent`, which judges the folders above the path's real
+    location: a link on the way (``TRITON_CACHE_DIR=/shared/tc`` where ``/shared/tc`` is a link)
+    is judged here. Every folder that holds a component of the path must be one nobody else
+    could have planted a name in (the same rule), and a link on the way must be this user's or
+    root's (in a sticky folder such as /tmp anyone may create a name, and a link another user
+    made there would decide where this user's files go). Parts of the path that do not exist yet
+    are skipped: check before creating anything (issue 17)."""
+    uid = os.geteuid()
+    cur = os.path.abspath(path)
+    while True:
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            return None
+        try:
+            lst = os.lstat(cur)
+            if stat.S_ISLNK(lst.st_mode) and lst.st_uid not in (0, uid):
+                return f"{cur} is a link made by uid {lst.st_uid}"
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            return f"cannot check {cur}: {e.strerror}"
+        try:
+            st = os.stat(parent)
+        except FileNotFoundError:
+            st = None
+        except OSError as e:
+            return f"cannot check {parent}: {e.strerror}"
+        if st is not None:
+            why = _unsafe_folder(parent, st, uid)
+            if why:
+                return why
         cur = parent
 
 

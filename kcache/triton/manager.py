@@ -247,6 +247,7 @@ class KcacheCacheManager(CacheManager):
         if kind is None or self._store is None:
             return None
         if kind == KIND_AUX and not self._store.trust_host_code:
+            _untrusted_store(self._store)
             return None  # host code only from a store that passed every check: rebuilt here
         try:
             skey, comps = self._key_and_components(filename, kind)
@@ -266,6 +267,7 @@ class KcacheCacheManager(CacheManager):
         blob = data if isinstance(data, bytes) else str(data).encode("utf-8")
         kind = kind_of(filename)
         if kind == KIND_AUX and self._store is not None and not self._store.trust_host_code:
+            _untrusted_store(self._store)
             kind = None  # never stored in (nor served from) a store that failed its checks
         if kind is not None and self._store is not None:
             try:
@@ -405,6 +407,16 @@ class KcacheCacheManager(CacheManager):
             pass
 
 
+def _untrusted_store(store: Store) -> None:
+    # Issue 17: a store used only because KCACHE_ALLOW_INSECURE=1 said so (it failed its
+    # ownership, mode or parent-folder checks) never gives launchers; say so once, not silently.
+    warn_once(
+        "untrusted-host-code",
+        f"not loading launchers from {store.root}: it failed its safety checks and is used only "
+        "because KCACHE_ALLOW_INSECURE=1; they are built here and not stored",
+    )
+
+
 def _mirror_for_inductor(key: str, filename: str, paths: dict[str, str]) -> None:
     """Give torch's Inductor the layout it reads directly: ``<TRITON_CACHE_DIR>/<key>/<file>``.
 
@@ -422,23 +434,35 @@ def _mirror_for_inductor(key: str, filename: str, paths: dict[str, str]) -> None
         from triton import knobs
 
         from ..store import fs
-        from ..store.safety import insecure_parent, make_private_dir
+        from ..store.safety import insecure_parent, insecure_path, make_private_dir
 
-        base = knobs.cache.dir
-        if not base:
+        given = knobs.cache.dir
+        if not given:
             return
-        base = os.path.realpath(base)
-        if not os.path.isdir(base):
-            make_private_dir(Path(base))
-        why = insecure_parent(base + "/x")
+        given = os.path.abspath(given)
+        # Judged as named first (a link another user planted at TRITON_CACHE_DIR or on the way
+        # would decide where these files go), before anything is created; then where it leads.
+        why = insecure_path(given + "/x")
+        base = os.path.realpath(given)
+        if why is None:
+            if not os.path.isdir(base):
+                make_private_dir(Path(base))
+            why = insecure_parent(base + "/x")
         if why:
-            warn_once("mirror-unsafe", f"not writing Inductor's copy of kernels into {base}: {why}")
+            warn_once("mirror-unsafe", f"not writing Inductor's copy of kernels into {given}: {why}")
             return
-        bfd = fs.open_dir(base, base, fs.trusted_owners(False))
         try:
-            kfd = fs.open_dir_at(bfd, key, f"{base}/{key}", fs.trusted_owners(False), create=True)
-        finally:
-            os.close(bfd)
+            bfd = fs.open_dir(base, base, fs.trusted_owners(False))
+            try:
+                kfd = fs.open_dir_at(bfd, key, f"{base}/{key}", fs.trusted_owners(False), create=True)
+            finally:
+                os.close(bfd)
+        except fs.UnsafePath as e:
+            # The folder (or the kernel's folder in it) is a link, another user's, or others can
+            # write it (a sticky /tmp as TRITON_CACHE_DIR): refused, and said once (issue 17);
+            # it was only logged at debug level before.
+            warn_once("mirror-unsafe", f"not writing Inductor's copy of kernels into {given}: {e}")
+            return
         try:
             grp = f"__grp__{filename}"
             try:
