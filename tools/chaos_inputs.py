@@ -250,8 +250,8 @@ class TarStream:
             self._zero_chunk = self._deflate(_ZERO_MIB)
 
     @staticmethod
-    def _deflate(data: bytes, final: bool = False) -> bytes:
-        c = zlib.compressobj(9 if len(data) < MiB else 1, zlib.DEFLATED, -15)
+    def _deflate(data: bytes, final: bool = False, level: int = 9) -> bytes:
+        c = zlib.compressobj(level, zlib.DEFLATED, -15)
         return c.compress(data) + c.flush(zlib.Z_FINISH if final else zlib.Z_FULL_FLUSH)
 
     def raw(self, data: bytes) -> None:
@@ -260,7 +260,7 @@ class TarStream:
         self.size += len(data)
         if self.gz:
             self.crc = zlib.crc32(data, self.crc)
-            self.f.write(self._deflate(data))
+            self.f.write(self._deflate(data, level=9 if len(data) < MiB else 1))  # big: fast
         else:
             self.f.write(data)
 

@@ -134,8 +134,9 @@ def test_planted_wrong_answers_never_break_a_compile(tmp_path: Path, reference_k
     and garbage; plus a wrong libtriton digest (another Triton build's key). Each compile under
     KCACHE=1 is Triton's own.
 
-    Before efe2a87 every one failed; at efe2a87 the first two still did (v2 keys are computable
-    and both answers passed its check), and the wrong digest changed every kernel's key."""
+    Before efe2a87 every one failed, and at efe2a87 too: v2 keys are computable, the first two
+    answers passed its check (ptxas fatal: Unsupported .version 95.9; Cannot find ptxas), and the
+    wrong digest gave every kernel another key."""
     env = ci.child_env(tmp_path)
     answers = {
         "release-99.9": ci.WRONG_PTXAS,
