@@ -664,6 +664,39 @@ def _import_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _fresh_folder(path: str) -> str | None:
+    """Whether ``path`` holds no store yet ("missing", "empty"; else None): an import makes one,
+    and a failed import must not leave it behind (see :func:`_undo_new_store`)."""
+    try:
+        if not os.path.lexists(path):
+            return "missing"
+        if os.path.isdir(path) and not os.path.islink(path) and not os.listdir(path):
+            return "empty"
+    except OSError:
+        pass
+    return None
+
+
+def _undo_new_store(path: str, fresh: str) -> None:
+    """A failed import leaves a missing or empty folder as it found it: the store it made is
+    removed, unless it holds an entry (another process started using it meanwhile)."""
+    import shutil
+
+    from .store.local import MARKER, SUBDIRS
+
+    try:
+        entries = os.path.join(path, "entries")
+        if any(os.listdir(os.path.join(entries, s)) for s in os.listdir(entries)):
+            return
+        for sub in SUBDIRS:
+            shutil.rmtree(os.path.join(path, sub), ignore_errors=True)
+        os.unlink(os.path.join(path, MARKER))
+        if fresh == "missing":
+            os.rmdir(path)
+    except OSError:
+        pass
+
+
 def _import_run(args: argparse.Namespace) -> int:
     """import a bundle, or adopt a Triton cache folder (--triton-cache DIR)"""
     from .bundle import BundleError, import_bundle, open_bundle
@@ -676,6 +709,7 @@ def _import_run(args: argparse.Namespace) -> int:
     from .store import Store
 
     bundle = None
+    fresh = _fresh_folder(os.fspath(settings.dir))
     try:
         if args.file:
             # The bundle is checked (a regular file, a kcache bundle, signature, key tag) before the
@@ -695,6 +729,8 @@ def _import_run(args: argparse.Namespace) -> int:
         finally:
             store.close()
     except (BundleError, OSError) as e:
+        if fresh:
+            _undo_new_store(os.fspath(settings.dir), fresh)
         raise CommandError(str(e)) from None
     finally:
         if bundle is not None:
