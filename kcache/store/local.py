@@ -58,7 +58,7 @@ from . import fs
 from .index import DB_NAME, Index, is_corrupt_db
 from .locks import Lock
 from .records import RECORD_NAME, CorruptRecord, Record, entry_id, file_info, valid_name
-from .safety import UnsafeStore, check_root, insecure_parent, is_network_fs, make_private_dir
+from .safety import UnsafeStore, check_root, insecure_parent, insecure_path, is_network_fs, make_private_dir
 
 MARKER = "KCACHE_STORE"
 STORE_SCHEMA = 1
@@ -260,6 +260,16 @@ class Store:
         network_fs: bool | None,
         index_timeout: float,
     ) -> Store:
+        trust = True
+        # The path as named: a link on the way is fine if this user (or root) made it, in a
+        # folder nobody else can write; one another user planted decides where the store is.
+        why_named = insecure_path(path) if os.path.realpath(path) != os.path.abspath(path) else None
+        if why_named:
+            if not allow_insecure:
+                raise UnsafeStore(
+                    f"{path}: another user decides where this path leads ({why_named}); {_INSECURE_HINT}"
+                )
+            trust = False
         real = os.path.realpath(path)  # a link the user made to their store is fine; from here on, no links
         if not os.path.lexists(real):
             if readonly or not create:
@@ -267,14 +277,12 @@ class Store:
                     f"{path} does not exist" + (" (read-only: nothing to read)" if readonly else "")
                 )
             make_private_dir(Path(real))
-        trust = True
         why_parent = insecure_parent(real)
         if why_parent:
             if not allow_insecure:
                 raise UnsafeStore(
                     f"{path}: another user can replace the store ({why_parent}); move the store to a "
-                    "folder only you (or root) can write, or set KCACHE_ALLOW_INSECURE=1 to use it "
-                    "anyway (launchers and pickled entries are then never taken from it)"
+                    f"folder only you (or root) can write, or {_INSECURE_HINT}"
                 )
             trust = False
         owners = fs.trusted_owners(readonly)
@@ -325,10 +333,7 @@ class Store:
                     f"{path} is on a network filesystem; its index is kept node-local in {index_dir} "
                     "(entries are shared, stats and eviction are per node)",
                 )
-                if not readonly:
-                    make_private_dir(Path(index_dir))
-                if os.path.isdir(index_dir):
-                    fds["index"] = fs.open_dir(index_dir, index_dir, fs.trusted_owners(readonly))
+                fds["index"] = _node_local_index(base, os.path.basename(index_dir), readonly)
         except BaseException:
             for fd in fds.values():
                 if fd is not None:
@@ -925,6 +930,12 @@ class Store:
                     self._note_use(existing.record)  # returned like a hit: kept from eviction like one
                 return existing
             tmp = None
+        except _Refused as e:  # said once, under the topic a lookup of it uses
+            warn_once(
+                f"refused:{ident}", f"refused {kind} entry {ident[:12]} in {self.root}: {e}; not cached"
+            )
+            self.counts.add(kind, errors=1)
+            return None
         except Exception as e:
             full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
             warn_once(
@@ -1550,6 +1561,38 @@ class _Private:
         if self.own_parent:
             with contextlib.suppress(OSError):
                 os.close(self.parent)
+
+
+_INSECURE_HINT = "set KCACHE_ALLOW_INSECURE=1 to use it anyway (launchers and pickled entries are then never taken from it)"
+
+
+def _node_local_index(base: str, name: str, readonly: bool) -> int | None:
+    """The node-local index folder ``<base>/<name>`` of a store on a network filesystem, opened
+    folder by folder with the store's rules (``$XDG_CACHE_HOME/kcache-index`` may not be a link
+    another user planted: SQLite would write wherever it leads). None when absent (read-only)."""
+    owners = fs.trusted_owners(readonly)
+    parent = os.path.dirname(base)
+    if not readonly:
+        make_private_dir(Path(parent))
+    why = insecure_path(parent) or insecure_parent(os.path.join(parent, "x"))
+    if why:
+        raise UnsafeStore(f"the node-local index folder {base}: {why}")
+    try:
+        pfd = fs.open_dir(parent, parent, None)
+    except FileNotFoundError:
+        return None
+    try:
+        bfd = fs.open_dir_at(pfd, os.path.basename(base), base, owners, create=not readonly)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(pfd)
+    try:
+        return fs.open_dir_at(bfd, name, os.path.join(base, name), owners, create=not readonly)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(bfd)
 
 
 def _open_sub(

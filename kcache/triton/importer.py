@@ -61,31 +61,48 @@ def _read(path: Path, limit: int) -> bytes:
     return data
 
 
-def _private(st: os.stat_result) -> bool:
-    uid = os.getuid() if hasattr(os, "getuid") else None
-    return (uid is None or st.st_uid == uid) and not (st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+def _host_code(root: Path, key: str, name: str, limit: int) -> tuple[bytes | None, str | None]:
+    """(the launcher's bytes, None) if ``root/key/name`` may be imported as host code, else
+    (None, why not).
 
+    Host code is taken only from a folder that nobody else can change: the cache folder and every
+    folder above it pass the store's own rules (:func:`~kcache.store.safety.insecure_parent`), the
+    cache and key folders are opened once (no link) and checked through their descriptors, and
+    the file is read through the key folder's descriptor and judged by what was opened (regular,
+    this user's, not writable by others, an ELF object). The bytes checked are the bytes stored:
+    nothing is read again by path (a file swapped in after a check by name would be taken)."""
+    from ..store.safety import insecure_parent
 
-def _trusted_host_code(path: Path, key_dir: Path, root: Path) -> str | None:
-    """None if ``path`` may be imported as host code, else why not."""
+    why = insecure_parent(str(root / "x"))
+    if why:
+        return None, f"another user can change {root} ({why})"
+    owners = fs.trusted_owners(False)
     try:
-        for p in (root, key_dir, path):
-            st = os.lstat(p)
-            if stat.S_ISLNK(st.st_mode):
-                return f"{p} is a symlink"
-            if not _private(st):
-                return f"{p} is not owned by this user or is writable by others"
-        # The first four bytes only (the whole file is read once, by put, if it is one).
-        fd = fs.open_input(str(path), MAX_FILE)
+        rfd = fs.open_dir(str(root), str(root), owners)
         try:
-            head = os.read(fd, 4)
+            kfd = fs.open_dir_at(rfd, key, f"{root}/{key}", owners)
+        finally:
+            os.close(rfd)
+        try:
+            fd = os.open(name, fs.O_READ, dir_fd=kfd)
+        finally:
+            os.close(kfd)
+        try:
+            st = os.fstat(fd)
+            fs.check_stat(st, name, owners, want_dir=False)
+            if st.st_size > limit:
+                return None, f"larger than {limit} bytes"
+            head = os.read(fd, 4)  # what it is, before reading it all (a sparse 1 GiB "launcher")
+            if head != b"\x7fELF":
+                return None, "not an ELF shared object"
+            data = head + fs.read_exact(fd, st.st_size - len(head))
         finally:
             os.close(fd)
-        if head != b"\x7fELF":
-            return "not an ELF shared object"
     except (OSError, fs.UnsafePath) as e:
-        return str(e)
-    return None
+        return None, str(e)
+    if len(data) != st.st_size:
+        return None, "changed while read"
+    return data, None
 
 
 def _too_large(files: dict[str, Path], bound: int) -> str | None:
@@ -206,9 +223,15 @@ def import_triton_cache(
     bound = min(MAX_GROUP, store.max_size)
 
     def put(
-        kind: str, skey: str, files: dict[str, Path], comps: dict[str, Any], summary: dict[str, Any]
+        kind: str,
+        skey: str,
+        files: dict[str, Path],
+        comps: dict[str, Any],
+        summary: dict[str, Any],
+        blobs: dict[str, bytes] | None = None,
     ) -> bool | None:
-        """True when stored, False when already there, None when skipped (said in the report)."""
+        """True when stored, False when already there, None when skipped (said in the report).
+        ``blobs``: bytes already read and checked (host code), stored as they are."""
         if store.get(kind, skey, count=False) is not None:
             return False
         where = next(iter(files.values()))
@@ -219,7 +242,8 @@ def import_triton_cache(
         # Bytes, not paths: the store would hard-link a path, sharing the inode (and its mode)
         # with a file in a folder kcache does not control.
         try:
-            blobs = {n: _read(p, min(MAX_FILE, bound)) for n, p in files.items()}
+            if blobs is None:
+                blobs = {n: _read(p, min(MAX_FILE, bound)) for n, p in files.items()}
         except OSError as e:  # changed since it was listed (now a FIFO, a link, larger): skipped
             skip(where, str(e))
             return None
@@ -274,12 +298,12 @@ def import_triton_cache(
                 report["ignored_files"] += 1
                 continue
             if kind == KIND_AUX:
-                why = _trusted_host_code(path, key_dir, root)
-                if why is not None:
+                so, why = _host_code(root, key, n, min(MAX_FILE, bound))
+                if so is None:
                     skip(path, f"host code not trusted ({why}); Triton rebuilds it when needed")
                     continue
                 comps = {"kernel": n.split(".")[0], "source": "triton-cache-import"}
-                if put(KIND_AUX, store_key(key, n), {n: path}, comps, {"file": n}):
+                if put(KIND_AUX, store_key(key, n), {n: path}, comps, {"file": n}, blobs={n: so}):
                     report["aux"] += 1
             elif kind == KIND_AUTOTUNE:
                 if not autotune_gpu:

@@ -399,12 +399,6 @@ def test_inductor_mirror_never_writes_through_a_link(how: str, tmp_path: Path) -
 
 
 # ------------------------------------------------------------------------------ node-local index
-@pytest.mark.xfail(
-    strict=True,
-    reason="local.py: on a network filesystem the node-local index folder is made and opened by "
-    "path name (make_private_dir, open_dir), so a link at $XDG_CACHE_HOME/kcache-index is "
-    "followed and the index is written into the folder it points to",
-)
 def test_node_local_index_folder_through_a_link_is_refused(tmp_path: Path, chaos: Any) -> None:
     """The store on a network filesystem keeps its index in ``$XDG_CACHE_HOME/kcache-index/<hash>``.
     With ``kcache-index`` a link to a folder of victim files, nothing may be created or written in
