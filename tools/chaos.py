@@ -25,7 +25,7 @@ crash
 corrupt
     Random damage to random entries (flipped byte, truncation, deleted member, garbage or
     foreign record, member or record replaced by a symlink, extra file) and to the index
-    (garbage over cache.db, index deleted): each must be found by ``verify``, read as a miss
+    (garbage over its database, index deleted): each must be found by ``verify``, read as a miss
     with one warning, and leave a store that caches again.
 concurrency
     8 processes x 2,000 mixed operations (puts, hits, groups, removals, eviction under a tiny
@@ -39,6 +39,13 @@ faults
     A full disk (a 2 MiB tmpfs when root can mount one, else RLIMIT_FSIZE), and the index held
     under ``BEGIN EXCLUSIVE`` by another process: puts and hits never raise, never serve wrong
     bytes, and never wait longer than the bound (see docs/reliability.md).
+links
+    (tools/chaos_links.py) the store's folders and files replaced by links to victim files, by
+    this user and by a second one; a store swapped after it was opened; folders others can write;
+    exports through planted names: no victim file changes, no planted launcher runs.
+inputs
+    (tools/chaos_inputs.py) poisoned machine-local answers in bundles and the shared tier, inputs
+    that are FIFOs or devices, memory bombs, a process whose clock runs an hour ahead, a full disk.
 
 Exit status: 0 when every invariant held, 1 otherwise (the report says which).
 """
@@ -1652,6 +1659,16 @@ def run(phases: list[str], size: str, seed: int, base: Path, log: Callable[[str]
             report["phases"][ph] = phase_triton(d, tp, tk, seed, log)
         elif ph == "faults":
             report["phases"][ph] = phase_faults(d, fr, seed, log)
+        elif ph == "links":  # issues 16 and 17: planted links, swapped folders, second user
+            sys.path.insert(0, str(HERE.parent))
+            from chaos_links import phase_links
+
+            report["phases"][ph] = phase_links(d, seed, log)
+        elif ph == "inputs":  # issue 18: hostile bundles, memory bombs, clock skew, full disks
+            sys.path.insert(0, str(HERE.parent))
+            from chaos_inputs import phase_inputs
+
+            report["phases"][ph] = phase_inputs(d, seed, log)
         else:
             raise SystemExit(f"unknown phase {ph!r}")
     report["seconds"] = round(time.perf_counter() - t0, 1)
@@ -1736,7 +1753,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--full", action="store_true", help="the long run whose figures docs/reliability.md reports"
     )
-    ap.add_argument("--only", help="comma-separated phases: crash,corrupt,concurrency,triton,faults")
+    ap.add_argument(
+        "--only", help="comma-separated phases: crash,corrupt,concurrency,triton,faults,links,inputs"
+    )
     ap.add_argument("--seed", type=int, default=20261202)
     ap.add_argument("--dir", help="work directory (default: a fresh temporary one, removed after)")
     ap.add_argument("--json", help="write the report here")
@@ -1746,7 +1765,11 @@ def main(argv: list[str] | None = None) -> int:
         return worker_main(a)
     if a.cmd == "triton-worker":
         return triton_worker_main(a)
-    phases = a.only.split(",") if a.only else ["crash", "corrupt", "concurrency", "triton", "faults"]
+    phases = (
+        a.only.split(",")
+        if a.only
+        else ["crash", "corrupt", "concurrency", "triton", "faults", "links", "inputs"]
+    )
     base = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="kcache-chaos-"))
     base.mkdir(parents=True, exist_ok=True)
 
