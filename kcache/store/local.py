@@ -1225,9 +1225,12 @@ class Store:
                 # warning, unless it lasts (a process holding the index for good). What was to
                 # be written is kept for the next flush.
                 now = time.monotonic()
-                self._index_off_until = now + INDEX_BUSY_BACKOFF_S
                 self._busy_since = self._busy_since or now
                 self._busy_count += 1
+                # 0.5 s, 1 s, 2 s, 4 s, then 5 s: soon again after a moment's contention, rarely
+                # when another process holds the index for good (each try waits the busy timeout).
+                back = min(INDEX_BACKOFF_S, INDEX_BUSY_BACKOFF_S * 2 ** min(self._busy_count - 1, 8))
+                self._index_off_until = now + back
                 logger.debug("index busy: %s", e)
                 if self._busy_count >= INDEX_BUSY_WARN_AFTER:
                     warn_once(
