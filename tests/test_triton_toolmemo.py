@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+# Triton is a dependency of kcache on Linux (pyproject.toml) and CI installs it (.ci/run): these
+# tests skip only where Triton does not exist (other platforms), never in CI.
 pytest.importorskip("triton")
 
 import kcache  # noqa: E402
@@ -44,11 +46,41 @@ def test_same_output_memoised_and_refreshed_when_the_binary_changes(enabled, tmp
     assert proxy.check_output([str(tool), "--version"]) == b"release 13.0, V13.0.1\n"
 
 
+def _runs(tool: Path) -> int:
+    """How many times the tool has run (each run appends a line)."""
+    calls = Path(f"{tool}.calls")
+    return calls.read_text().count("\n") if calls.exists() else 0
+
+
 def test_other_calls_pass_through(enabled, tmp_path: Path) -> None:
-    tool = _tool(tmp_path / "tool", "x")
+    """Every call but ``check_output([path, "--version"], stderr=...)`` runs the tool each time,
+    even when its answer is one the memo would keep; and an answer without ``release X.Y`` is
+    never served from the memo. (Each call is made twice and the tool's runs are counted: a
+    memo that answered the second would leave the count alone.)"""
+    tool = _tool(tmp_path / "tool", "release 12.8, V12.8.93")
     proxy = _MemoSubprocess(subprocess)
-    assert proxy.check_output([str(tool), "--help"]) == b"x\n"
-    assert proxy.check_output([str(tool), "--version"], stderr=subprocess.STDOUT) == b"x\n"
+    for args, rest, kwargs in [
+        ([str(tool), "--help"], (), {}),
+        ([str(tool), "--version", "--verbose"], (), {}),
+        ([str(tool), "--version"], (), {"text": True}),
+        ([str(tool), "--version"], (), {"cwd": str(tmp_path)}),
+        ([str(tool), "--version"], (-1,), {}),  # a positional argument (bufsize)
+        (f"{tool} --version", (), {"shell": True}),
+    ]:
+        for _ in range(2):
+            n = _runs(tool)
+            out = proxy.check_output(args, *rest, **kwargs)
+            assert out in (b"release 12.8, V12.8.93\n", "release 12.8, V12.8.93\n"), (args, kwargs)
+            assert _runs(tool) == n + 1, f"{args} {rest} {kwargs} was answered without running the tool"
+    # the contrast: the memoised form runs the tool once
+    n = _runs(tool)
+    assert proxy.check_output([str(tool), "--version"]) == proxy.check_output([str(tool), "--version"])
+    assert _runs(tool) == n + 1
+    odd = _tool(tmp_path / "odd", "x")  # not a CUDA tool's answer: asked every time
+    for _ in range(2):
+        n = _runs(odd)
+        assert proxy.check_output([str(odd), "--version"], stderr=subprocess.STDOUT) == b"x\n"
+        assert _runs(odd) == n + 1
     with pytest.raises(FileNotFoundError):
         proxy.check_output([str(tmp_path / "missing"), "--version"])
     assert proxy.PIPE is subprocess.PIPE

@@ -233,6 +233,7 @@ def test_broken_index_under_triton(tmp_path: Path, chaos: Any, reference_kernels
     out, r = compile_in_child(specs, env)
     assert len(warning_lines(r.stderr)) <= 1, r.stderr
     assert out["counts"]["triton"]["hits"] == 2, out["counts"]
+    assert len(out["kernels"]) == len(specs)
     for name, d in out["kernels"].items():
         assert d == reference_kernels[name]
     out2, r2 = compile_in_child(specs, env)
@@ -245,5 +246,6 @@ def test_random_corruption_campaign_ci(tmp_path: Path, chaos: Any) -> None:
     assert r["failures"] == []
     assert r["found_by_verify"] == r["entry_damage"] == 26
     assert r.get("wrong", 0) == 0
+    assert r["index"]  # the index damages were made
     for how, res in r["index"].items():
         assert res["hit_while_broken"] and res["put_then_hit_after"] and res["clean_after_fix"], how
