@@ -38,6 +38,13 @@ class Counters:
             for k, v in pending.items():
                 self._buf[k] += v
 
+    def after_fork(self) -> None:
+        """In a forked child: a new lock (the parent's may have been held by a thread that the
+        child does not have), and nothing of the parent's to flush (the parent flushes it)."""
+        self._lock = threading.Lock()
+        self._buf = defaultdict(float)
+        self._process = defaultdict(float)
+
     def process_totals(self) -> dict[str, dict[str, float]]:
         """Counters since this object was made, by kind."""
         with self._lock:

@@ -164,7 +164,7 @@ def test_clear_kind_and_eviction_on_the_new_kinds(warm: dict[str, Any], tmp_path
     after = kc(env, "stats")["by_kind"]
     assert after.get(INDUCTOR_FX, {}).get("entries", 0) == 0
     assert after[INDUCTOR_AOT]["entries"] == before[INDUCTOR_AOT]["entries"], "only that kind"
-    from kcache.store import local
+    from kcache.store import tunables as local
 
     monkeypatch.setattr(local, "GRACE_S", 0.0)
     s = Store.open(copy, max_size=1)

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kcache.maintenance.stats import store_stats
-from kcache.store import Store, StoreError
+from kcache.store import Store, StoreError, fs, tunables
 from kcache.store import local as store_local
 from kcache.store.index import Index
 from kcache.store.records import RECORD_NAME, FileInfo, Record, crc32, valid_name
@@ -63,8 +63,10 @@ def backdate(store: Store, ident: str, seconds_ago: float) -> None:
     """Make an entry look last used ``seconds_ago``: its record's mtime and its index row."""
     t = time.time() - seconds_ago
     os.utime(os.path.join(store.entry_dir(ident), RECORD_NAME), (t, t))
-    idx = store.index()
-    idx.conn.execute("UPDATE entries SET last_used = ? WHERE id = ?", (t, ident))
+    store.flush(force=True)  # a put's row is written by the flush thread: written now
+    with store._index_lock:
+        cur = store.index().conn.execute("UPDATE entries SET last_used = ? WHERE id = ?", (t, ident))
+    assert cur.rowcount == 1, ident
 
 
 def snapshot(root: Path) -> dict[str, tuple]:
@@ -460,7 +462,7 @@ def test_old_diskcache_index_is_superseded(store_dir: Path) -> None:
 
 # ---------------------------------------------------------------------------------------- eviction
 def test_eviction_keeps_the_store_under_the_bound(store_dir: Path, monkeypatch) -> None:
-    monkeypatch.setattr(store_local, "GRACE_S", 0.0)
+    monkeypatch.setattr(tunables, "GRACE_S", 0.0)
     max_size = 20_000
     s = Store.open(store_dir, max_size=max_size)
     ids = []
@@ -486,18 +488,23 @@ def test_eviction_keeps_the_store_under_the_bound(store_dir: Path, monkeypatch) 
 
 
 def test_eviction_runs_on_put_without_being_asked(store_dir: Path, monkeypatch) -> None:
-    monkeypatch.setattr(store_local, "GRACE_S", 0.0)
+    monkeypatch.setattr(tunables, "GRACE_S", 0.0)
     s = Store.open(store_dir, max_size=10_000)
     for i in range(40):
-        s.put("triton", f"k{i}", {"a.bin": os.urandom(1000)})
-    assert s.index().total_bytes() <= 10_000
+        assert s.put("triton", f"k{i}", {"a.bin": os.urandom(1000)}) is not None
+    # Eviction is the flush thread's work (off the compiling thread's path): it happens soon.
+    deadline = time.monotonic() + 30
+    while len(list(s.iter_entry_ids())) > 10 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(list(s.iter_entry_ids())) <= 10
+    s.flush(force=True)
+    assert s.index().total_bytes() <= 10_000
     assert s.get("triton", "k39") is not None
     s.close()
 
 
 def test_eviction_is_least_recently_used(store_dir: Path, monkeypatch) -> None:
-    monkeypatch.setattr(store_local, "GRACE_S", 0.0)
+    monkeypatch.setattr(tunables, "GRACE_S", 0.0)
     s = Store.open(store_dir, max_size=1 << 30)
     for i in range(10):
         s.put("triton", f"k{i}", {"a.bin": b"x" * 1000})
@@ -538,7 +545,7 @@ def test_protected_entries_survive_until_their_first_hit(store_dir: Path, monkey
     assert s.evict(target=0)[0] == 5
     assert s.get("triton", "prewarmed", count=False) is not None
     # Even with no grace period at all, the protection holds until the entry is used.
-    monkeypatch.setattr(store_local, "GRACE_S", 0.0)
+    monkeypatch.setattr(tunables, "GRACE_S", 0.0)
     assert s.evict(target=0)[0] == 0
     assert s.get("triton", "prewarmed") is not None  # the first hit ends the protection
     time.sleep(0.01)
@@ -725,6 +732,7 @@ def test_index_deleted(store_dir: Path) -> None:
     s = Store.open(store_dir)
     assert s.get("triton", "k") is not None  # hits never use the index
     s.put("triton", "k2", {"a.bin": b"b"})
+    s.flush(force=True)  # (the flush thread would, within a second)
     assert (store_dir / "index" / "kcache.sqlite").exists()
     s.flush(force=True)
     assert s.index().ids() == {s.entry_id("triton", "k"), s.entry_id("triton", "k2")}
@@ -987,16 +995,20 @@ def test_clean_tmp_removes_what_dead_writers_left(store: Store) -> None:
     dead = store.tmp / f"{'a' * 40}.999999999.abc"
     dead.mkdir()
     (dead / "x").write_bytes(b"x")
-    old = time.time() - store_local.STALE_TMP_S - 60
+    old = time.time() - tunables.STALE_TMP_S - 60
     live = store.tmp / f"{'b' * 40}.{os.getpid()}.abc"
     live.mkdir()
     os.utime(live, (old, old))  # its writer is alive but it is old: stale
     fresh = store.tmp / f"{'c' * 40}.{os.getppid()}.abc"
-    fresh.mkdir()  # a live writer's entry being written
+    fresh.mkdir()  # a live writer's entry being written: held by it (here, by this test)
+    held = os.open(fresh, os.O_RDONLY | os.O_DIRECTORY)
+    assert fs.hold(held)
     assert store.put("triton", "k", {"a.bin": b"a"}).paths  # this process's own served folder
     assert store.clean_tmp() == 2
     assert not dead.exists() and not live.exists() and fresh.exists()
     assert any(p.name.startswith("served.") for p in store.tmp.iterdir())
+    os.close(held)  # its writer died: it goes at the next clean-up
+    assert store.clean_tmp() == 1 and not fresh.exists()
 
 
 def test_clean_tmp_removes_links_not_their_targets(store: Store, tmp_path: Path) -> None:

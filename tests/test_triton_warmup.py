@@ -19,7 +19,7 @@ PYTHON = sys.executable
 
 def test_gluon_is_imported_in_the_background(tmp_path: Path) -> None:
     pytest.importorskip("triton.experimental.gluon.language", reason="this Triton has no gluon")
-    g = repr(warmup.GLUON)
+    g = repr(warmup.ENTRY)
     code = f"import sys, time, triton\nfor _ in range(200):\n    time.sleep(0.05)\n    if {g} in sys.modules: break\nprint({g} in sys.modules)"
     env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE")}
     env.update(HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "xdg"))
@@ -66,3 +66,71 @@ def test_libcuda_dirs_remembered_and_checked(enabled, tmp_path: Path) -> None:
     third = _fake_driver(calls, ["/elsewhere"])
     warmup.install_libcuda_memo(third)
     assert third.libcuda_dirs() == ["/elsewhere"] and calls == ["ldconfig", "ldconfig"]
+
+
+RACE = """
+import builtins, sys, threading, time
+class Slow:  # holds the warm-up thread inside gluon's __init__ (its locks held) for a while
+    def find_spec(self, name, path=None, target=None):
+        if threading.current_thread().name == "kcache-triton-warmup" and name == {slow!r}:
+            time.sleep({delay})
+        return None
+sys.meta_path.insert(0, Slow())
+import triton
+time.sleep(0.1)
+{body}
+import triton.experimental.gluon.language as gl
+assert gl.constexpr is not None
+print("OK", type(builtins.__import__).__name__)
+"""
+JIT = """
+import torch, triton.language as tl
+from kcache.prewarm.triton_aot import install_stand_in
+install_stand_in(90, host_code=False)
+@triton.jit
+def k(x_ptr, B: tl.constexpr):
+    o = tl.arange(0, B)
+    tl.store(x_ptr + o, tl.load(x_ptr + o) + 1)
+k.warmup(torch.empty(1024, device="meta"), B=128, grid=(1,))
+"""
+
+
+@pytest.mark.parametrize(
+    "slow, delay, body",
+    [
+        # The three that raised _DeadlockError in the program's thread before the guard (Triton
+        # 3.9; CI saw the JIT's first kernel do it): the program enters gluon by another
+        # submodule while the warm-up thread holds gluon's package lock.
+        ("triton.experimental.gluon._runtime", 0.4, "import triton.experimental.gluon.nvidia.hopper"),
+        ("triton.experimental.gluon._runtime", 0.8, "import triton.experimental.gluon.nvidia.hopper"),
+        ("triton.experimental.gluon._runtime", 0.2, "from triton.experimental.gluon.nvidia import hopper"),
+        ("triton.experimental.gluon.language._core", 0.4, "from triton.experimental import gluon"),
+        (
+            "triton.experimental.gluon.language._layouts",
+            0.4,
+            "import importlib; importlib.import_module('triton.experimental.gluon.nvidia.hopper')",
+        ),
+        ("triton.experimental.gluon._runtime", 0.4, JIT),
+        ("triton.experimental.gluon.nvidia", 0.6, JIT),
+    ],
+)
+def test_the_program_importing_gluon_meanwhile_never_deadlocks(
+    tmp_path: Path, slow: str, delay: float, body: str
+) -> None:
+    pytest.importorskip("triton.experimental.gluon.language", reason="this Triton has no gluon")
+    if "torch" in body:
+        pytest.importorskip("torch")
+    code = RACE.format(slow=slow, delay=delay, body=body)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE")}
+    env.update(
+        KCACHE="1", KCACHE_DIR=str(tmp_path / "s"), HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "x")
+    )
+    script = tmp_path / "program.py"  # @triton.jit needs a source file
+    script.write_text(code)
+    r = subprocess.run(
+        [PYTHON, "-W", "ignore", str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "_DeadlockError" not in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 0, r.stderr[-2000:]
+    # The guard on builtins.__import__ is gone once the pre-import is over.
+    assert r.stdout.split()[-2:] == ["OK", "builtin_function_or_method"], r.stdout

@@ -125,13 +125,13 @@ def hit_latency(redis: Redis, tmp: Path, size: int, iters: int, secret: str | No
     local, remote = [], []
     for _ in range(iters):
         b.remove([ident])
-        b._served.clear()
+        b._served_files._cache.clear()
         t = time.perf_counter()
         h = b.get(KIND, key)
         _ = h.paths  # type: ignore[union-attr]
         remote.append(time.perf_counter() - t)
         assert b.counts.process_totals()[KIND].get("remote_refused", 0) == 0
-        b._served.clear()  # as a new process: its served files made anew
+        b._served_files._cache.clear()  # as a new process: its served files made anew
         t = time.perf_counter()
         h = b.get(KIND, key)
         _ = h.paths  # type: ignore[union-attr]

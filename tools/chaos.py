@@ -551,7 +551,7 @@ class Worker:
 
 
 def worker_main(a: argparse.Namespace) -> int:
-    import kcache.store.local as local
+    import kcache.store.tunables as local
 
     if a.grace is not None:
         local.GRACE_S = a.grace
@@ -1134,7 +1134,7 @@ def phase_concurrency(
     n, problems = scan_entries(root)
     failures += problems
     # The bound: with the grace period over, one eviction brings the store under it.
-    import kcache.store.local as local
+    import kcache.store.tunables as local
 
     saved, local.GRACE_S = local.GRACE_S, 0.0
     try:
@@ -1452,6 +1452,10 @@ def _tmpfs(path: str, size: str = "2m") -> bool:
     return r.returncode == 0
 
 
+def _grow_tmpfs(path: str, size: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,size={size}", path], capture_output=True, check=True)
+
+
 def _umount(path: str) -> None:
     subprocess.run(["umount", "-l", path], capture_output=True)
 
@@ -1509,7 +1513,7 @@ def phase_faults(base: Path, rounds: int, seed: int, log: Callable[[str], None])
         how = "tmpfs 2 MiB" if mounted else "RLIMIT_FSIZE 256 KiB"
         root = os.path.join(mnt, "store")
         code = FULL_DISK_CHILD.format(
-            repo=str(REPO), here=str(HERE), fsize=0 if mounted else 256 * 1024, root=root, n=60
+            repo=str(REPO), here=str(HERE), fsize=0 if mounted else 256 * 1024, root=root, n=120
         )
         try:
             p = subprocess.run(
@@ -1537,6 +1541,14 @@ def phase_faults(base: Path, rounds: int, seed: int, log: Callable[[str], None])
                 failures.append("full disk: the disk never filled up")
             if len([w for w in res["warnings"] if "cannot write" in w]) > 2:
                 failures.append(f"full disk: too many warnings: {res['warnings']}")
+            # On the still-full disk, verify --fix must answer (it may be unable to rebuild an
+            # index the full disk kept from being written); once the operator has made room, it
+            # must leave a clean store.
+            vv = verify(root, fix=True)
+            if "error" in vv or vv.get("rc") not in (0, 1, None):
+                failures.append(f"full disk: verify --fix on the full disk failed: {vv}")
+            if mounted:
+                _grow_tmpfs(mnt, "4m")
             vv = verify(root, fix=True)
             aa = verify(root, fix=False)
             if not aa.get("ok"):

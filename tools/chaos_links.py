@@ -436,7 +436,7 @@ class Phase:
                     self.fail(case, f"{r['args'][:3]}: rc={r['rc']} {r['stderr']!r}")
         plant(planter, do)
         code = f"""
-import kcache, kcache.store.local as local
+import kcache, kcache.store.tunables as local
 local.GRACE_S = 0.0
 kcache.enable(dir={str(root)!r}, max_size=1, triton=False, nvfuser=False)
 st = kcache.active_store()

@@ -185,20 +185,37 @@ def _torch_version() -> str:
     return f"{v}+{git[:12]}" if isinstance(git, str) and git else v
 
 
-_gpu: list[str] = []
+_gpu: list[str | None] = []
 
 
-def _gpu_model() -> str:
-    """The GPU model autotune results were (or will be) measured on; "cpu" without one."""
+class NoGpuModel(Exception):
+    """The GPU model cannot be read here: autotune results are then neither served nor kept."""
+
+
+def _gpu_model() -> str | None:
+    """The GPU model autotune results were (or will be) measured on; "cpu" without CUDA; None
+    when it cannot be told (results are then not cached: an "unknown" key would mix GPUs).
+
+    Read through Inductor's device interface ``Worker`` API where torch has it: it answers in
+    compile workers (forked, no CUDA of their own) from what the parent recorded, where
+    ``torch.cuda.get_device_name`` would try to initialise CUDA and fail."""
     if _gpu:
         return _gpu[0]
-    name = "cpu"
+    name: str | None = "cpu"
     torch = sys.modules.get("torch")
     try:
         if torch is not None and torch.cuda.is_available():
-            name = torch.cuda.get_device_name(torch.cuda.current_device())
-    except Exception:
-        name = "unknown-gpu"
+            name = None
+            try:
+                from torch._dynamo.device_interface import get_interface_for_device
+
+                worker = get_interface_for_device("cuda").Worker
+                name = str(worker.get_device_properties(worker.current_device()).name)
+            except Exception:
+                name = str(torch.cuda.get_device_name(torch.cuda.current_device()))
+    except Exception as e:
+        logger.debug("torch.compile: no GPU model (%s)", e)
+        name = None
     _gpu.append(name)
     return name
 
@@ -211,8 +228,11 @@ def store_key(kind: str, key: str) -> tuple[str, dict[str, Any]]:
     if kind == _kinds.INDUCTOR_PGO:
         key = f"{key}|torch={comps['torch_version']}"
     elif kind == _kinds.INDUCTOR_AUTOTUNE:
-        comps["gpu_name"] = _gpu_model()
-        key = f"{key}|gpu={comps['gpu_name']}"
+        gpu = _gpu_model()
+        if gpu is None:
+            raise NoGpuModel("the GPU model is unknown here")
+        comps["gpu_name"] = gpu
+        key = f"{key}|gpu={gpu}"
     return key, comps
 
 
@@ -256,6 +276,8 @@ def get(kind: str, key: str) -> bytes | None:
         skey, comps = store_key(kind, key)
         hit = store.get(kind, skey, comps)
         return hit.read(MEMBER) if hit is not None else None
+    except NoGpuModel:
+        return None
     except Exception as e:
         warn_once(f"inductor-get:{type(e).__name__}", f"torch.compile cache lookup failed ({e}); compiling")
         return None
@@ -287,5 +309,7 @@ def put(kind: str, key: str, data: Any) -> None:
             len(blob),
             1e3 * (time.perf_counter() - t0),
         )
+    except NoGpuModel:
+        return
     except Exception as e:
         warn_once(f"inductor-put:{type(e).__name__}", f"torch.compile cache entry not stored ({e})")

@@ -53,8 +53,11 @@ def fd_path(fd: int, *names: str, fallback: str | None = None) -> str:
     """A path to ``names`` inside the folder open as ``fd``, resolved through the descriptor.
 
     Without /proc (not Linux), ``fallback`` (the folder's path name) is used instead."""
-    base = f"{_PROC_FD}/{fd}" if proc_fd_usable() or fallback is None else fallback
-    return os.path.join(base, *names)
+    if proc_fd_usable():
+        return os.path.join(f"{_PROC_FD}/{fd}", *names)
+    if fallback is None:
+        raise OSError(f"no /proc here to name folder descriptor {fd} by")
+    return os.path.join(fallback, *names)
 
 
 def trusted_owners(readonly: bool) -> frozenset[int]:
@@ -172,7 +175,8 @@ def unique_name(prefix: str) -> str:
 
 def rmtree_at(parent: int, name: str) -> bool:
     """Remove ``name`` in ``parent`` and everything below it, following no link: a link is removed
-    as a link, never what it points to. Best effort; True when ``name`` is gone."""
+    as a link, never what it points to. Iterative (a crafted tree of any depth is no recursion
+    limit). Best effort; True when ``name`` is gone."""
     try:
         st = os.stat(name, dir_fd=parent, follow_symlinks=False)
     except FileNotFoundError:
@@ -188,31 +192,109 @@ def rmtree_at(parent: int, name: str) -> bool:
             return False
         return True
     try:
+        top = os.open(name, O_DIR, dir_fd=parent)
+    except OSError:
+        return False
+    if not os.path.samestat(os.fstat(top), st):
+        os.close(top)
+        return False  # replaced between the stat and the open: leave it
+    # A stack of (its parent's descriptor, its name, its descriptor once opened, emptied):
+    # children first, then the folder itself, each removed relative to its parent's descriptor.
+    # A folder is opened when its turn comes and closed once emptied: only the folders on the
+    # current path are open, whatever the tree's width or depth.
+    stack: list[list] = [[parent, name, top, False]]
+    try:
+        while stack:
+            item = stack[-1]
+            pfd, nm, fd, emptied = item
+            if emptied:
+                stack.pop()
+                item[2] = None
+                os.close(fd)
+                try:
+                    os.rmdir(nm, dir_fd=pfd)
+                except OSError:
+                    pass
+                continue
+            if fd is None:
+                try:
+                    fd = item[2] = os.open(nm, O_DIR, dir_fd=pfd)
+                except OSError:
+                    stack.pop()  # gone, or not a folder any more: left as it is
+                    continue
+            item[3] = True
+            try:
+                entries = list(os.scandir(fd))
+            except OSError:
+                continue
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append([fd, entry.name, None, False])
+                    else:
+                        os.unlink(entry.name, dir_fd=fd)
+                except OSError:
+                    pass
+    finally:
+        for item in stack:
+            if item[2] is not None:
+                try:
+                    os.close(item[2])
+                except OSError:
+                    pass
+    try:
+        os.stat(name, dir_fd=parent, follow_symlinks=False)
+        return False
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+def hold(fd: int, parent: int | None = None, name: str | None = None) -> bool:
+    """Mark the folder open as ``fd`` as in use for as long as this open file lives (a shared
+    flock, dropped by the kernel when the process dies): :func:`remove_unheld_at` leaves it
+    alone. False when it cannot be held: :func:`remove_unheld_at` is removing it right now, or
+    (given ``parent`` and ``name``) it is no longer what sits at that name (removed since it
+    was opened): the caller makes another."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    if parent is not None and name is not None:
+        try:
+            return os.path.samestat(os.stat(name, dir_fd=parent, follow_symlinks=False), os.fstat(fd))
+        except OSError:
+            return False
+    return True
+
+
+def remove_unheld_at(parent: int, name: str) -> bool:
+    """Remove the folder ``name`` in ``parent`` (as :func:`rmtree_at`) if nobody holds it (see
+    :func:`hold`): its owner is gone, whichever pid namespace it ran in. The folder stays locked
+    while it is removed, so an owner that opened it a moment ago cannot hold it meanwhile (its
+    :func:`hold` fails). A link, or something that cannot be opened: left alone, False."""
+    import fcntl
+
+    try:
         fd = os.open(name, O_DIR, dir_fd=parent)
     except OSError:
         return False
     try:
-        if not os.path.samestat(os.fstat(fd), st):
-            return False  # replaced between the stat and the open: leave it
-        for entry in os.scandir(fd):
-            if entry.is_dir(follow_symlinks=False):
-                rmtree_at(fd, entry.name)
-            else:
-                try:
-                    os.unlink(entry.name, dir_fd=fd)
-                except OSError:
-                    pass
-    except OSError:
-        pass
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        try:
+            if not os.path.samestat(os.stat(name, dir_fd=parent, follow_symlinks=False), os.fstat(fd)):
+                return False
+        except OSError:
+            return False
+        return rmtree_at(parent, name)
     finally:
-        os.close(fd)
-    try:
-        os.rmdir(name, dir_fd=parent)
-    except FileNotFoundError:
-        pass
-    except OSError:
-        return False
-    return True
+        os.close(fd)  # drops the lock
 
 
 def atomic_write(path: str, data: bytes | None = None, *, writer=None, mode: int = 0o600) -> None:  # noqa: ANN001

@@ -58,7 +58,12 @@ _ORDERS = {
 
 
 class CorruptIndex(Exception):
-    """The database is not a kcache index (another schema, or rows kcache did not write)."""
+    """The database is not a kcache index (another program's tables, no schema row)."""
+
+
+class IndexTooNew(Exception):
+    """The index was made by a newer kcache (a higher schema): used read-only or not at all,
+    never rewritten or deleted (processes of both versions may share one store)."""
 
 
 class Row:
@@ -202,6 +207,8 @@ class Index:
             if "no such table" in str(e):
                 raise CorruptIndex("not a kcache index (no meta table)") from None
             raise
+        if row is not None and str(row[0]).isdigit() and int(row[0]) > SCHEMA:
+            raise IndexTooNew(f"the index has schema {row[0]}, from a newer kcache (this one reads {SCHEMA})")
         if row is None or row[0] != str(SCHEMA):
             raise CorruptIndex(f"index schema {row[0] if row else None!r} is not {SCHEMA}")
 

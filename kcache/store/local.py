@@ -23,16 +23,24 @@ Guarantees (each method's docstring says what it adds):
   crc32) before returning: torn, truncated, flipped or missing members are a miss (the entry is
   quarantined, one warning). Nothing read from disk is unpickled.
 - Stable paths. A hit's bytes stay in memory; the paths handed to a library that wants files
-  (:attr:`Hit.paths`) are hard links (or copies) of the verified files in a private per-process
-  folder, reached through ``/proc/self/fd``: eviction, ``kcache clear`` or a swapped folder
-  cannot remove or change a file between the check and the library's open or dlopen.
+  (:attr:`Hit.paths`) are hard links of the very member files that were read and verified (or
+  copies of their bytes) in a private, held, per-process folder, reached through
+  ``/proc/self/fd``: eviction, ``kcache clear`` or a swapped folder cannot remove or change a
+  file between the check and the library's open or dlopen (see :mod:`.served`).
 - Its own clock. Last use, protection and eviction's grace period are judged by the
   filesystem's clock (the mtime a write gives a file), not by the process's: a process whose
   clock runs ahead cannot evict what others use.
-- The hit path never touches the index. Last-use times go to the index in batches, from a
-  daemon thread; the record's mtime is refreshed at most once a minute.
+- The hit and put paths never touch the index. Last-use times and new rows go to the index
+  in batches, from a daemon thread, which also evicts (see :mod:`.catalogue`); the record's
+  mtime is refreshed at most once a minute.
+- Fork-safe. A forked child starts with its locks free, its own index connection, flush
+  thread and private folders; its parent's are never used or removed by it.
 - Fails open. Every failure (full disk, read-only or locked store, corrupt index) degrades to a
   miss or a skipped write with one warning: :meth:`get` and :meth:`put` never raise.
+
+The store is split by concern: :mod:`.opening` (checks when opened), :mod:`.catalogue` (index
+and eviction), :mod:`.housekeeping` (walking folders, clean-up), :mod:`.served` (files handed to
+libraries), :mod:`.tunables` (timings and bounds).
 """
 
 from __future__ import annotations
@@ -41,56 +49,37 @@ import atexit
 import contextlib
 import errno
 import os
-import sqlite3
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+import weakref
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-
-import msgpack
 
 from .. import counters as _counters
 from ..kinds import valid_id
 from ..log import logger, warn_once
 from . import fs
-from .index import DB_NAME, Index, is_corrupt_db
+from . import tunables as T
+from .catalogue import CatalogueMixin
+from .errors import CorruptEntry, RefusedEntry, StoreError
+from .housekeeping import HousekeepingMixin
+from .index import Index
 from .locks import Lock
+from .opening import INSECURE_HINT, MARKER, SUBDIRS, check_marker, node_local_index, open_sub, unwritable
 from .records import RECORD_NAME, CorruptRecord, Record, entry_id, file_info, valid_name
 from .safety import UnsafeStore, check_root, insecure_parent, insecure_path, is_network_fs, make_private_dir
+from .served import Served, clean_dead
 
-MARKER = "KCACHE_STORE"
-STORE_SCHEMA = 1
-SUBDIRS = ("entries", "tmp", "trash", "locks", "index")
-GRACE_S = 120.0  # eviction leaves entries used this recently alone
-TOUCH_EVERY_S = 60.0  # a hit refreshes the record's mtime at most this often
-FLUSH_EVERY_S = 1.0  # batched index writes (last use, counters, misses) at most this often
-INDEX_BACKOFF_S = 5.0  # after an index failure, leave the index alone this long
-INDEX_BUSY_BACKOFF_S = 0.5  # after finding it locked by other writers
-INDEX_BUSY_WARN_AFTER = 1  # found locked this many times in a row (past the busy timeout): one warning
-MAX_PENDING = 10_000  # index inserts kept for a later flush while the index is busy
-STALE_TMP_S = 3600.0  # tmp/ leftovers older than this go, whoever made them
-MAX_RECORD = 1 << 20
-MAX_PROTECT_S = 365 * 86400.0
-_OLD_INDEX_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")  # the diskcache index of kcache 0.1
+__all__ = ["MARKER", "Hit", "Store", "StoreError"]
+
+_Corrupt = CorruptEntry
+_Refused = RefusedEntry
 
 
-class StoreError(Exception):
-    """The store cannot be used (the message says why); caching stays off."""
-
-
-class _Corrupt(Exception):
-    """An entry that fails its checks: quarantined (if ``ino`` is still the record read)."""
-
-    def __init__(self, msg: str, ino: int | None = None) -> None:
-        super().__init__(msg)
-        self.ino = ino
-
-
-class _Refused(Exception):
-    """Something in the store that is not ours to trust (owner, mode, a link): a miss, never
-    served and never deleted by a lookup."""
+class _ServeFailed(Exception):
+    """A verified hit whose files could not be made (a full disk everywhere, a closed store)."""
 
 
 class Hit:
@@ -98,18 +87,22 @@ class Hit:
     files holding them, with the members' own names (Triton reads a file's type from its suffix),
     that stay as they are for the life of this process."""
 
-    __slots__ = ("record", "_blobs", "_inos", "_store", "_paths", "mtime")
+    __slots__ = ("record", "_blobs", "_store", "_paths", "_paths_pid", "mtime", "_inos")
 
     def __init__(
         self,
         record: Record,
         blobs: dict[str, bytes],
-        inos: dict[str, tuple[int, int]],
         store: Store | None,
         mtime: float = 0.0,
+        inos: dict[str, tuple[int, int]] | None = None,
     ) -> None:
-        self.record, self._blobs, self._inos, self._store = record, blobs, inos, store
+        self.record, self._blobs, self._store = record, blobs, store
+        #: The members' (device, inode) as verified: files made later are links of these very
+        #: inodes, checked after linking, else copies of the bytes (see :mod:`.served`).
+        self._inos: dict[str, tuple[int, int]] = inos or {}
         self._paths: dict[str, str] | None = None
+        self._paths_pid = os.getpid()
         self.mtime = mtime
 
     def __repr__(self) -> str:
@@ -125,15 +118,18 @@ class Hit:
 
     @property
     def paths(self) -> dict[str, str]:
-        """Member name -> path of a private file holding the verified bytes (made on first use)."""
-        if self._paths is None:
+        """Member name -> path of a private file holding the verified bytes (made on first use;
+        :class:`OSError` when they cannot be made, e.g. after ``Store.close()``: a miss)."""
+        if self._paths is None or self._paths_pid != os.getpid():
+            # (A forked child's own: its parent's name the parent's descriptors.)
             if self._store is None:
                 raise OSError("no store to serve files from")
-            self._paths = self._store._serve(self)
+            self._paths = self._store._served_files.serve(self)
+            self._paths_pid = os.getpid()
         return self._paths
 
 
-class Store:
+class Store(CatalogueMixin, HousekeepingMixin):
     """A kcache store rooted at ``root``. Construct with :meth:`open`, which checks and pins it.
 
     Integrations use :meth:`get`, :meth:`put`, :meth:`replace`, :meth:`lock` and
@@ -177,7 +173,8 @@ class Store:
         self.hits_are_use = True
         self._fds = fds
         self._owners = owners
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._index_lock = threading.RLock()  # one SQLite connection: one thread at a time
         self._index: Index | None = None
         self._index_pid = 0
         self._index_off_until = 0.0
@@ -195,12 +192,11 @@ class Store:
         self._clock_fd: int | None = None
         self._clock_offset = 0.0
         self._real_shards: set[str] = set()
-        self._private: dict[str, _Private] = {}
-        self._served: dict[str, tuple[dict[tuple[int, int], int], dict[str, str]]] = {}
-        self._served_n = 0
+        self._served_files = Served(self)
         # --- shared tier (issue 15): set by attach_remote; the tier is made on first need.
         self._remote_cfg: Any = None
         self._remote: Any = None
+        _STORES.add(self)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -267,7 +263,7 @@ class Store:
         if why_named:
             if not allow_insecure:
                 raise UnsafeStore(
-                    f"{path}: another user decides where this path leads ({why_named}); {_INSECURE_HINT}"
+                    f"{path}: another user decides where this path leads ({why_named}); {INSECURE_HINT}"
                 )
             trust = False
         real = os.path.realpath(path)  # a link the user made to their store is fine; from here on, no links
@@ -282,7 +278,7 @@ class Store:
             if not allow_insecure:
                 raise UnsafeStore(
                     f"{path}: another user can replace the store ({why_parent}); move the store to a "
-                    f"folder only you (or root) can write, or {_INSECURE_HINT}"
+                    f"folder only you (or root) can write, or {INSECURE_HINT}"
                 )
             trust = False
         owners = fs.trusted_owners(readonly)
@@ -301,7 +297,7 @@ class Store:
                 trust = False
                 owners = None  # type: ignore[assignment]
             if not readonly:
-                why = _unwritable(root_fd)
+                why = unwritable(root_fd)
                 if why:
                     # Used as KCACHE_READONLY=1 would: hits served, nothing written, one warning.
                     warn_once(
@@ -310,13 +306,13 @@ class Store:
                     readonly = True
                     if owners is not None:
                         owners = fs.trusted_owners(True)
-            _check_marker(root_fd, path, readonly=readonly, create=create)
+            check_marker(root_fd, path, readonly=readonly, create=create)
             nfs = is_network_fs(Path(real)) if network_fs is None else network_fs
             for sub in SUBDIRS:
                 if sub == "index" and nfs:
                     fds[sub] = None  # no SQLite file on a network filesystem (below)
                     continue
-                fds[sub] = _open_sub(root_fd, sub, path, owners, create=not readonly)
+                fds[sub] = open_sub(root_fd, sub, path, owners, create=not readonly)
             index_dir = None
             if nfs:
                 # SQLite's locks are not safe on NFS/Lustre: entries stay shared (written by
@@ -333,7 +329,7 @@ class Store:
                     f"{path} is on a network filesystem; its index is kept node-local in {index_dir} "
                     "(entries are shared, stats and eviction are per node)",
                 )
-                fds["index"] = _node_local_index(base, os.path.basename(index_dir), readonly)
+                fds["index"] = node_local_index(base, os.path.basename(index_dir), readonly)
         except BaseException:
             for fd in fds.values():
                 if fd is not None:
@@ -354,7 +350,13 @@ class Store:
         )
         if not readonly:
             store._refresh_clock()
-            atexit.register(store.close)
+            # Private folders that dead processes left (killed, or ended by os._exit): nobody
+            # holds them any more (see .served).
+            tfd = store._fd("tmp")
+            if tfd is not None:
+                for prefix in ("served.", "scratch."):
+                    clean_dead(tfd, prefix)
+        atexit.register(store.close)  # read-only too: its private folders go at exit
         return store
 
     @classmethod
@@ -450,14 +452,13 @@ class Store:
                 logger.debug("remote close: %s", e)
         self.flush(force=True)
         self._closed = True
-        with self._lock:
+        with self._index_lock, self._lock:
             if self._index is not None and self._index_pid == os.getpid():
                 with contextlib.suppress(Exception):
                     self._index.close()
             self._index = None
-        for p in self._private.values():
-            p.remove()
-        self._private.clear()
+        with contextlib.suppress(Exception):
+            self._served_files.close()
         for fd in [self._clock_fd, *self._fds.values()]:
             if fd is not None:
                 with contextlib.suppress(OSError):
@@ -550,7 +551,14 @@ class Store:
         self._real_shards.add(shard)
 
     def _read(
-        self, ident: str, kind: str | None, key: str | None, *, full: bool = False, touch: bool = False
+        self,
+        ident: str,
+        kind: str | None,
+        key: str | None,
+        *,
+        full: bool = False,
+        touch: bool = False,
+        serve: bool = False,
     ) -> Hit | None:
         if not valid_id(ident):
             raise _Corrupt(f"invalid entry id {ident!r}")
@@ -558,13 +566,16 @@ class Store:
         if dfd is None:
             return None
         try:
-            return self._read_at(dfd, ident, kind, key, full, touch)
+            return self._read_at(dfd, ident, kind, key, full, touch, serve)
         finally:
             os.close(dfd)
 
     def _read_at(
-        self, dfd: int, ident: str, kind: str | None, key: str | None, full: bool, touch: bool
+        self, dfd: int, ident: str, kind: str | None, key: str | None, full: bool, touch: bool, serve: bool
     ) -> Hit | None:
+        """Read and verify the entry in the folder ``dfd``. With ``serve``, its files are made
+        (see :attr:`Hit.paths`) from the member descriptors that were read, while still open:
+        linked as the very inodes verified, whatever sits at their names by then."""
         try:
             rfd = os.open(RECORD_NAME, fs.O_READ, dir_fd=dfd)
         except FileNotFoundError:
@@ -573,51 +584,56 @@ class Store:
             if e.errno == errno.ELOOP:
                 raise _Corrupt("record is a link") from None
             raise
+        mfds: dict[str, int] = {}
         try:
             st = os.fstat(rfd)
+            # What is quarantined if this entry fails a check: this very record file (an inode
+            # number alone can be reused by a new entry written meanwhile).
+            rid = (st.st_ino, st.st_dev, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
             if not stat.S_ISREG(st.st_mode):
-                raise _Corrupt("record is not a regular file", st.st_ino)
+                raise _Corrupt("record is not a regular file", rid)
             self._check_owner(st, f"record of {ident[:12]}")
-            if st.st_size > MAX_RECORD:
-                raise _Corrupt("record too large", st.st_ino)
+            if st.st_size > T.MAX_RECORD:
+                raise _Corrupt("record too large", rid)
             data = fs.read_exact(rfd, st.st_size)
             try:
                 rec = Record.decode(data)
             except CorruptRecord as e:
-                raise _Corrupt(str(e), st.st_ino) from None
+                raise _Corrupt(str(e), rid) from None
             if (
                 rec.id != ident
                 or (kind is not None and rec.kind != kind)
                 or (key is not None and rec.key != key)
             ):
-                raise _Corrupt("record does not belong to this entry", st.st_ino)
+                raise _Corrupt("record does not belong to this entry", rid)
             blobs: dict[str, bytes] = {}
             inos: dict[str, tuple[int, int]] = {}
             for f in rec.files:
                 try:
                     mfd = os.open(f.name, fs.O_READ, dir_fd=dfd)
                 except OSError as e:
-                    raise _Corrupt(f"member {f.name}: {e.strerror}", st.st_ino) from None
-                try:
-                    mst = os.fstat(mfd)
-                    if not stat.S_ISREG(mst.st_mode):
-                        raise _Corrupt(f"member {f.name} is not a regular file", st.st_ino)
-                    self._check_owner(mst, f"member {f.name} of {ident[:12]}")
-                    if mst.st_size != f.size:  # truncated or grown: no need to read it
-                        raise _Corrupt(f"member {f.name}: size {mst.st_size} != {f.size}", st.st_ino)
-                    blob = fs.read_exact(mfd, f.size)
-                finally:
+                    raise _Corrupt(f"member {f.name}: {e.strerror}", rid) from None
+                mfds[f.name] = mfd
+                mst = os.fstat(mfd)
+                if not stat.S_ISREG(mst.st_mode):
+                    raise _Corrupt(f"member {f.name} is not a regular file", rid)
+                self._check_owner(mst, f"member {f.name} of {ident[:12]}")
+                if mst.st_size != f.size:  # truncated or grown: no need to read it
+                    raise _Corrupt(f"member {f.name}: size {mst.st_size} != {f.size}", rid)
+                blob = fs.read_exact(mfd, f.size)
+                if not serve:
+                    del mfds[f.name]
                     os.close(mfd)
                 if len(blob) != f.size:
-                    raise _Corrupt(f"member {f.name}: size {len(blob)} != {f.size}", st.st_ino)
+                    raise _Corrupt(f"member {f.name}: size {len(blob)} != {f.size}", rid)
                 if not f.check(blob):
-                    raise _Corrupt(f"member {f.name}: checksum mismatch", st.st_ino)
+                    raise _Corrupt(f"member {f.name}: checksum mismatch", rid)
                 if full and _sha256(blob).hexdigest() != f.sha256:
-                    raise _Corrupt(f"member {f.name}: sha256 mismatch", st.st_ino)
+                    raise _Corrupt(f"member {f.name}: sha256 mismatch", rid)
                 blobs[f.name] = blob
                 inos[f.name] = (mst.st_dev, mst.st_ino)
             mtime = st.st_mtime
-            if touch and not self.readonly and abs(self.now() - mtime) > TOUCH_EVERY_S:
+            if touch and not self.readonly and abs(self.now() - mtime) > T.TOUCH_EVERY_S:
                 # The record's mtime is what eviction checks before deleting: refreshed here (by
                 # the filesystem's clock), a hit is safe from eviction for GRACE_S without a
                 # database write per hit. A protected entry (mtime in the future) loses its
@@ -625,9 +641,18 @@ class Store:
                 with contextlib.suppress(OSError):
                     os.utime(rfd)
                     mtime = os.fstat(rfd).st_mtime
+            hit = Hit(rec, blobs, self, mtime, inos)
+            if serve:
+                try:
+                    hit._paths = self._served_files.serve(hit, mfds)
+                except OSError as e:
+                    raise _ServeFailed(str(e) or type(e).__name__) from None
+            return hit
         finally:
             os.close(rfd)
-        return Hit(rec, blobs, inos, self, mtime)
+            for mfd in mfds.values():
+                with contextlib.suppress(OSError):
+                    os.close(mfd)
 
     def _check_owner(self, st: os.stat_result, what: str) -> None:
         if self._owners is not None and (
@@ -643,6 +668,7 @@ class Store:
         *,
         count: bool = True,
         remote: bool = True,
+        files: bool = False,
     ) -> Hit | None:
         """The verified entry for (kind, key), or None. Never raises.
 
@@ -652,13 +678,22 @@ class Store:
         one is removed (one warning), one that is not this user's is left alone and refused.
 
         With a shared tier attached (and ``remote``), a local miss asks it; an entry found there
-        is checked, committed here and returned like a local hit (counted as a hit)."""
+        is checked, committed here and returned like a local hit (counted as a hit).
+
+        ``files``: the caller will use :attr:`Hit.paths`; they are made now, from the very files
+        just verified (cheaper than later, and a hit whose files cannot be made is a miss)."""
         ident = self.entry_id(kind, key)
         hit = None
         try:
-            hit = self._read(ident, kind, key, touch=count and self.hits_are_use)
+            hit = self._read(ident, kind, key, touch=count and self.hits_are_use, serve=files)
         except _Corrupt as e:
-            self._on_corrupt(ident, kind, str(e), e.ino)
+            try:
+                self._on_corrupt(ident, kind, str(e), e.ident)
+            except Exception as e2:  # quarantine is best effort: the lookup is a miss either way
+                logger.debug("quarantine of %s: %s", ident, e2)
+        except _ServeFailed as e:
+            warn_once("serve", f"cannot make the files of a cached kernel ({e}); compiling instead")
+            self.counts.add(kind, errors=1)
         except _Refused as e:
             warn_once(
                 f"refused:{ident}",
@@ -672,6 +707,12 @@ class Store:
             self.counts.add(kind, errors=1)
         if hit is None and remote and self._remote_cfg is not None:  # --- shared tier (issue 15)
             hit = self._remote_fetch(kind, key, ident)
+            if hit is not None and files:
+                try:
+                    _ = hit.paths
+                except OSError as e:
+                    warn_once("serve", f"cannot make the files of a cached kernel ({e}); compiling instead")
+                    hit = None
         if hit is not None:
             if count:
                 self.counts.add(kind, hits=1, saved_s=hit.record.compile_s)
@@ -718,7 +759,7 @@ class Store:
         if dfd is None:
             return None, "missing"
         try:
-            data, st = fs.read_at(dfd, RECORD_NAME, MAX_RECORD)
+            data, st = fs.read_at(dfd, RECORD_NAME, T.MAX_RECORD)
             self._check_owner(st, "record")
             rec = Record.decode(data)
         except FileNotFoundError:
@@ -750,18 +791,18 @@ class Store:
             self._touched_records[rec.id] = rec
         self._maybe_flush()
 
-    def _on_corrupt(self, ident: str, kind: str, why: str, ino: int | None) -> None:
-        if ino is not None:
+    def _on_corrupt(self, ident: str, kind: str, why: str, rid: tuple[int, ...] | None) -> None:
+        if rid is not None:
             # Only quarantine (and report) what we read: an entry removed (clear, eviction) or
             # replaced by another process while we read it loses its members under us, which is
-            # a plain miss, not corruption.
+            # a plain miss, not corruption. The record is compared by inode, device, times and
+            # size: a new entry's record may reuse the old one's inode number.
             efd = self._fd("entries")
             try:
-                if (
-                    efd is None
-                    or os.stat(f"{ident[:2]}/{ident}/{RECORD_NAME}", dir_fd=efd, follow_symlinks=False).st_ino
-                    != ino
-                ):
+                if efd is None:
+                    return
+                st = os.stat(f"{ident[:2]}/{ident}/{RECORD_NAME}", dir_fd=efd, follow_symlinks=False)
+                if (st.st_ino, st.st_dev, st.st_mtime_ns, st.st_ctime_ns, st.st_size) != rid:
                     return
             except FileNotFoundError:
                 return
@@ -776,88 +817,12 @@ class Store:
         self._remove_dirs([ident])
         self._index_call(lambda idx: idx.remove([ident]))
 
-    # ------------------------------------------------------------------ served files
-    def _private_dir(self, role: str) -> tuple[int, str]:
-        """This process's private folder for ``role`` ("served", "scratch"): inside ``tmp/`` of a
-        writable store (same filesystem: members are hard-linked, not copied), else a new private
-        folder under the system's temporary folder. Returns (descriptor, name). A folder removed
-        under the process (``kcache clear``, another process's ``clean_tmp``) is made anew.
-        Removed at close and exit."""
-        pid = os.getpid()
-        cur = self._private.get(role)
-        if cur is not None and cur.pid == pid and cur.alive():
-            return cur.fd, cur.name
-        tfd = None if self.readonly else self._fd("tmp")
-        if tfd is not None:
-            name = fs.unique_name(role)
-            try:
-                fd = fs.open_dir_at(tfd, name, f"tmp/{name}", fs.trusted_owners(False), create=True)
-                self._private[role] = _Private(fd, tfd, name, own_parent=False)
-                return fd, name
-            except (OSError, fs.UnsafePath):
-                pass
-        import tempfile
-
-        path = tempfile.mkdtemp(prefix=f"kcache-{role}-")  # 0700, made with O_EXCL semantics
-        parent = fs.open_dir(os.path.dirname(path), "the temporary folder", None)
-        try:
-            fd = fs.open_dir_at(parent, os.path.basename(path), path, fs.trusted_owners(False))
-        except BaseException:
-            os.close(parent)
-            raise
-        self._private[role] = _Private(fd, parent, os.path.basename(path), own_parent=True)
-        return fd, os.path.basename(path)
-
-    def _serve(self, hit: Hit) -> dict[str, str]:
-        """Private files holding a hit's verified members (see :attr:`Hit.paths`)."""
-        with self._lock:
-            sfd, sname = self._private_dir("served")
-            rec = hit.record
-            key = {f.name: hit._inos.get(f.name) for f in rec.files}
-            cached = self._served.get(rec.id)
-            if cached is not None and cached[0] == key:
-                return dict(cached[1])
-            self._served_n += 1
-            sub = f"{rec.id[:16]}.{self._served_n}"
-            os.mkdir(sub, 0o700, dir_fd=sfd)
-            subfd = os.open(sub, fs.O_DIR, dir_fd=sfd)
-            efd = self._fd("entries")
-            try:
-                for f in rec.files:
-                    linked = False
-                    ino = hit._inos.get(f.name)
-                    if efd is not None and ino is not None and not self._closed:
-                        # A hard link of the file that was verified (checked after linking: the
-                        # same inode), else a copy of the verified bytes.
-                        try:
-                            os.link(
-                                f"{rec.id[:2]}/{rec.id}/{f.name}",
-                                f.name,
-                                src_dir_fd=efd,
-                                dst_dir_fd=subfd,
-                                follow_symlinks=False,
-                            )
-                            st = os.stat(f.name, dir_fd=subfd, follow_symlinks=False)
-                            linked = (st.st_dev, st.st_ino) == ino
-                            if not linked:
-                                os.unlink(f.name, dir_fd=subfd)
-                        except OSError:
-                            linked = False
-                    if not linked:
-                        fs.write_new_at(subfd, f.name, hit._blobs[f.name])
-            finally:
-                os.close(subfd)
-            paths = {f.name: fs.fd_path(sfd, sub, f.name, fallback=None) for f in rec.files}
-            self._served[rec.id] = (key, paths)  # type: ignore[assignment]
-            return dict(paths)
-
     def scratch_dir(self) -> str:
         """A private folder of this process for files on their way into the store (Triton writes
         a kernel's members there before they are committed as one entry). Returns a path that
-        resolves through the folder's descriptor. Removed at exit."""
-        with self._lock:
-            fd, _name = self._private_dir("scratch")
-            return fs.fd_path(fd, fallback=None)
+        resolves through the folder's descriptor. Held while the process lives; removed at exit
+        (see :mod:`.served`)."""
+        return self._served_files.scratch()
 
     # ------------------------------------------------------------------ writing
     def put(
@@ -884,48 +849,58 @@ class Store:
         ``remote_fills``, not as a put, and not sent back)."""
         if self.readonly or self._closed:
             return None
-        protect_s = min(float(protect_s or self.protect_s or 0.0), MAX_PROTECT_S)
+        protect_s = min(float(protect_s or self.protect_s or 0.0), T.MAX_PROTECT_S)
         ident = self.entry_id(kind, key)
         tfd, efd = self._fd("tmp"), self._fd("entries")
         tmp = None
+        dfd = None
         try:
             if tfd is None or efd is None:
                 raise OSError(errno.ENOENT, "the store's folders are missing")
             for name in files:
                 if not valid_name(name):
                     raise ValueError(f"invalid member name {name!r}")
-            tmp = fs.unique_name(ident)
-            os.mkdir(tmp, 0o700, dir_fd=tfd)
-            dfd = os.open(tmp, fs.O_DIR, dir_fd=tfd)
-            try:
-                infos, blobs, inos = [], {}, {}
-                for name, data in files.items():
-                    blob, st = self._write_member(dfd, name, data)
-                    infos.append(file_info(name, blob))
-                    blobs[name], inos[name] = blob, (st.st_dev, st.st_ino)
-                rec = Record(
-                    kind=kind,
-                    key=key,
-                    id=ident,
-                    files=infos,
-                    created=self.now(),
-                    compile_s=float(compile_s),
-                    components=dict(components or {}),
-                    summary=dict(summary or {}),
-                )
-                fs.write_new_at(dfd, RECORD_NAME, rec.encode())
-                if protect_s:
-                    t = self._refresh_clock() + protect_s
-                    os.utime(RECORD_NAME, (t, t), dir_fd=dfd, follow_symlinks=False)
-            finally:
+            for _ in range(3):
+                tmp = fs.unique_name(ident)
+                os.mkdir(tmp, 0o700, dir_fd=tfd)
+                dfd = os.open(tmp, fs.O_DIR, dir_fd=tfd)
+                # Held until committed: a clean-up of tmp/ in another process (clear, verify
+                # --fix, a store being opened) removes only folders nobody holds.
+                if fs.hold(dfd, tfd, tmp):
+                    break
                 os.close(dfd)
+                dfd = None
+            if dfd is None:
+                raise OSError(errno.EAGAIN, "tmp/ is being cleaned as entries are written")
+            infos, blobs, inos = [], {}, {}
+            for name, data in files.items():
+                blob, mst = self._write_member(dfd, name, data)
+                infos.append(file_info(name, blob))
+                blobs[name], inos[name] = blob, (mst.st_dev, mst.st_ino)
+            rec = Record(
+                kind=kind,
+                key=key,
+                id=ident,
+                files=infos,
+                created=self.now(),
+                compile_s=float(compile_s),
+                components=dict(components or {}),
+                summary=dict(summary or {}),
+            )
+            fs.write_new_at(dfd, RECORD_NAME, rec.encode())
+            if protect_s:
+                t = self._refresh_clock() + protect_s
+                os.utime(RECORD_NAME, (t, t), dir_fd=dfd, follow_symlinks=False)
             shard = ident[:2]
             if shard not in self._real_shards:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(shard, 0o700, dir_fd=efd)
                 self._check_shard(shard, os.stat(shard, dir_fd=efd, follow_symlinks=False))
             if not self._commit(tmp, ident, kind, key):
-                existing = self._read(ident, kind, key, touch=self.hits_are_use)
+                try:
+                    existing = self._read(ident, kind, key, touch=self.hits_are_use)
+                except _Corrupt:
+                    return None  # replaced or removed again meanwhile: this put is just not kept
                 if existing is not None and self.hits_are_use:
                     self._note_use(existing.record)  # returned like a hit: kept from eviction like one
                 return existing
@@ -947,6 +922,8 @@ class Store:
         finally:
             if tmp is not None and tfd is not None:
                 fs.rmtree_at(tfd, tmp)
+            if dfd is not None:
+                os.close(dfd)  # lets go of the hold (committed, or removed above)
         if _origin == "remote":  # --- shared tier (issue 15)
             self.counts.add(kind, remote_fills=1, bytes_written=rec.size)
         else:
@@ -957,18 +934,13 @@ class Store:
                 except Exception as e:
                     logger.debug("remote publish: %s", e)
         access = self.now() + protect_s if protect_s else self.now()
-
-        def insert(idx: Index) -> bool:
-            idx.insert(rec, last_used=access)
-            return True
-
-        if not self._index_call(insert):
-            # The index was busy (many writers at once) or is backing off: keep the row for the
-            # next flush, so the entry is counted for stats and eviction rather than lost to them.
-            with self._lock:
-                if len(self._pending) < MAX_PENDING:
-                    self._pending[rec.id] = (rec, access)
-        hit = Hit(rec, blobs, inos, self, time.time())
+        # The index row is written by the flush thread (a SQLite transaction, and the index's
+        # first opening, cost milliseconds a compiling thread need not wait for); until then
+        # the entry is on disk, served, and found by `verify`.
+        with self._lock:
+            if len(self._pending) < T.MAX_PENDING:
+                self._pending[rec.id] = (rec, access)
+        hit = Hit(rec, blobs, self, time.time(), inos)
         self._after_put(rec.size)
         return hit
 
@@ -1048,6 +1020,8 @@ class Store:
                 continue
             n += 1
             fs.rmtree_at(trfd, t)
+            with self._lock:
+                self._pending.pop(ident, None)  # its row, not yet written, is not written
         return n
 
     def remove(self, ids: list[str], *, index: bool = True) -> int:
@@ -1094,579 +1068,60 @@ class Store:
         first hit), and this process's own hits are not uses (they leave protection and last
         use alone). For prewarm. Returns a function that undoes it."""
         before = (self.protect_s, self.hits_are_use)
-        self.protect_s, self.hits_are_use = min(float(seconds), MAX_PROTECT_S), False
+        self.protect_s, self.hits_are_use = min(float(seconds), T.MAX_PROTECT_S), False
 
         def undo() -> None:
             self.protect_s, self.hits_are_use = before
 
         return undo
 
-    # ------------------------------------------------------------------ index (best effort)
-    def index(self) -> Index:
-        """The index, opened on first use (read-only on a read-only store). Raises if it cannot
-        be opened (callers catch). A new index (first use, an older kcache's index, one that was
-        corrupt) is filled from the entry folders."""
-        with self._lock:
-            if self._index is not None and self._index_pid == os.getpid():
-                return self._index
-            self._index = None  # a forked child never uses its parent's connection
-            ifd = self._fd("index")
-            if self.readonly:
-                self._index = self._open_index_readonly(ifd)
-            else:
-                if ifd is None:
-                    raise StoreError("the store has no index folder")
-                self._index = self._open_index(ifd)
-            self._index_pid = os.getpid()
-            idx = self._index
-        if idx.created:
-            idx.created = False
-            self._fill_index(idx)
-        return idx
 
-    def rebuild_index(self) -> Index:
-        """Replace the index by a new one filled from the entry folders (a corrupt index, or
-        ``kcache verify --fix``). Counters and the miss log start anew."""
-        if self.readonly:
-            raise StoreError("the store is read-only")
-        ifd = self._fd("index")
-        if ifd is None:
-            raise StoreError("the store has no index folder")
-        with self._lock:
-            if self._index is not None and self._index_pid == os.getpid():
-                with contextlib.suppress(Exception):
-                    self._index.close()
-            self._index = None
-            for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(name, dir_fd=ifd)
-        return self.index()
-
-    def index_readonly(self) -> Index:
-        """A new connection to the index that never writes, creates or checkpoints anything (it
-        works on a full disk and while another process holds the index); close it when done."""
-        return self._open_index_readonly(self._fd("index"))
-
-    def _open_index_readonly(self, ifd: int | None) -> Index:
-        if ifd is None:
-            return Index.open_readonly(None)
-        try:
-            st = os.stat(DB_NAME, dir_fd=ifd, follow_symlinks=False)
-        except FileNotFoundError:
-            return Index.open_readonly(None)
-        if not stat.S_ISREG(st.st_mode):
-            raise StoreError(f"{self.index_dir}/{DB_NAME} is not a regular file")
-        try:
-            os.stat(DB_NAME + "-wal", dir_fd=ifd, follow_symlinks=False)
-            immutable = False
-        except FileNotFoundError:
-            immutable = True
-        return Index.open_readonly(
-            fs.fd_path(ifd, DB_NAME, fallback=str(self.index_dir)), immutable=immutable
-        )
-
-    def _open_index(self, ifd: int) -> Index:
-        for name in _OLD_INDEX_FILES:  # kcache 0.1's diskcache index: superseded, rebuilt from entries
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=ifd)
-        for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm"):
-            try:
-                st = os.stat(name, dir_fd=ifd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if not stat.S_ISREG(st.st_mode) or (self._owners is not None and st.st_uid not in self._owners):
-                # A link or someone else's file where the database goes: SQLite would follow or
-                # write it. Remove it (only our folder's entry, never what it points to).
-                warn_once("index-unsafe", f"{self.index_dir}/{name} is not a file of ours; removed")
-                fs.rmtree_at(ifd, name)
-        path = fs.fd_path(ifd, DB_NAME, fallback=str(self.index_dir))
-        try:
-            return Index.open(path, timeout=self.index_timeout)
-        except Exception as e:
-            if not is_corrupt_db(e):
-                raise
-            # A broken index is replaced, not fatal: entries are intact and self-describing.
-            warn_once("index-corrupt", f"the index at {self.index_dir} is corrupt ({e}); starting a new one")
-            for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm"):
-                with contextlib.suppress(OSError):
-                    os.unlink(name, dir_fd=ifd)
-            return Index.open(path, timeout=self.index_timeout)
-
-    def _fill_index(self, idx: Index) -> None:
-        """Add every intact entry's record to a new index (last use: the record's mtime)."""
-        batch: list[tuple[Record, float | None]] = []
-        try:
-            for ident in self.iter_entry_ids():
-                rec, _why = self.read_record(ident)
-                if rec is not None:
-                    batch.append((rec, self.record_mtime(ident)))
-                if len(batch) >= 500:
-                    idx.insert_many(batch)
-                    batch = []
-            if batch:
-                idx.insert_many(batch)
-        except Exception as e:
-            warn_once(
-                "index-fill",
-                f"could not fill the new index from the entries ({e}); `kcache verify --fix` does",
-            )
-
-    def _index_call(self, fn: Callable[[Index], Any]) -> Any:
-        if self.readonly or self._closed or time.monotonic() < self._index_off_until:
-            return None
-        try:
-            out = fn(self.index())
-            self._busy_since, self._busy_count = None, 0
-            return out
-        except Exception as e:
-            msg = str(e).lower()
-            if isinstance(e, sqlite3.OperationalError) and ("locked" in msg or "busy" in msg):
-                # Other processes are writing (many ranks at once): expected, not worth a
-                # warning, unless it lasts (a process holding the index for good). What was to
-                # be written is kept for the next flush.
-                now = time.monotonic()
-                self._busy_since = self._busy_since or now
-                self._busy_count += 1
-                # 0.5 s, 1 s, 2 s, 4 s, then 5 s: soon again after a moment's contention, rarely
-                # when another process holds the index for good (each try waits the busy timeout).
-                back = min(INDEX_BACKOFF_S, INDEX_BUSY_BACKOFF_S * 2 ** min(self._busy_count - 1, 8))
-                self._index_off_until = now + back
-                logger.debug("index busy: %s", e)
-                if self._busy_count >= INDEX_BUSY_WARN_AFTER:
-                    warn_once(
-                        "index-locked",
-                        f"the store's index is locked by another process ({e}); hits and new kernels "
-                        "go on, stats and eviction catch up when it is free",
-                    )
-                return None
-            self._index_off_until = time.monotonic() + INDEX_BACKOFF_S
-            full = "full" in msg  # SQLITE_FULL: the disk is full, said once for the store
-            warn_once(
-                "disk-full" if full else f"index:{type(e).__name__}",
-                f"the store's index is unavailable ({type(e).__name__}: {e}); continuing without it",
-            )
-            if is_corrupt_db(e):
-                with self._lock:
-                    if self._index is not None and self._index_pid == os.getpid():
-                        with contextlib.suppress(Exception):
-                            self._index.close()
-                    self._index = None
-                    ifd = self._fd("index")
-                    if ifd is not None:
-                        for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm"):
-                            with contextlib.suppress(OSError):
-                                os.unlink(name, dir_fd=ifd)
-                self._index_off_until = 0.0
-            return None
-
-    def _maybe_flush(self) -> None:
-        """Have the batched index writes done soon, off the caller's path.
-
-        A hit or miss only notes what to write; a daemon thread (one per process, started on
-        first need, again in a forked child) writes it at most once a second. Opening the index
-        and a SQLite transaction cost milliseconds: they must not land inside a kernel launch."""
-        if self.readonly or self._closed:
-            return
-        if self._flusher_pid != os.getpid():
-            with self._lock:
-                if self._flusher_pid != os.getpid():
-                    self._flusher_pid = os.getpid()
-                    t = threading.Thread(target=self._flush_loop, name="kcache-flush", daemon=True)
-                    t.start()
-
-    def _flush_loop(self) -> None:
-        pid = os.getpid()
-        while not self._closed and os.getpid() == pid:
-            time.sleep(FLUSH_EVERY_S)
-            if self._closed:
-                return
-            try:
-                self.flush()
-            except Exception:  # flush never raises; a thread must not die loudly either
-                pass
-
-    def flush(self, force: bool = False) -> None:
-        """Write batched last-use times, counters and misses to the index. Never raises."""
-        with self._flush_lock:
-            self._flush_locked(force)
-
-    def _flush_locked(self, force: bool) -> None:
-        if self.readonly or self._closed:
-            return
-        if force:
-            self._index_off_until = 0.0  # at exit and on request: one more try, bounded by the timeout
-        with self._lock:
-            touches, self._touches = self._touches, {}
-            recs, self._touched_records = self._touched_records, {}
-            misses, self._misses = self._misses, []
-            pending, self._pending = self._pending, {}
-        deltas = self.counts.drain()
-        if self.drain_global:
-            for k, v in _counters.drain().items():
-                deltas[k] = deltas.get(k, 0.0) + v
-        if not (touches or misses or deltas or pending):
-            return
-        self._refresh_clock()
-
-        def write(idx: Index) -> bool:
-            with idx.transaction():
-                for rec, access in pending.values():
-                    idx.insert(rec, last_used=access)
-                if deltas:
-                    idx.add_counters(deltas)
-                if touches:
-                    for ident in idx.touch(touches):
-                        if ident in recs:  # on disk but not in the index (a crash, a new index): add it
-                            idx.insert(recs[ident], last_used=touches[ident][0], hits=touches[ident][1])
-                if misses:
-                    idx.add_misses(misses)
-            return True
-
-        if not self._index_call(write):
-            self.counts.restore(deltas)  # keep the counts and rows for the next flush
-            with self._lock:
-                for ident, item in pending.items():
-                    if len(self._pending) < MAX_PENDING:
-                        self._pending.setdefault(ident, item)
-
-    # ------------------------------------------------------------------ eviction
-    def _after_put(self, size: int) -> None:
-        now = time.monotonic()
-        if self._size_estimate is None or now - self._size_checked > 30.0:
-            total = self._index_call(lambda idx: idx.total_bytes())
-            if total is None:
-                return
-            self._size_estimate, self._size_checked = total, now
-        else:
-            self._size_estimate += size
-        if self._size_estimate > self.max_size:
-            self.evict()
-
-    def evict(self, target: int | None = None) -> tuple[int, int]:
-        """Remove least recently used entries until the store is under ``target`` bytes (default
-        90% of the bound). One process evicts at a time; others skip. Returns (entries, bytes).
-
-        Entries used (or protected) within :data:`GRACE_S` by the filesystem's clock are never
-        evicted, whatever this process's clock says: under many writers and a tiny bound the
-        store can exceed its bound by what was written in the last two minutes."""
-        if self.readonly or self._closed:
-            return 0, 0
-        target = int(self.max_size * 0.9) if target is None else target
-        lfd = self._fd("locks")
-        if lfd is None:
-            return 0, 0
-        lk = Lock(lfd, "evict.lock")
-        try:
-            if not lk.try_acquire():
-                return 0, 0
-        except OSError:
-            return 0, 0
-        removed = freed = 0
-        try:
-            self.flush(force=True)
-            idx = self.index()
-            total = idx.total_bytes()
-            now = self._refresh_clock()
-            while total > target:
-                rows = idx.oldest(256, before=now - GRACE_S)
-                if not rows:
-                    break
-                gone, refreshed = [], {}
-                for ident, _at, size in rows:
-                    mt = self.record_mtime(ident)
-                    if mt is not None and mt > now - GRACE_S:
-                        refreshed[ident] = (mt, 0)  # used or protected: not a candidate
-                        continue
-                    gone.append(ident)
-                    total -= size
-                    freed += size
-                    if total <= target:
-                        break
-                if refreshed:
-                    idx.touch(refreshed)
-                if gone:
-                    idx.remove(gone)
-                    n = 0
-                    now = self._refresh_clock()
-                    for ident in gone:
-                        # Checked again just before it goes: a hit since the check above has
-                        # refreshed the record's mtime. (Its reader is safe either way: a hit's
-                        # files are served from private links.)
-                        mt = self.record_mtime(ident)
-                        if mt is None or mt <= now - GRACE_S:
-                            n += self._remove_dirs([ident])
-                    removed += n
-                    self.counts.add("store", evictions=n)
-            self._size_estimate, self._size_checked = total, time.monotonic()
-        except Exception as e:
-            warn_once("evict", f"eviction failed: {e}")
-        finally:
-            lk.release()
-        return removed, freed
-
-    # ------------------------------------------------------------------ walking
-    def iter_entry_ids(self) -> Iterator[str]:
-        """The ids of the entry folders on disk (names that are not ids are skipped)."""
-        for _shard, name, problem in self.scan():
-            if problem is None:
-                yield name
-
-    def scan(self) -> Iterator[tuple[str, str, str | None]]:
-        """(shard, name, problem) for everything under ``entries/``: problem None for an entry
-        folder, else why the path does not belong there (a stray, for ``verify``)."""
-        efd = self._fd("entries")
-        if efd is None:
-            return
-        try:
-            shards = sorted(os.listdir(efd))
-        except OSError:
-            return
-        for shard in shards:
-            try:
-                st = os.stat(shard, dir_fd=efd, follow_symlinks=False)
-            except OSError:
-                continue
-            if (
-                len(shard) != 2
-                or not all(c in "0123456789abcdef" for c in shard)
-                or not stat.S_ISDIR(st.st_mode)
-            ):
-                yield shard, "", "not an entry shard"
-                continue
-            try:
-                sfd = os.open(shard, fs.O_DIR, dir_fd=efd)
-            except OSError as e:
-                yield shard, "", f"unreadable: {e.strerror}"
-                continue
-            try:
-                names = sorted(os.listdir(sfd))
-                for name in names:
-                    try:
-                        est = os.stat(name, dir_fd=sfd, follow_symlinks=False)
-                    except OSError:
-                        continue
-                    if not valid_id(name) or name[:2] != shard or not stat.S_ISDIR(est.st_mode):
-                        yield shard, name, "not an entry folder"
-                    else:
-                        yield shard, name, None
-            finally:
-                os.close(sfd)
-
-    def entry_extras(self, ident: str, rec: Record) -> list[str]:
-        """Files in the entry's folder that are not its members (strays, for ``verify``)."""
-        try:
-            dfd = self._entry_fd(ident)
-        except (_Corrupt, _Refused, OSError):
-            return []
-        if dfd is None:
-            return []
-        try:
-            return sorted(set(os.listdir(dfd)) - {f.name for f in rec.files} - {RECORD_NAME})
-        except OSError:
-            return []
-        finally:
-            os.close(dfd)
-
-    def remove_stray(self, shard: str, name: str = "", member: str = "") -> bool:
-        """Remove a path under ``entries/`` that is not an entry (or a stray file in an entry),
-        following no link. True when it is gone."""
-        efd = self._fd("entries")
-        if self.readonly or efd is None or "/" in shard + name + member or ".." in (shard, name, member):
-            return False
-        if member:
-            dfd = self._entry_fd(name)
-            if dfd is None:
-                return True
-            try:
-                return fs.rmtree_at(dfd, member)
-            finally:
-                os.close(dfd)
-        trfd = self._fd("trash")
-        src = f"{shard}/{name}" if name else shard
-        t = fs.unique_name("stray")
-        try:
-            if trfd is not None:
-                os.rename(src, t, src_dir_fd=efd, dst_dir_fd=trfd)
-                return fs.rmtree_at(trfd, t)
-        except OSError:
-            pass
-        if name:
-            try:
-                sfd = os.open(shard, fs.O_DIR, dir_fd=efd)
-            except OSError:
-                return False
-            try:
-                return fs.rmtree_at(sfd, name)
-            finally:
-                os.close(sfd)
-        return fs.rmtree_at(efd, shard)
-
-    def clean_tmp(self, min_age: float = STALE_TMP_S) -> int:
-        """Remove what dead or long-gone writers left in ``tmp/`` and ``trash/`` (never this
-        process's own folders). Follows no link: a link in there is removed, not followed.
-
-        Run by ``kcache clear`` and ``verify --fix``, never on its own. "Dead" means no such pid
-        in this process's pid namespace: containers that share one store each see only their
-        own pids, so run those commands where no compile is in flight in another container."""
-        if self.readonly:
-            return 0
-        n = 0
-        now = self._refresh_clock()
-        mine = {p.name for p in self._private.values() if p.pid == os.getpid()}
-        for sub in ("tmp", "trash"):
-            dfd = self._fd(sub)
-            if dfd is None:
-                continue
-            try:
-                names = os.listdir(dfd)
-            except OSError:
-                continue
-            for name in names:
-                if name in mine:
-                    continue
-                parts = name.split(".")
-                pid = int(parts[1]) if len(parts) >= 3 and parts[1].isdigit() else None
-                try:
-                    age = now - os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mtime
-                except OSError:
-                    continue
-                dead = pid is not None and pid != os.getpid() and not fs.pid_alive(pid)
-                if sub == "trash" or dead or age > min_age:
-                    fs.rmtree_at(dfd, name)
-                    n += 1
-        return n
+# ---------------------------------------------------------------------- fork safety
+# A fork copies the locks as they were: one held by another thread at that moment would never
+# be released in the child, whose first lookup would then hang. Every open store's locks are
+# taken just before a fork and let go just after it, in the parent; the child gets new ones,
+# and its own private folders (its parent's stay its parent's).
+_STORES: weakref.WeakSet[Store] = weakref.WeakSet()
+_HELD_AT_FORK: list[Any] = []
+_FORK_WAIT_S = 2.0  # a lock held longer (a long eviction) is not waited for: the child gets new ones anyway
 
 
-class _Private:
-    """A private folder of this process (see :meth:`Store._private_dir`)."""
-
-    __slots__ = ("fd", "parent", "name", "own_parent", "pid")
-
-    def __init__(self, fd: int, parent: int, name: str, *, own_parent: bool) -> None:
-        self.fd, self.parent, self.name, self.own_parent, self.pid = fd, parent, name, own_parent, os.getpid()
-
-    def alive(self) -> bool:
-        """Still there under its name (not removed by another process's clean-up)."""
-        try:
-            return os.path.samestat(
-                os.stat(self.name, dir_fd=self.parent, follow_symlinks=False), os.fstat(self.fd)
-            )
-        except OSError:
-            return False
-
-    def remove(self) -> None:
-        """Close and delete it (only in the process that made it: a forked child leaves it)."""
-        if self.pid != os.getpid():
-            return
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
-        fs.rmtree_at(self.parent, self.name)
-        if self.own_parent:
-            with contextlib.suppress(OSError):
-                os.close(self.parent)
+def _store_locks(store: Store) -> list[Any]:
+    # The order every thread takes them in (flush, index, state, counters).
+    return [store._flush_lock, store._index_lock, store._lock, store.counts._lock]
 
 
-_INSECURE_HINT = "set KCACHE_ALLOW_INSECURE=1 to use it anyway (launchers and pickled entries are then never taken from it)"
+def _before_fork() -> None:
+    for store in list(_STORES):
+        for lk in _store_locks(store):
+            if lk.acquire(timeout=_FORK_WAIT_S):
+                _HELD_AT_FORK.append(lk)
 
 
-def _node_local_index(base: str, name: str, readonly: bool) -> int | None:
-    """The node-local index folder ``<base>/<name>`` of a store on a network filesystem, opened
-    folder by folder with the store's rules (``$XDG_CACHE_HOME/kcache-index`` may not be a link
-    another user planted: SQLite would write wherever it leads). None when absent (read-only)."""
-    owners = fs.trusted_owners(readonly)
-    parent = os.path.dirname(base)
-    if not readonly:
-        make_private_dir(Path(parent))
-    why = insecure_path(parent) or insecure_parent(os.path.join(parent, "x"))
-    if why:
-        raise UnsafeStore(f"the node-local index folder {base}: {why}")
-    try:
-        pfd = fs.open_dir(parent, parent, None)
-    except FileNotFoundError:
-        return None
-    try:
-        bfd = fs.open_dir_at(pfd, os.path.basename(base), base, owners, create=not readonly)
-    except FileNotFoundError:
-        return None
-    finally:
-        os.close(pfd)
-    try:
-        return fs.open_dir_at(bfd, name, os.path.join(base, name), owners, create=not readonly)
-    except FileNotFoundError:
-        return None
-    finally:
-        os.close(bfd)
+def _after_fork_parent() -> None:
+    while _HELD_AT_FORK:
+        with contextlib.suppress(RuntimeError):
+            _HELD_AT_FORK.pop().release()
 
 
-def _open_sub(
-    root_fd: int, sub: str, path: str, owners: frozenset[int] | None, *, create: bool
-) -> int | None:
-    """One of the store's own folders, opened and checked; None if absent on a read-only store."""
-    try:
-        return fs.open_dir_at(root_fd, sub, f"{path}/{sub}", owners, create=create)
-    except FileNotFoundError:
-        if create:
-            raise
-        return None
-    except fs.UnsafePath as e:
-        raise UnsafeStore(f"{e}: refusing the store (nothing in it is used or deleted)") from None
+def _after_fork_child() -> None:
+    _HELD_AT_FORK.clear()
+    for store in list(_STORES):
+        store._flush_lock = threading.Lock()
+        store._lock = threading.RLock()
+        store._index_lock = threading.RLock()
+        # What the parent has yet to write is the parent's to write: counted once, not twice.
+        store.counts.after_fork()
+        store._touches, store._touched_records, store._misses, store._pending = {}, {}, [], {}
+        with contextlib.suppress(Exception):
+            store._served_files.after_fork()
+    _counters.GLOBAL.after_fork()
 
 
-def _check_marker(root_fd: int, path: str, *, readonly: bool, create: bool) -> None:
-    try:
-        data, _st = fs.read_at(root_fd, MARKER, 1 << 16)
-    except FileNotFoundError:
-        data = None
-    except fs.UnsafePath as e:
-        raise StoreError(f"{path}: {e}") from None
-    if data is None:
-        # Several processes may create the same new store at once (the ranks of a job): another
-        # one's marker being written (.KCACHE_STORE.* renamed into place) is not foreign content,
-        # and neither is what it adds once its marker is in place.
-        names = os.listdir(root_fd)
-        foreign = [n for n in names if n != MARKER and not n.startswith(f".{MARKER}.")]
-        try:
-            data, _st = fs.read_at(root_fd, MARKER, 1 << 16)
-        except (FileNotFoundError, fs.UnsafePath):
-            data = None
-        if data is None:
-            if foreign:
-                raise StoreError(f"{path} is not empty and is not a kcache store (no {MARKER} file)")
-            if readonly or not create:
-                raise StoreError(f"{path} is not a kcache store (an empty folder)")
-            body = msgpack.packb({"format": "kcache-store", "schema": STORE_SCHEMA})
-            tmp = f".{MARKER}.{os.getpid()}.{os.urandom(4).hex()}"
-            fs.write_new_at(root_fd, tmp, body)
-            os.rename(tmp, MARKER, src_dir_fd=root_fd, dst_dir_fd=root_fd)
-            return
-    try:
-        info = msgpack.unpackb(data, raw=False)
-        schema = info.get("schema") if isinstance(info, dict) else None
-    except Exception:
-        schema = None
-    if schema != STORE_SCHEMA:
-        raise StoreError(f"{path} holds a kcache store of another schema ({schema!r})")
-
-
-def _unwritable(root_fd: int) -> str | None:
-    """Why the store cannot be written (a read-only filesystem, no write permission), or None."""
-    try:
-        if os.fstatvfs(root_fd).f_flag & getattr(os, "ST_RDONLY", 0):
-            return "is on a read-only filesystem"
-    except OSError:
-        pass
-    for sub in (".", "entries", "tmp", "locks"):
-        try:
-            os.stat(sub, dir_fd=root_fd, follow_symlinks=False)
-        except OSError:
-            continue  # not there yet: made with the store
-        if not os.access(sub, os.W_OK | os.X_OK, dir_fd=root_fd):
-            return (
-                "is not writable (this user may not write it)"
-                if sub == "."
-                else f"is not writable ({sub} denies this user)"
-            )
-    return None
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child
+    )
 
 
 def _sha256(data: bytes) -> Any:

@@ -410,7 +410,7 @@ class RemoteTier:
         if hit is None:  # a read-only or full store: served from memory (files: private copies)
             from .local import Hit
 
-            hit = Hit(rec, blobs, {}, store, time.time())
+            hit = Hit(rec, blobs, store, time.time())
         return hit
 
     # ------------------------------------------------------------------ writing

@@ -87,7 +87,9 @@ def _wait_for_kernel(store: Store, skey: str) -> tuple[Any, Any]:
     found: list[Any] = []
 
     def finished() -> bool:
-        hit = store.get(KIND_GROUP, skey, count=False, remote=False)  # the holder is on this machine
+        hit = store.get(
+            KIND_GROUP, skey, count=False, remote=False, files=True
+        )  # the holder is on this machine
         if hit is not None:
             found.append(hit)
         return hit is not None
@@ -251,14 +253,14 @@ class KcacheCacheManager(CacheManager):
             return None  # host code only from a store that passed every check: rebuilt here
         try:
             skey, comps = self._key_and_components(filename, kind)
-            hit = self._store.get(kind, skey, comps)
+            hit = self._store.get(kind, skey, comps, files=True)
+            if hit is None:
+                self._miss_t[filename] = time.perf_counter()
+                return None
+            return hit.paths.get(filename)
         except Exception as e:
             warn_once("triton-get", f"kcache lookup failed ({e}); compiling")
             return None
-        if hit is None:
-            self._miss_t[filename] = time.perf_counter()
-            return None
-        return hit.paths.get(filename)
 
     def put(self, data: Any, filename: str, binary: bool = True) -> str:
         if self._file is not None:
@@ -296,13 +298,13 @@ class KcacheCacheManager(CacheManager):
         skey = store_key(self.key, filename)
         try:
             comps = components_for(self.key, filename)
-            hit = store.get(KIND_GROUP, skey, comps)
+            hit = store.get(KIND_GROUP, skey, comps, files=True)
             if hit is None:
                 self._miss_t[filename] = time.perf_counter()
                 # Single flight: whoever holds the kernel's lock is compiling it; wait for its entry.
                 locked, hit = self._take_lock(store, skey)
                 if locked:  # ours now; the entry may have been committed just before we got it
-                    hit = store.get(KIND_GROUP, skey, count=False, remote=False)
+                    hit = store.get(KIND_GROUP, skey, count=False, remote=False, files=True)
                     if hit is None:  # single flight across machines, through the shared tier (if any)
                         hit = store.remote_flight(KIND_GROUP, skey)
                     if hit is not None:
@@ -311,12 +313,12 @@ class KcacheCacheManager(CacheManager):
                         self._miss_t[filename] = time.perf_counter()
                 if hit is not None:
                     store.counts.add(KIND_GROUP, hits=1, misses=-1, waited=1)
+            if hit is None:
+                return None
+            paths = dict(hit.paths)  # made with the lookup (files=True); a failure is a miss
         except Exception as e:
             warn_once("triton-group", f"kcache lookup failed ({e}); compiling")
             return None
-        if hit is None:
-            return None
-        paths = dict(hit.paths)
         if "torch._inductor" in sys.modules:
             _mirror_for_inductor(self.key, filename, paths)
         return paths

@@ -7,10 +7,10 @@ subprocesses, among them ``/sbin/ldconfig -p`` to find libcuda. Two things here,
 changes what Triton computes:
 
 - :func:`start_gluon_import`: when Triton has been imported, a daemon thread imports
-  ``triton.experimental.gluon.language``, the module the specializer will import anyway. A real
-  program spends far longer than that between ``import triton`` and its first launch (CUDA's
-  context alone takes 100+ ms), so the import is done by then; if not, the first call waits on
-  Python's per-module import lock for the rest of it, never imports twice.
+  ``triton.experimental.gluon``, the package the specializer will import anyway. A real program
+  spends far longer than that between ``import triton`` and its first launch (CUDA's context
+  alone takes 100+ ms), so the import is done by then; if not, the first call waits for it, never
+  imports twice (how that is made safe against Python's import-lock cycles: see the function).
 - :func:`install_libcuda_memo`: ``libcuda_dirs()`` (an ``ldconfig -p`` fork and exec in every
   process) is remembered across processes, machine-locally (kind ``triton-meta``: never exported
   or shared), keyed by this boot, the linker cache's identity and the variables Triton reads; a
@@ -29,24 +29,121 @@ from typing import Any
 from .. import kinds as _kinds
 from ..log import logger
 
-GLUON = "triton.experimental.gluon.language"
+# The module Triton's specializer (C++, ``native_specialize_impl``) imports first at a process's
+# first kernel, in Triton 3.6 and 3.9 alike; importing the package runs gluon's whole __init__.
+ENTRY = "triton.experimental.gluon.nvidia.hopper"
+FALLBACK = "triton.experimental.gluon.language"  # a Triton without the hopper module
 _started = False
+_thread: threading.Thread | None = None
+_fork_hook = [False]
+_FORK_WAIT_S = 10.0
+_JOIN_S = 5.0
+# idle -> importing -> done, or idle -> cancelled; moved under _gate only (see _guard).
+_state = "idle"
+_gate = threading.Lock()
+_orig_import: Any = None
 
 
 def start_gluon_import() -> None:
-    """Import Triton's gluon language in a daemon thread (once per process)."""
-    global _started
-    if _started or GLUON in sys.modules or os.environ.get("KCACHE_NO_TRITON_WARMUP"):
+    """Import Triton's gluon package in a daemon thread (once per process), safely.
+
+    Python's import locks are per module, and a thread importing a submodule holds its lock
+    while it imports the parents: two threads entering a package with cyclic imports through
+    different submodules can each hold what the other needs. CPython detects that cycle and raises
+    ``_DeadlockError`` in one of the two threads: in the program's thread, that is a crash
+    (seen in CI with Triton 3.9: the JIT's first kernel against this thread). So, for as long as
+    the import runs, any other thread's import of ``triton.experimental...`` first waits for it
+    to finish (a guard on ``builtins.__import__``, which is how both ``import`` statements and
+    the JIT's C++ reach the import system), and this thread enters through the module the JIT
+    enters through. A guard that fires before the import has started cancels it instead.
+    """
+    global _started, _thread, _orig_import
+    if (
+        _started
+        or ENTRY in sys.modules
+        or FALLBACK in sys.modules
+        or os.environ.get("KCACHE_NO_TRITON_WARMUP")
+    ):
         return
     _started = True
+    import builtins
 
-    def run() -> None:
+    _orig_import = builtins.__import__
+    _thread = threading.Thread(target=_run, name="kcache-triton-warmup", daemon=True)
+    builtins.__import__ = _guard
+    _thread.start()
+    if not _fork_hook[0] and hasattr(os, "register_at_fork"):
+        _fork_hook[0] = True
+        os.register_at_fork(before=_finish_before_fork)
+
+
+def _run() -> None:
+    global _state
+    try:
+        # The hook that started this thread runs inside the program's own ``import triton``:
+        # wait for that to finish (this thread holds no import lock while it waits).
+        if "triton" in sys.modules:
+            import triton  # noqa: F401
+
+        with _gate:
+            if _state != "idle" or ENTRY in sys.modules or FALLBACK in sys.modules:
+                return
+            _state = "importing"
         try:
-            __import__(GLUON)
-        except Exception as e:  # the JIT will import it (and report) itself
-            logger.debug("gluon pre-import: %s", e)
+            __import__(ENTRY)
+        except ImportError:
+            __import__(FALLBACK)
+    except Exception as e:  # the JIT will import it (and report) itself
+        logger.debug("gluon pre-import: %s", e)
+    finally:
+        with _gate:
+            if _state == "importing":
+                _state = "done"
+        _unguard()
 
-    threading.Thread(target=run, name="kcache-triton-warmup", daemon=True).start()
+
+def _unguard() -> None:
+    import builtins
+
+    if builtins.__import__ is _guard and _orig_import is not None:
+        builtins.__import__ = _orig_import
+
+
+def _wants_gluon(name: str, globals: Any, fromlist: Any, level: int) -> bool:
+    if level:
+        pkg = (globals or {}).get("__package__") or ""
+        if not pkg.startswith("triton"):
+            return False
+        base = pkg.rsplit(".", level - 1)[0] if level > 1 else pkg
+        name = f"{base}.{name}" if name else base
+    if name.startswith("triton.experimental"):
+        return True
+    return name == "triton" and bool(fromlist) and "experimental" in fromlist
+
+
+def _guard(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+    """``builtins.__import__`` while the pre-import may run (see :func:`start_gluon_import`)."""
+    global _state
+    if _state in ("idle", "importing") and _wants_gluon(name, globals, fromlist, level):
+        t = _thread
+        if t is not None and t is not threading.current_thread():
+            with _gate:
+                if _state == "idle":
+                    _state = "cancelled"  # the program imports it itself, alone
+            if _state == "importing":
+                # Bounded: should the pre-import ever wait on a lock this thread holds, the
+                # program goes on after _JOIN_S rather than never.
+                t.join(_JOIN_S)
+    return _orig_import(name, globals, locals, fromlist, level)
+
+
+def _finish_before_fork() -> None:
+    """A fork while the import runs would copy its module locks held by a thread the child does
+    not have: the child's own import of gluon (its first kernel) would wait for ever. The fork
+    waits for the import instead (bounded; it takes ~70 ms)."""
+    t = _thread
+    if t is not None and t.is_alive() and t is not threading.current_thread():
+        t.join(_FORK_WAIT_S)
 
 
 def _key(driver: Any) -> str | None:

@@ -225,7 +225,7 @@ def test_links_inside_internal_folders_are_never_followed(
     )
     assert out["enabled"], r.stderr
     code = f"""
-import importlib.util, kcache, kcache.store.local as local
+import importlib.util, kcache, kcache.store.tunables as local
 local.GRACE_S = 0.0
 spec = importlib.util.spec_from_file_location("c", {str(chaos.HERE)!r}); c = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(c)

@@ -175,7 +175,7 @@ def test_symlinks_refused_and_targets_untouched(how: str, tmp_path: Path, chaos:
     assert st.get(kind, key) is None
     st.close()
     env = base_env(tmp_path)
-    import kcache.store.local as local
+    import kcache.store.tunables as local
 
     # Removal paths first, with the link still there: clear --all, then eviction of everything.
     for args in (["stats"], ["inspect", ident[:8]], ["clear", "--all"]):
@@ -250,7 +250,7 @@ def everything_that_reads_the_index(
     # The library: stats, a put (index insert, eviction under a 1-byte bound), hits and misses.
     code = f"""
 import json, kcache, importlib.util
-import kcache.store.local as local
+import kcache.store.tunables as local
 local.GRACE_S = 0.0
 spec = importlib.util.spec_from_file_location("c", {str(chaos.HERE)!r}); c = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(c)

@@ -1,0 +1,235 @@
+"""Files a process hands to a library, and its scratch folder: private, held, never changing.
+
+A hit's bytes are verified in memory. A library that wants files (Triton opens a kernel's
+members and dlopens launchers) gets :attr:`Hit.paths`: files of this process's private "served"
+folder under the store's ``tmp/``, named through ``/proc/self/fd/N/...`` (resolved through the
+folder's open descriptor, not its name). Each file is either a hard link of the very member file
+that was read and verified (linked through ``/proc/self/fd/<member>``: the same inode, whatever
+now sits at the entry's path) or a copy of the verified bytes: it holds exactly what was checked,
+and eviction, ``kcache clear`` or a swapped folder cannot change or remove it.
+
+Every private folder is held (a shared flock on its descriptor, see :func:`.fs.hold`) for the
+life of its process: ``clean_tmp`` removes only folders nobody holds, so a live process's files
+are never taken, and a dead one's (killed, or ended by ``os._exit`` as pool workers are) go at
+the next clean-up, which also runs when a store is opened. A folder removed anyway (by hand) is
+made anew, and files served from it are served again.
+
+Without /proc, paths name the folders by their path names (no pinning). After ``Store.close()``
+nothing is served (``OSError``: callers treat it as a miss).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import threading
+from typing import TYPE_CHECKING, Any
+
+from . import fs
+
+if TYPE_CHECKING:
+    from .local import Hit, Store
+
+#: Name prefixes of private folders in the system's temporary folder (read-only stores).
+TEMP_PREFIX = "kcache-private-"
+
+
+class PrivateFolder:
+    """A private folder of this process: its descriptor (held), its parent's, its name and path."""
+
+    __slots__ = ("fd", "parent", "name", "path", "own_parent", "pid")
+
+    def __init__(self, fd: int, parent: int, name: str, path: str, *, own_parent: bool) -> None:
+        self.fd, self.parent, self.name, self.path, self.own_parent = fd, parent, name, path, own_parent
+        self.pid = os.getpid()
+        if not fs.hold(fd, parent, name):  # being removed as dead by a clean-up: make another
+            os.close(fd)
+            if own_parent:
+                os.close(parent)
+            raise OSError(f"private folder {name} was removed as it was made")
+
+    def alive(self) -> bool:
+        """Still there under its name (not removed by hand)."""
+        try:
+            return os.path.samestat(
+                os.stat(self.name, dir_fd=self.parent, follow_symlinks=False), os.fstat(self.fd)
+            )
+        except OSError:
+            return False
+
+    def close(self, remove: bool) -> None:
+        """Let go of it (and with ``remove``, delete it). A forked child only closes its copies
+        of the descriptors: the folder is its parent's."""
+        mine = self.pid == os.getpid()
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        if remove and mine:
+            fs.rmtree_at(self.parent, self.name)
+        if self.own_parent:
+            with contextlib.suppress(OSError):
+                os.close(self.parent)
+
+
+class Served:
+    """The private folders of one store in one process, and the files served from them."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._folders: dict[str, PrivateFolder] = {}
+        self._cache: dict[tuple[Any, ...], tuple[PrivateFolder, dict[str, str]]] = {}
+        self._n = 0
+
+    def after_fork(self) -> None:
+        """In a forked child: its parent's folders and paths are not its own."""
+        self._lock = threading.Lock()
+        for f in self._folders.values():
+            f.close(remove=False)
+        self._folders, self._cache, self._pid = {}, {}, os.getpid()
+
+    def folder(self, role: str) -> PrivateFolder:
+        """This process's private folder for ``role`` ("served", "scratch"): in ``tmp/`` of a
+        writable store (same filesystem: members are hard-linked), else under the system's
+        temporary folder. Call with ``_lock`` held."""
+        if self._pid != os.getpid():
+            self.after_fork()
+        cur = self._folders.get(role)
+        if cur is not None and cur.alive():
+            return cur
+        if cur is not None:  # removed under us (by hand): let go of it, make another
+            cur.close(remove=False)
+            self._cache = {k: v for k, v in self._cache.items() if v[0] is not cur}
+        store = self._store
+        tfd = None if store.readonly else store._fd("tmp")
+        made = None
+        if tfd is not None:
+            name = fs.unique_name(role)
+            with contextlib.suppress(OSError, fs.UnsafePath):
+                fd = fs.open_dir_at(tfd, name, f"tmp/{name}", fs.trusted_owners(False), create=True)
+                made = PrivateFolder(
+                    fd, tfd, name, os.path.join(str(store.root), "tmp", name), own_parent=False
+                )
+        if made is None:
+            made = temp_folder(role)
+        self._folders[role] = made
+        return made
+
+    def serve(self, hit: Hit, fds: dict[str, int] | None = None) -> dict[str, str]:
+        """Private files holding ``hit``'s verified members (see the module doc). ``fds``: the
+        members' open descriptors, as read (linked as they are); else the bytes are written."""
+        store = self._store
+        if store.closed:
+            raise OSError("the store is closed")
+        rec = hit.record
+        key = (rec.id, tuple((f.name, f.size, f.sha256) for f in rec.files))
+        with self._lock:
+            if self._pid != os.getpid():
+                self.after_fork()
+            cached = self._cache.get(key)
+            if cached is not None:
+                folder, paths = cached
+                if self._folders.get("served") is folder and folder.alive():
+                    return dict(paths)
+            try:
+                folder = self.folder("served")
+                paths = self._write(folder, hit, fds)
+            except OSError:
+                # A full disk, too many links: once more in the system's temporary folder.
+                folder = temp_folder("served")
+                self._folders["served"] = folder
+                paths = self._write(folder, hit, None)
+            self._cache[key] = (folder, paths)
+            return dict(paths)
+
+    def _write(self, folder: PrivateFolder, hit: Hit, fds: dict[str, int] | None) -> dict[str, str]:
+        self._n += 1
+        sub = f"{hit.record.id[:16]}.{self._n}"
+        os.mkdir(sub, 0o700, dir_fd=folder.fd)
+        subfd = os.open(sub, fs.O_DIR, dir_fd=folder.fd)
+        efd = self._store._fd("entries")
+        rid = hit.record.id
+        try:
+            for f in hit.record.files:
+                mfd = fds.get(f.name) if fds else None
+                linked = False
+                if mfd is not None and fs.proc_fd_usable():
+                    try:  # the inode that was read, not whatever sits at its name now
+                        os.link(f"/proc/self/fd/{mfd}", f.name, dst_dir_fd=subfd)
+                        linked = True
+                    except OSError:
+                        pass  # removed meanwhile, another filesystem: by name, or a copy, below
+                ino = hit._inos.get(f.name)
+                if not linked and ino is not None and efd is not None:
+                    # By name, kept only if it is the very inode verified (a put's own members,
+                    # a hit made without ``files``): no copy of a large binary.
+                    try:
+                        os.link(
+                            f"{rid[:2]}/{rid}/{f.name}",
+                            f.name,
+                            src_dir_fd=efd,
+                            dst_dir_fd=subfd,
+                            follow_symlinks=False,
+                        )
+                        st = os.stat(f.name, dir_fd=subfd, follow_symlinks=False)
+                        linked = (st.st_dev, st.st_ino) == ino
+                        if not linked:
+                            os.unlink(f.name, dir_fd=subfd)
+                    except OSError:
+                        linked = False
+                if not linked:
+                    fs.write_new_at(subfd, f.name, hit.read(f.name))
+        finally:
+            os.close(subfd)
+        return {f.name: fs.fd_path(folder.fd, sub, f.name, fallback=folder.path) for f in hit.record.files}
+
+    def scratch(self) -> str:
+        """The path of this process's private scratch folder (see ``Store.scratch_dir``)."""
+        with self._lock:
+            f = self.folder("scratch")
+            return fs.fd_path(f.fd, fallback=f.path)
+
+    def close(self) -> None:
+        """Delete this process's folders (at ``Store.close`` and exit)."""
+        with self._lock:
+            for f in self._folders.values():
+                f.close(remove=True)
+            self._folders, self._cache = {}, {}
+
+    def names(self) -> set[str]:
+        return {f.name for f in self._folders.values() if f.pid == os.getpid()}
+
+
+def temp_folder(role: str) -> PrivateFolder:
+    """A new private folder under the system's temporary folder (a read-only store, or a store
+    whose ``tmp/`` refuses writes); the folders dead processes left there are cleaned first."""
+    base = tempfile.gettempdir()
+    parent = fs.open_dir(base, "the temporary folder", None)
+    try:
+        clean_dead(parent, TEMP_PREFIX)
+        path = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{role}-", dir=base)  # 0700, O_EXCL semantics
+        fd = fs.open_dir_at(parent, os.path.basename(path), path, fs.trusted_owners(False))
+    except BaseException:
+        os.close(parent)
+        raise
+    return PrivateFolder(fd, parent, os.path.basename(path), path, own_parent=True)
+
+
+def clean_dead(dir_fd: int, prefix: str) -> int:
+    """Remove this user's folders named ``prefix*`` in ``dir_fd`` that nobody holds."""
+    n = 0
+    uid = os.geteuid()
+    try:
+        names = [x for x in os.listdir(dir_fd) if x.startswith(prefix)]
+    except OSError:
+        return 0
+    for name in names:
+        try:
+            if os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_uid != uid:
+                continue
+        except OSError:
+            continue
+        if fs.remove_unheld_at(dir_fd, name):
+            n += 1
+    return n
