@@ -123,7 +123,10 @@ class Served:
         if store.closed:
             raise OSError("the store is closed")
         rec = hit.record
-        key = (rec.id, tuple((f.name, f.size, f.sha256) for f in rec.files))
+        # The inodes are part of the key: a served file is a hard link of the member verified, so
+        # one served for an earlier inode (since rewritten in place, then replaced by a new put
+        # of the same bytes) must not stand in for the new one.
+        key = (rec.id, tuple((f.name, f.size, f.sha256, hit._inos.get(f.name)) for f in rec.files))
         with self._lock:
             if self._pid != os.getpid():
                 self.after_fork()
