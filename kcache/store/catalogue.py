@@ -30,6 +30,16 @@ from .records import Record
 _OLD_INDEX_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")  # the diskcache index of kcache 0.1
 
 
+_DB_FILES = (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm")
+
+
+def _unlink_db(ifd: int) -> None:
+    """Delete the index's database files in the folder ``ifd`` (never what a link points to)."""
+    for name in _DB_FILES:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=ifd)
+
+
 class CatalogueMixin:
     """Index and eviction methods of :class:`~kcache.store.local.Store`."""
 
@@ -53,7 +63,7 @@ class CatalogueMixin:
                 idx = self._index
             if idx.created:
                 idx.created = False
-                self._fill_index(idx)  # only ever on the flush thread or in a command (see put)
+                self._fill_index(idx)  # on the flush thread or in a command: never in a lookup or put
             return idx
 
     def rebuild_index(self) -> Index:
@@ -69,9 +79,7 @@ class CatalogueMixin:
                 with contextlib.suppress(Exception):
                     self._index.close()
             self._index = None
-            for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(name, dir_fd=ifd)
+            _unlink_db(ifd)
         return self.index()
 
     def index_readonly(self) -> Index:
@@ -104,7 +112,7 @@ class CatalogueMixin:
         for name in _OLD_INDEX_FILES:  # kcache 0.1's diskcache index: superseded, rebuilt from entries
             with contextlib.suppress(OSError):
                 os.unlink(name, dir_fd=ifd)
-        for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm"):
+        for name in _DB_FILES:
             try:
                 st = os.stat(name, dir_fd=ifd, follow_symlinks=False)
             except FileNotFoundError:
@@ -122,9 +130,7 @@ class CatalogueMixin:
                 raise
             # A broken index is replaced, not fatal: entries are intact and self-describing.
             warn_once("index-corrupt", f"the index at {self.index_dir} is corrupt ({e}); starting a new one")
-            for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm"):
-                with contextlib.suppress(OSError):
-                    os.unlink(name, dir_fd=ifd)
+            _unlink_db(ifd)
             return Index.open(path, timeout=self.index_timeout)
 
     def _fill_index(self, idx: Index) -> None:
@@ -158,7 +164,7 @@ class CatalogueMixin:
         try:
             with self._index_lock:
                 out = fn(self.index())
-            self._busy_since, self._busy_count = None, 0
+            self._busy_count = 0
             return out
         except IndexTooNew as e:
             # A newer kcache shares this store: its index is not ours to rewrite or delete.
@@ -172,7 +178,6 @@ class CatalogueMixin:
                 # warning, unless it lasts (a process holding the index for good). What was to
                 # be written is kept for the next flush.
                 now = time.monotonic()
-                self._busy_since = self._busy_since or now
                 self._busy_count += 1
                 # 0.5 s, 1 s, 2 s, 4 s, then 5 s: soon again after a moment's contention, rarely
                 # when another process holds the index for good (each try waits the busy timeout).
@@ -200,9 +205,7 @@ class CatalogueMixin:
                     self._index = None
                     ifd = self._fd("index")
                     if ifd is not None:
-                        for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm"):
-                            with contextlib.suppress(OSError):
-                                os.unlink(name, dir_fd=ifd)
+                        _unlink_db(ifd)
                 self._index_off_until = 0.0
             return None
 
@@ -218,8 +221,14 @@ class CatalogueMixin:
             with self._lock:
                 if self._flusher_pid != os.getpid():
                     self._flusher_pid = os.getpid()
-                    t = threading.Thread(target=self._flush_loop, name="kcache-flush", daemon=True)
-                    t.start()
+                    try:
+                        t = threading.Thread(target=self._flush_loop, name="kcache-flush", daemon=True)
+                        t.start()
+                    except Exception as e:  # no threads left (a pids limit), or at shutdown
+                        # Tried again at the next put or lookup; until then rows wait in memory
+                        # (and are written at close).
+                        self._flusher_pid = None
+                        logger.debug("flush thread not started: %s", e)
 
     def _flush_loop(self) -> None:
         """The daemon thread: batched index writes, and eviction when the store is over its
@@ -231,10 +240,53 @@ class CatalogueMixin:
                 return
             try:
                 self.flush()
+                if time.monotonic() >= self._next_reconcile:
+                    self._next_reconcile = time.monotonic() + T.RECONCILE_CHECK_S
+                    self.reconcile()
                 if self._over_bound():
                     self.evict()
             except Exception:  # flush never raises; a thread must not die loudly either
                 pass
+
+    def reconcile(self, force: bool = False) -> int:
+        """Add a row for each entry on disk that has none, and return how many were added.
+
+        A put's row is written by the flush thread: a process killed, or ended by ``os._exit``
+        (multiprocessing's workers), before it ran leaves entries the index does not know
+        (stats and eviction would not see them). Done at most once per
+        :data:`~.tunables.RECONCILE_EVERY_S` for the whole store (the time is kept in the
+        index; ``force`` ignores it), by whichever process finds it due. Never raises."""
+        now = self.now()
+
+        def due(idx: Index) -> set[str] | None:
+            with idx.transaction():  # one process claims the turn
+                last = idx.get_meta("reconciled_at")
+                try:
+                    if not force and last is not None and now - float(last) < T.RECONCILE_EVERY_S:
+                        return None
+                except ValueError:
+                    pass
+                idx.set_meta("reconciled_at", repr(now))
+            return idx.ids()
+
+        known = self._index_call(due)
+        if known is None:
+            return 0
+        batch: list[tuple[Record, float | None]] = []
+        try:
+            for ident in self.iter_entry_ids():
+                if ident in known:
+                    continue
+                rec, _why = self.read_record(ident)
+                if rec is not None:
+                    batch.append((rec, self.record_mtime(ident)))
+        except Exception as e:
+            logger.debug("reconcile: %s", e)
+        if batch and self._index_call(lambda idx: idx.insert_many(batch) or True) is None:
+            return 0
+        if batch:
+            logger.info("added %d index rows for entries written by processes that ended early", len(batch))
+        return len(batch)
 
     def flush(self, force: bool = False) -> None:
         """Write batched last-use times, counters and misses to the index. Never raises."""

@@ -251,18 +251,37 @@ def rmtree_at(parent: int, name: str) -> bool:
         return False
 
 
-def hold(fd: int, parent: int | None = None, name: str | None = None) -> bool:
-    """Mark the folder open as ``fd`` as in use for as long as this open file lives (a shared
-    flock, dropped by the kernel when the process dies): :func:`remove_unheld_at` leaves it
-    alone. False when it cannot be held: :func:`remove_unheld_at` is removing it right now, or
-    (given ``parent`` and ``name``) it is no longer what sits at that name (removed since it
-    was opened): the caller makes another."""
+# flock's answer when another open file holds the lock; any other error means this filesystem
+# cannot lock (some FUSE filesystems, Lustre without -o flock, NFS on folders): see
+# :func:`locks_work`.
+_HELD_ERRNOS = (errno.EWOULDBLOCK, errno.EAGAIN)
+
+
+def locks_work(fd: int) -> bool:
+    """Whether flock works on the filesystem of ``fd`` (a held lock counts as working)."""
     import fcntl
 
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return False
+    except OSError as e:
+        return e.errno in _HELD_ERRNOS
+    return True
+
+
+def hold(fd: int, parent: int | None = None, name: str | None = None) -> bool:
+    """Mark the folder open as ``fd`` as in use for as long as this open file lives (a shared
+    flock, dropped by the kernel when the process dies): :func:`remove_unheld_at` leaves it
+    alone. False when :func:`remove_unheld_at` is removing it right now, or (given ``parent``
+    and ``name``) it is no longer what sits at that name (removed since it was opened): the
+    caller makes another. On a filesystem without flock it is not held, and True: clean-ups
+    there go by age (``remove_unheld_at(..., trust_locks=False)``)."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in _HELD_ERRNOS:
+            return False
     if parent is not None and name is not None:
         try:
             return os.path.samestat(os.stat(name, dir_fd=parent, follow_symlinks=False), os.fstat(fd))
@@ -271,11 +290,23 @@ def hold(fd: int, parent: int | None = None, name: str | None = None) -> bool:
     return True
 
 
-def remove_unheld_at(parent: int, name: str) -> bool:
+def remove_unheld_at(
+    parent: int,
+    name: str,
+    *,
+    trust_locks: bool = True,
+    min_age: float | None = None,
+    now: float | None = None,
+) -> bool:
     """Remove the folder ``name`` in ``parent`` (as :func:`rmtree_at`) if nobody holds it (see
     :func:`hold`): its owner is gone, whichever pid namespace it ran in. The folder stays locked
     while it is removed, so an owner that opened it a moment ago cannot hold it meanwhile (its
-    :func:`hold` fails). A link, or something that cannot be opened: left alone, False."""
+    :func:`hold` fails). A link, or something that cannot be opened: left alone, False.
+
+    Where a lock does not say whether its owner lives (``trust_locks`` False: a network
+    filesystem, whose locks may be per node; or a filesystem without flock), the folder goes
+    only if it was not modified for ``min_age`` seconds (by ``now``, the filesystem's clock), and
+    never when ``min_age`` is None."""
     import fcntl
 
     try:
@@ -285,13 +316,20 @@ def remove_unheld_at(parent: int, name: str) -> bool:
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return False
+            locked = True
+        except OSError as e:
+            if e.errno in _HELD_ERRNOS:
+                return False
+            locked = False
         try:
-            if not os.path.samestat(os.stat(name, dir_fd=parent, follow_symlinks=False), os.fstat(fd)):
+            st = os.fstat(fd)
+            if not os.path.samestat(os.stat(name, dir_fd=parent, follow_symlinks=False), st):
                 return False
         except OSError:
             return False
+        if not (locked and trust_locks):
+            if min_age is None or now is None or now - st.st_mtime <= min_age:
+                return False
         return rmtree_at(parent, name)
     finally:
         os.close(fd)  # drops the lock

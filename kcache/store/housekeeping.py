@@ -124,7 +124,8 @@ class HousekeepingMixin:
         folder) is removed only when nobody holds it: every live writer and process keeps a
         shared flock on its folder, which the kernel drops when it dies, so a live process's
         files are never taken (whatever its pid namespace), and a dead one's go at once. Other
-        files there go after ``min_age``. Run by ``kcache clear`` and ``verify --fix``, and for
+        files there go after ``min_age``, and so do folders where locks cannot tell (a network
+        filesystem, whose locks may be per node, or one without flock). Run by ``kcache clear`` and ``verify --fix``, and for
         private folders when a store is opened."""
         if self.readonly:
             return 0
@@ -148,7 +149,11 @@ class HousekeepingMixin:
                 except OSError:
                     continue
                 if stat.S_ISDIR(st.st_mode):
-                    if fs.remove_unheld_at(dfd, name):
+                    # On a network filesystem a lock may be seen on one node only: there a
+                    # folder goes by age, as a file does (a writer on another node is alive).
+                    if fs.remove_unheld_at(
+                        dfd, name, trust_locks=not self.network_fs, min_age=min_age, now=now
+                    ):
                         n += 1
                 elif now - st.st_mtime > min_age:
                     fs.rmtree_at(dfd, name)

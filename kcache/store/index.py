@@ -318,6 +318,13 @@ class Index:
     def total_bytes(self) -> int:
         return int(self.conn.execute("SELECT COALESCE(SUM(size), 0) FROM entries").fetchone()[0])
 
+    def get_meta(self, name: str) -> str | None:
+        row = self.conn.execute("SELECT value FROM meta WHERE name = ?", (name,)).fetchone()
+        return row[0] if row and isinstance(row[0], str) else None
+
+    def set_meta(self, name: str, value: str) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (name, value))
+
     def ids(self) -> set[str]:
         return {i for (i,) in self.conn.execute("SELECT id FROM entries") if isinstance(i, str)}
 

@@ -30,9 +30,11 @@ Guarantees (each method's docstring says what it adds):
 - Its own clock. Last use, protection and eviction's grace period are judged by the
   filesystem's clock (the mtime a write gives a file), not by the process's: a process whose
   clock runs ahead cannot evict what others use.
-- The hit and put paths never touch the index. Last-use times and new rows go to the index
-  in batches, from a daemon thread, which also evicts (see :mod:`.catalogue`); the record's
-  mtime is refreshed at most once a minute.
+- The hit and put paths (and :meth:`replace`) never touch the index. Last-use times and new
+  rows go to the index in batches, from a daemon thread, which also evicts and adds rows that
+  processes ended early never wrote (see :mod:`.catalogue`); the record's mtime is refreshed at
+  most once a minute. (A corrupt entry found by a hit has its row dropped there and then: rare,
+  and already the slow path.)
 - Fork-safe. A forked child starts with its locks free, its own index connection, flush
   thread and private folders; its parent's are never used or removed by it.
 - Fails open. Every failure (full disk, read-only or locked store, corrupt index) degrades to a
@@ -178,7 +180,6 @@ class Store(CatalogueMixin, HousekeepingMixin):
         self._index: Index | None = None
         self._index_pid = 0
         self._index_off_until = 0.0
-        self._busy_since: float | None = None
         self._busy_count = 0
         self._touches: dict[str, tuple[float, int]] = {}
         self._touched_records: dict[str, Record] = {}
@@ -186,6 +187,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
         self._pending: dict[str, tuple[Record, float | None]] = {}
         self._flush_lock = threading.Lock()
         self._flusher_pid: int | None = None
+        self._next_reconcile = 0.0  # monotonic; the flush thread's first turn asks the index
         self._size_estimate: int | None = None
         self._size_checked = 0.0
         self._closed = False
@@ -353,7 +355,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
             # Private folders that dead processes left (killed, or ended by os._exit): nobody
             # holds them any more (see .served).
             tfd = store._fd("tmp")
-            if tfd is not None:
+            if tfd is not None and not nfs:  # a network filesystem's locks may be per node
                 for prefix in ("served.", "scratch."):
                     clean_dead(tfd, prefix)
         atexit.register(store.close)  # read-only too: its private folders go at exit
@@ -994,7 +996,9 @@ class Store(CatalogueMixin, HousekeepingMixin):
         that grows). Readers see the old entry, then none, then the new one; never a mix."""
         if self.readonly:
             return None
-        self.remove([self.entry_id(kind, key)])
+        # The folder only: the put's row replaces the old one (the index is not opened on the
+        # compiling thread); if the put fails, the row of a missing entry goes at eviction.
+        self.remove([self.entry_id(kind, key)], index=False)
         return self.put(kind, key, files, **kwargs)
 
     def _remove_dirs(self, ids: list[str]) -> int:
@@ -1082,31 +1086,57 @@ class Store(CatalogueMixin, HousekeepingMixin):
 # taken just before a fork and let go just after it, in the parent; the child gets new ones,
 # and its own private folders (its parent's stay its parent's).
 _STORES: weakref.WeakSet[Store] = weakref.WeakSet()
-_HELD_AT_FORK: list[Any] = []
-_FORK_WAIT_S = 2.0  # a lock held longer (a long eviction) is not waited for: the child gets new ones anyway
+# Per thread: two threads may fork at once, and each must let go of its own locks only.
+_FORK_HELD = threading.local()
+_FORK_LOCK_WAIT_S = 2.0  # a state lock held longer than this (a stuck thread) is not waited for
 
 
 def _store_locks(store: Store) -> list[Any]:
-    # The order every thread takes them in (flush, index, state, counters).
-    return [store._flush_lock, store._index_lock, store._lock, store.counts._lock]
+    # Only the locks that guard in-memory state, held for microseconds: the buffers (``_lock``)
+    # and the counters. The index and flush locks are held across SQLite work and eviction
+    # (seconds): the child gets new ones and never uses its parent's connection, so a fork
+    # need not wait for them.
+    return [store._lock, store.counts._lock]
+
+
+# Two threads forking at once run these handlers at once: one at a time, or each would wait
+# out the other's locks (and time out).
+_FORK_SERIAL = threading.Lock()
 
 
 def _before_fork() -> None:
+    held: list[Any] = []
+    if _FORK_SERIAL.acquire(timeout=_FORK_LOCK_WAIT_S):
+        held.append(_FORK_SERIAL)
     for store in list(_STORES):
         for lk in _store_locks(store):
-            if lk.acquire(timeout=_FORK_WAIT_S):
-                _HELD_AT_FORK.append(lk)
+            if lk.acquire(timeout=_FORK_LOCK_WAIT_S):
+                held.append(lk)
+    _FORK_HELD.locks = held
 
 
 def _after_fork_parent() -> None:
-    while _HELD_AT_FORK:
+    held = getattr(_FORK_HELD, "locks", [])
+    _FORK_HELD.locks = []
+    for lk in reversed(held):
         with contextlib.suppress(RuntimeError):
-            _HELD_AT_FORK.pop().release()
+            lk.release()
+
+
+# A forked child must not close (nor use) its parent's SQLite connection: SQLite forbids
+# carrying one across fork, and closing it could checkpoint or unlock the parent's files. The
+# child keeps the objects, unused, for its life.
+_PARENTS_CONNECTIONS: list[Any] = []
 
 
 def _after_fork_child() -> None:
-    _HELD_AT_FORK.clear()
+    global _FORK_SERIAL
+    _FORK_SERIAL = threading.Lock()
+    _FORK_HELD.locks = []
     for store in list(_STORES):
+        if store._index is not None:
+            _PARENTS_CONNECTIONS.append(store._index)
+            store._index = None
         store._flush_lock = threading.Lock()
         store._lock = threading.RLock()
         store._index_lock = threading.RLock()

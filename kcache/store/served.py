@@ -21,6 +21,7 @@ nothing is served (``OSError``: callers treat it as a miss).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 import threading
@@ -81,13 +82,17 @@ class Served:
         self._folders: dict[str, PrivateFolder] = {}
         self._cache: dict[tuple[Any, ...], tuple[PrivateFolder, dict[str, str]]] = {}
         self._n = 0
+        self._tmp_ok: bool | None = None
+        # Folders replaced by a fallback: paths already handed out from them must stay valid
+        # until close, and they must go then.
+        self._retired: list[PrivateFolder] = []
 
     def after_fork(self) -> None:
         """In a forked child: its parent's folders and paths are not its own."""
         self._lock = threading.Lock()
-        for f in self._folders.values():
+        for f in [*self._folders.values(), *self._retired]:
             f.close(remove=False)
-        self._folders, self._cache, self._pid = {}, {}, os.getpid()
+        self._folders, self._cache, self._retired, self._pid = {}, {}, [], os.getpid()
 
     def folder(self, role: str) -> PrivateFolder:
         """This process's private folder for ``role`` ("served", "scratch"): in ``tmp/`` of a
@@ -103,6 +108,14 @@ class Served:
             self._cache = {k: v for k, v in self._cache.items() if v[0] is not cur}
         store = self._store
         tfd = None if store.readonly else store._fd("tmp")
+        if tfd is not None and self._tmp_ok is None:
+            # Only where a lock says whether its holder lives: on a network filesystem a lock
+            # may be seen on one node only (another node's clean-up would take a live folder),
+            # and some filesystems have no flock at all. Those serve from the system's
+            # temporary folder (copies, not links: another filesystem).
+            self._tmp_ok = not store.network_fs and fs.locks_work(tfd)
+        if not self._tmp_ok:
+            tfd = None
         made = None
         if tfd is not None:
             name = fs.unique_name(role)
@@ -140,7 +153,10 @@ class Served:
                 paths = self._write(folder, hit, fds)
             except OSError:
                 # A full disk, too many links: once more in the system's temporary folder.
+                old = self._folders.get("served")
                 folder = temp_folder("served")
+                if old is not None and old is not folder:
+                    self._retired.append(old)
                 self._folders["served"] = folder
                 paths = self._write(folder, hit, None)
             self._cache[key] = (folder, paths)
@@ -196,23 +212,26 @@ class Served:
     def close(self) -> None:
         """Delete this process's folders (at ``Store.close`` and exit)."""
         with self._lock:
-            for f in self._folders.values():
+            for f in [*self._folders.values(), *self._retired]:
                 f.close(remove=True)
-            self._folders, self._cache = {}, {}
-
-    def names(self) -> set[str]:
-        return {f.name for f in self._folders.values() if f.pid == os.getpid()}
+            self._folders, self._cache, self._retired = {}, {}, []
 
 
 def temp_folder(role: str) -> PrivateFolder:
     """A new private folder under the system's temporary folder (a read-only store, or a store
     whose ``tmp/`` refuses writes); the folders dead processes left there are cleaned first."""
     base = tempfile.gettempdir()
-    parent = fs.open_dir(base, "the temporary folder", None)
+    try:
+        parent = fs.open_dir(base, "the temporary folder", None)
+    except fs.UnsafePath as e:  # a linked or foreign TMPDIR: callers treat OSError as a miss
+        raise OSError(errno.EACCES, f"the temporary folder {base} cannot be used: {e}") from None
     try:
         clean_dead(parent, TEMP_PREFIX)
         path = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{role}-", dir=base)  # 0700, O_EXCL semantics
         fd = fs.open_dir_at(parent, os.path.basename(path), path, fs.trusted_owners(False))
+    except fs.UnsafePath as e:
+        os.close(parent)
+        raise OSError(errno.EACCES, f"a private folder in {base} cannot be used: {e}") from None
     except BaseException:
         os.close(parent)
         raise

@@ -71,10 +71,16 @@ def start_gluon_import() -> None:
     _orig_import = builtins.__import__
     _thread = threading.Thread(target=_run, name="kcache-triton-warmup", daemon=True)
     builtins.__import__ = _guard
-    _thread.start()
+    try:
+        _thread.start()
+    except Exception as e:  # no threads left: the JIT imports it itself
+        _thread = None
+        _unguard()
+        logger.debug("gluon pre-import not started: %s", e)
+        return
     if not _fork_hook[0] and hasattr(os, "register_at_fork"):
         _fork_hook[0] = True
-        os.register_at_fork(before=_finish_before_fork)
+        os.register_at_fork(before=_finish_before_fork, after_in_child=_after_fork_child)
 
 
 def _run() -> None:
@@ -144,6 +150,15 @@ def _finish_before_fork() -> None:
     t = _thread
     if t is not None and t.is_alive() and t is not threading.current_thread():
         t.join(_FORK_WAIT_S)
+
+
+def _after_fork_child() -> None:
+    """The child has no warm-up thread: nothing to wait for, no guard to keep."""
+    global _state, _thread
+    _thread = None
+    if _state in ("idle", "importing"):
+        _state = "cancelled"
+    _unguard()
 
 
 def _key(driver: Any) -> str | None:
