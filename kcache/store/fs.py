@@ -340,8 +340,8 @@ def atomic_write(path: str, data: bytes | None = None, *, writer=None, mode: int
 
     The bytes go to a uniquely named temporary file created exclusively in the target folder
     (``O_CREAT | O_EXCL | O_NOFOLLOW``: a name planted there, link or file, is never opened),
-    which is then renamed over ``path``. The rename replaces whatever is at ``path`` (a link
-    there is replaced, never followed); a folder at ``path`` is refused. ``writer(fileobj)``
+    which is then renamed over ``path``. The rename replaces a file or a link at ``path`` (a link
+    is replaced, never followed); a folder, device, pipe or socket there is refused. ``writer(fileobj)``
     writes the content instead of ``data`` (for streams such as a tar). The folder may be named
     through links (the user chose it); the file itself never is."""
     folder, name = os.path.split(os.path.abspath(path))
@@ -355,6 +355,13 @@ def atomic_write(path: str, data: bytes | None = None, *, writer=None, mode: int
             st = None
         if st is not None and stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, "is a folder; not replacing it", path)
+        if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            # A device, a pipe, a socket: the rename would replace the node itself (as root,
+            # /dev/full became a bundle). The user meant to write through it, which a bundle
+            # cannot be (it is renamed into place): refused.
+            raise OSError(
+                errno.EINVAL, "is not a regular file (a device, pipe or socket); not replacing it", path
+            )
         for attempt in range(8):
             tmp = "." + unique_name(name) + ".tmp"
             try:

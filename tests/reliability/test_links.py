@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -438,3 +439,27 @@ def test_helpers_see_a_write_through_a_link(tmp_path: Path) -> None:
     os.symlink(victims, tmp_path / "dirlink")
     shutil.rmtree(tmp_path / "dirlink" / "0123456789abcdef0123456789abcdef01234567.999999999.00")
     assert fingerprint(victims) != before
+
+
+@pytest.mark.parametrize("node", ["fifo", "device"])
+def test_export_never_replaces_a_device_or_a_pipe(node: str, tmp_path: Path, chaos: Any) -> None:
+    """``kcache export /dev/full`` (as root) replaced the device node with the bundle: a name
+    that is not a regular file, a link or absent is refused, one line, the node left as it was."""
+    root = tmp_path / "store"
+    fill(chaos, root, 1, EXPORTED)
+    target = tmp_path / "node"
+    if node == "fifo":
+        os.mkfifo(target)
+    else:
+        needs_root("root")
+        os.mknod(target, 0o600 | stat.S_IFCHR, os.makedev(1, 7))  # /dev/full's numbers
+    before = os.lstat(target)
+    r = run_py(
+        f"import sys; sys.argv[1:] = {['export', str(target), '--dir', str(root)]!r}\n" + EXPORT_CHILD,
+        base_env(tmp_path),
+    )
+    no_traceback(r)
+    assert r.returncode == 1 and "not a regular file" in r.stderr, r.stderr
+    after = os.lstat(target)
+    assert (after.st_ino, after.st_mode, after.st_rdev) == (before.st_ino, before.st_mode, before.st_rdev)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".node")], "a temporary file left"
