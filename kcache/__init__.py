@@ -44,6 +44,7 @@ _TRIGGERS = (
     ("torch._dynamo.config", "_on_torch"),
     ("torch._inductor.remote_cache", "_on_torch"),
     ("torch._inductor.cpp_builder", "_on_torch"),
+    ("torch._dynamo.package", "_on_torch"),
 )
 
 

@@ -28,6 +28,7 @@ from kcache.kinds import (
     INDUCTOR_CPP,
     INDUCTOR_FX,
     INDUCTOR_PGO,
+    INDUCTOR_PRECOMPILE,
     TRITON_META,
 )
 from kcache.store import Store
@@ -87,6 +88,7 @@ def warm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_a_cold_run_stores_every_kind(warm: dict[str, Any]) -> None:
     cold = warm["cold"]
     assert cold["kcache"] and cold["ok"]
+    assert cold["caching_precompile"] is False  # kcache never turns it on (it drops guards)
     assert cold["inductor"].get("fxgraph_cache_miss", 0) >= 2 and cold["unique_graphs"] == 2
     for kind in (INDUCTOR_FX, INDUCTOR_AOT, INDUCTOR_CPP, INDUCTOR_PGO):
         assert counts(cold, kind, "puts") >= 1, (kind, cold["process"])
@@ -322,3 +324,26 @@ def test_a_torch_entry_expands_per_sizes_binding() -> None:
     items = sp.items()
     assert [i.symbols for i in items] == [{"B": 1}, {"B": 8}]
     assert items[0].entry.compile == {"mode": "max-autotune"} and items[0].entry.device == "cuda"
+
+
+def test_caching_precompile_is_kept_when_the_program_turns_it_on(tmp_path: Path) -> None:
+    """A program that turns on Dynamo's caching precompile and saves its artifacts: the packages
+    torch writes into its folder are kept in kcache's store, and a process with an empty folder
+    gets them from there (torch's own counter says it loaded one)."""
+    pytest.importorskip("torch")
+    import torch._dynamo.config as dynamo_config
+
+    if not hasattr(dynamo_config, "caching_precompile"):
+        pytest.skip("this torch has no caching precompile")
+    store = tmp_path / "store"
+    on = {"TORCH_CACHING_PRECOMPILE": "1"}
+    first = run_child(env_for(tmp_path, store, tmp_path / "ind-a", CHILD_SAVE_ARTIFACTS="1", **on), 8)
+    assert first["caching_precompile"] and first["ok"]
+    assert first["dynamo_cache"].get("dynamo_cache_miss") == 1
+    assert counts(first, INDUCTOR_PRECOMPILE, "puts") == 1
+    second = run_child(env_for(tmp_path, store, tmp_path / "ind-b", **on), 8)
+    assert second["ok"]
+    assert second["dynamo_cache"].get("dynamo_cache_hit") == 1, second["dynamo_cache"]
+    assert counts(second, INDUCTOR_PRECOMPILE, "hits") == 1
+    listed = kc(env_for(tmp_path, store, tmp_path / "ind-b"), "inspect", "--kind", INDUCTOR_PRECOMPILE)
+    assert [e["kind"] for e in listed] == [INDUCTOR_PRECOMPILE]

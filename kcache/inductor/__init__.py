@@ -67,7 +67,7 @@ FLAGS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 #: The modules whose import attaches this integration (see kcache/__init__.py).
-TRIGGERS = (*FLAGS, "torch._inductor.remote_cache", "torch._inductor.cpp_builder")
+TRIGGERS = (*FLAGS, "torch._inductor.remote_cache", "torch._inductor.cpp_builder", "torch._dynamo.package")
 
 _ours: set[str] = set()  # cache classes whose switch kcache turned on in this process
 _installed: dict[str, Any] = {}  # cache class name -> the backend_override_cls it had before
@@ -84,6 +84,10 @@ def on_import(mod: Any) -> None:
         from . import cpp
 
         cpp.on_import(mod)
+    elif name == "torch._dynamo.package" and not _is_fbcode():
+        from . import precompile
+
+        precompile.on_import(mod)
 
 
 def _is_fbcode() -> bool:
@@ -132,9 +136,10 @@ def _install_backends(rc: Any) -> None:
 
 def uninstall() -> None:
     """Give torch its own backends, switches and C++ builder back (kcache.disable())."""
-    cppmod = sys.modules.get("kcache.inductor.cpp")
-    if cppmod is not None:
-        cppmod.uninstall()
+    for sub in ("kcache.inductor.cpp", "kcache.inductor.precompile"):
+        m = sys.modules.get(sub)
+        if m is not None:
+            m.uninstall()
     rc = sys.modules.get("torch._inductor.remote_cache")
     for cls_name, before in list(_installed.items()):
         cls = getattr(rc, cls_name, None) if rc is not None else None
@@ -225,7 +230,7 @@ def store_key(kind: str, key: str) -> tuple[str, dict[str, Any]]:
     comps: dict[str, Any] = {"torch_version": _torch_version()}
     if key.startswith("pt2:") and "::" in key:
         comps["cache"] = key[4 : key.index("::")]
-    if kind == _kinds.INDUCTOR_PGO:
+    if kind in (_kinds.INDUCTOR_PGO, _kinds.INDUCTOR_PRECOMPILE):  # keys without torch's version
         key = f"{key}|torch={comps['torch_version']}"
     elif kind == _kinds.INDUCTOR_AUTOTUNE:
         gpu = _gpu_model()

@@ -3,6 +3,9 @@ Inductor, called at the shapes given; prints one JSON line with Inductor's and k
 
     python child.py [BATCH ...]      (default: 8)
 
+With ``CHILD_SAVE_ARTIFACTS=1`` it calls ``torch.compiler.save_cache_artifacts()`` at the end (as
+a program using caching precompile does).
+
 The model is defined at module level: Dynamo's profile of dynamic dimensions (PGO) is keyed by
 code object, and a method that closes over a local (``torch`` imported inside a function) gets
 a different key in every process.
@@ -11,6 +14,7 @@ a different key in every process.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -41,6 +45,10 @@ def main(argv: list[str]) -> int:
         out["ok"] = out["ok"] and bool(torch.allclose(y, model(x), atol=1e-5))
     from torch._dynamo.utils import counters
 
+    if os.environ.get("CHILD_SAVE_ARTIFACTS"):  # what a program using caching precompile calls
+        torch.compiler.save_cache_artifacts()
+    out["caching_precompile"] = bool(getattr(torch._dynamo.config, "caching_precompile", False))
+    out["dynamo_cache"] = dict(counters["dynamo_cache"])
     out["inductor"] = {k: v for k, v in counters["inductor"].items() if "cache" in k}
     out["aot"] = {k: v for k, v in counters["aot_autograd"].items() if "cache" in k}
     out["unique_graphs"] = counters["stats"]["unique_graphs"]
