@@ -386,7 +386,7 @@ def test_two_threads_forking_at_once_leave_no_lock_held(tmp_path: Path) -> None:
 
     def forker() -> None:
         try:
-            for _ in range(6000):
+            for _ in range(2000):
                 local._before_fork()
                 local._after_fork_parent()
         except BaseException as e:  # noqa: BLE001 - reported below
