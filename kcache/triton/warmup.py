@@ -153,8 +153,10 @@ def _finish_before_fork() -> None:
 
 
 def _after_fork_child() -> None:
-    """The child has no warm-up thread: nothing to wait for, no guard to keep."""
-    global _state, _thread
+    """The child has no warm-up thread: nothing to wait for, no guard to keep (and a gate that
+    another thread may have held at the fork is replaced)."""
+    global _state, _thread, _gate
+    _gate = threading.Lock()
     _thread = None
     if _state in ("idle", "importing"):
         _state = "cancelled"
