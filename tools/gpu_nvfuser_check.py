@@ -231,7 +231,9 @@ def setup() -> dict[str, Any]:
     info: dict[str, Any] = {}
     try:
         if not (TREE / "nvfuser_direct" / "__init__.py").exists():
-            tgz = _find(REPO / ".gpukit" / "nvfuser-boxkit.tgz", "/work/shared/gpu/nvfuser-boxkit.tgz")
+            tgz = _find(
+                REPO / ".gpukit" / "nvfuser-boxkit.tgz", REPO.parent / "shared" / "gpu" / "nvfuser-boxkit.tgz"
+            )
             if tgz is None:
                 info["boxkit"] = "missing (.gpukit/nvfuser-boxkit.tgz not carried)"
             else:
@@ -254,7 +256,8 @@ def setup() -> dict[str, Any]:
         info["diskcache"] = "present"
     except ImportError:
         whl = _find(
-            REPO / ".gpukit" / "wheels" / "diskcache-*.whl", "/work/shared/gpu/wheels/diskcache-*.whl"
+            REPO / ".gpukit" / "wheels" / "diskcache-*.whl",
+            REPO.parent / "shared" / "gpu" / "wheels" / "diskcache-*.whl",
         )
         if whl is None:
             info["diskcache"] = "missing (no wheel)"
