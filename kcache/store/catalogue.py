@@ -15,7 +15,7 @@ import sqlite3
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container, Iterator
 from typing import Any
 
 from .. import counters as _counters
@@ -33,10 +33,12 @@ _OLD_INDEX_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")  # the diskcache
 _DB_FILES = (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm")
 
 
-def _unlink_db(ifd: int) -> None:
-    """Delete the index's database files in the folder ``ifd`` (never what a link points to)."""
+def _unlink_db(ifd: int, *, strict: bool = False) -> None:
+    """Delete the index's database files in the folder ``ifd`` (never what a link points to).
+    ``strict``: only a missing file is ignored (a rebuild must not claim a new index that it
+    could not make); else every failure is (best effort, on the way to a miss)."""
     for name in _DB_FILES:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(FileNotFoundError if strict else OSError):
             os.unlink(name, dir_fd=ifd)
 
 
@@ -57,7 +59,7 @@ class CatalogueMixin:
                     self._index = self._open_index_readonly(ifd)
                 else:
                     if ifd is None:
-                        raise _store_error("the store has no index folder")
+                        raise StoreError("the store has no index folder")
                     self._index = self._open_index(ifd)
                 self._index_pid = os.getpid()
                 idx = self._index
@@ -70,16 +72,16 @@ class CatalogueMixin:
         """Replace the index by a new one filled from the entry folders (a corrupt index, or
         ``kcache verify --fix``). Counters and the miss log start anew."""
         if self.readonly:
-            raise _store_error("the store is read-only")
+            raise StoreError("the store is read-only")
         ifd = self._fd("index")
         if ifd is None:
-            raise _store_error("the store has no index folder")
+            raise StoreError("the store has no index folder")
         with self._index_lock, self._lock:
             if self._index is not None and self._index_pid == os.getpid():
                 with contextlib.suppress(Exception):
                     self._index.close()
             self._index = None
-            _unlink_db(ifd)
+            _unlink_db(ifd, strict=True)
         return self.index()
 
     def index_readonly(self) -> Index:
@@ -95,7 +97,7 @@ class CatalogueMixin:
         except FileNotFoundError:
             return Index.open_readonly(None)
         if not stat.S_ISREG(st.st_mode):
-            raise _store_error(f"{self.index_dir}/{DB_NAME} is not a regular file")
+            raise StoreError(f"{self.index_dir}/{DB_NAME} is not a regular file")
         try:
             os.stat(DB_NAME + "-wal", dir_fd=ifd, follow_symlinks=False)
             immutable = False
@@ -133,14 +135,22 @@ class CatalogueMixin:
             _unlink_db(ifd)
             return Index.open(path, timeout=self.index_timeout)
 
+    def _records_on_disk(self, skip: Container[str] = ()) -> Iterator[tuple[Record, float | None]]:
+        """(record, its mtime: the entry's last use) of every intact entry whose id is not in
+        ``skip``, read from the entry folders."""
+        for ident in self.iter_entry_ids():
+            if ident in skip:
+                continue
+            rec, _why = self.read_record(ident)
+            if rec is not None:
+                yield rec, self.record_mtime(ident)
+
     def _fill_index(self, idx: Index) -> None:
         """Add every intact entry's record to a new index (last use: the record's mtime)."""
         batch: list[tuple[Record, float | None]] = []
         try:
-            for ident in self.iter_entry_ids():
-                rec, _why = self.read_record(ident)
-                if rec is not None:
-                    batch.append((rec, self.record_mtime(ident)))
+            for item in self._records_on_disk():
+                batch.append(item)
                 if len(batch) >= 500:
                     idx.insert_many(batch)
                     batch = []
@@ -274,12 +284,7 @@ class CatalogueMixin:
             return 0
         batch: list[tuple[Record, float | None]] = []
         try:
-            for ident in self.iter_entry_ids():
-                if ident in known:
-                    continue
-                rec, _why = self.read_record(ident)
-                if rec is not None:
-                    batch.append((rec, self.record_mtime(ident)))
+            batch.extend(self._records_on_disk(skip=known))
         except Exception as e:
             logger.debug("reconcile: %s", e)
         if batch and self._index_call(lambda idx: idx.insert_many(batch) or True) is None:
@@ -417,7 +422,3 @@ class CatalogueMixin:
                 self._index_lock.release()
             lk.release()
         return removed, freed
-
-
-def _store_error(msg: str) -> Exception:
-    return StoreError(msg)

@@ -76,9 +76,6 @@ from .served import Served, clean_dead
 
 __all__ = ["MARKER", "Hit", "Store", "StoreError"]
 
-_Corrupt = CorruptEntry
-_Refused = RefusedEntry
-
 
 class _ServeFailed(Exception):
     """A verified hit whose files could not be made (a full disk everywhere, a closed store)."""
@@ -532,24 +529,24 @@ class Store(CatalogueMixin, HousekeepingMixin):
             return None
         except OSError as e:
             if e.errno in (errno.ENOTDIR, errno.ELOOP):
-                raise _Corrupt("entry is not a folder (or is a link)") from None
+                raise CorruptEntry("entry is not a folder (or is a link)") from None
             raise
         if self._owners is not None:
             try:
                 fs.check_stat(os.fstat(dfd), f"entry {ident[:12]}", self._owners, want_dir=True)
             except fs.UnsafePath as e:
                 os.close(dfd)
-                raise _Refused(str(e)) from None
+                raise RefusedEntry(str(e)) from None
         return dfd
 
     def _check_shard(self, shard: str, st: os.stat_result) -> None:
         if not stat.S_ISDIR(st.st_mode):
-            raise _Refused(f"entries/{shard} is a link or not a folder")
+            raise RefusedEntry(f"entries/{shard} is a link or not a folder")
         if self._owners is not None:
             try:
                 fs.check_stat(st, f"entries/{shard}", self._owners, want_dir=True)
             except fs.UnsafePath as e:
-                raise _Refused(str(e)) from None
+                raise RefusedEntry(str(e)) from None
         self._real_shards.add(shard)
 
     def _read(
@@ -563,7 +560,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
         serve: bool = False,
     ) -> Hit | None:
         if not valid_id(ident):
-            raise _Corrupt(f"invalid entry id {ident!r}")
+            raise CorruptEntry(f"invalid entry id {ident!r}")
         dfd = self._entry_fd(ident)
         if dfd is None:
             return None
@@ -584,7 +581,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
             return None
         except OSError as e:
             if e.errno == errno.ELOOP:
-                raise _Corrupt("record is a link") from None
+                raise CorruptEntry("record is a link") from None
             raise
         mfds: dict[str, int] = {}
         try:
@@ -593,45 +590,45 @@ class Store(CatalogueMixin, HousekeepingMixin):
             # number alone can be reused by a new entry written meanwhile).
             rid = (st.st_ino, st.st_dev, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
             if not stat.S_ISREG(st.st_mode):
-                raise _Corrupt("record is not a regular file", rid)
+                raise CorruptEntry("record is not a regular file", rid)
             self._check_owner(st, f"record of {ident[:12]}")
             if st.st_size > T.MAX_RECORD:
-                raise _Corrupt("record too large", rid)
+                raise CorruptEntry("record too large", rid)
             data = fs.read_exact(rfd, st.st_size)
             try:
                 rec = Record.decode(data)
             except CorruptRecord as e:
-                raise _Corrupt(str(e), rid) from None
+                raise CorruptEntry(str(e), rid) from None
             if (
                 rec.id != ident
                 or (kind is not None and rec.kind != kind)
                 or (key is not None and rec.key != key)
             ):
-                raise _Corrupt("record does not belong to this entry", rid)
+                raise CorruptEntry("record does not belong to this entry", rid)
             blobs: dict[str, bytes] = {}
             inos: dict[str, tuple[int, int]] = {}
             for f in rec.files:
                 try:
                     mfd = os.open(f.name, fs.O_READ, dir_fd=dfd)
                 except OSError as e:
-                    raise _Corrupt(f"member {f.name}: {e.strerror}", rid) from None
+                    raise CorruptEntry(f"member {f.name}: {e.strerror}", rid) from None
                 mfds[f.name] = mfd
                 mst = os.fstat(mfd)
                 if not stat.S_ISREG(mst.st_mode):
-                    raise _Corrupt(f"member {f.name} is not a regular file", rid)
+                    raise CorruptEntry(f"member {f.name} is not a regular file", rid)
                 self._check_owner(mst, f"member {f.name} of {ident[:12]}")
                 if mst.st_size != f.size:  # truncated or grown: no need to read it
-                    raise _Corrupt(f"member {f.name}: size {mst.st_size} != {f.size}", rid)
+                    raise CorruptEntry(f"member {f.name}: size {mst.st_size} != {f.size}", rid)
                 blob = fs.read_exact(mfd, f.size)
                 if not serve:
                     del mfds[f.name]
                     os.close(mfd)
                 if len(blob) != f.size:
-                    raise _Corrupt(f"member {f.name}: size {len(blob)} != {f.size}", rid)
+                    raise CorruptEntry(f"member {f.name}: size {len(blob)} != {f.size}", rid)
                 if not f.check(blob):
-                    raise _Corrupt(f"member {f.name}: checksum mismatch", rid)
+                    raise CorruptEntry(f"member {f.name}: checksum mismatch", rid)
                 if full and _sha256(blob).hexdigest() != f.sha256:
-                    raise _Corrupt(f"member {f.name}: sha256 mismatch", rid)
+                    raise CorruptEntry(f"member {f.name}: sha256 mismatch", rid)
                 blobs[f.name] = blob
                 inos[f.name] = (mst.st_dev, mst.st_ino)
             mtime = st.st_mtime
@@ -660,7 +657,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
         if self._owners is not None and (
             st.st_uid not in self._owners or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
         ):
-            raise _Refused(f"{what} is owned by uid {st.st_uid} (mode {stat.S_IMODE(st.st_mode):o})")
+            raise RefusedEntry(f"{what} is owned by uid {st.st_uid} (mode {stat.S_IMODE(st.st_mode):o})")
 
     def get(
         self,
@@ -688,7 +685,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
         hit = None
         try:
             hit = self._read(ident, kind, key, touch=count and self.hits_are_use, serve=files)
-        except _Corrupt as e:
+        except CorruptEntry as e:
             try:
                 self._on_corrupt(ident, kind, str(e), e.ident)
             except Exception as e2:  # quarantine is best effort: the lookup is a miss either way
@@ -696,7 +693,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
         except _ServeFailed as e:
             warn_once("serve", f"cannot make the files of a cached kernel ({e}); compiling instead")
             self.counts.add(kind, errors=1)
-        except _Refused as e:
+        except RefusedEntry as e:
             warn_once(
                 f"refused:{ident}",
                 f"refused {kind} entry {ident[:12]} in {self.root}: {e}; compiling instead",
@@ -747,7 +744,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
         try:
             h = self._read(ident, None, None, full=full)
             return h, None if h is not None else "missing"
-        except (_Corrupt, _Refused, OSError) as e:
+        except (CorruptEntry, RefusedEntry, OSError) as e:
             return None, str(e) or type(e).__name__
 
     def read_record(self, ident: str) -> tuple[Record | None, str | None]:
@@ -756,7 +753,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
             return None, "not an entry id"
         try:
             dfd = self._entry_fd(ident)
-        except (_Corrupt, _Refused, OSError) as e:
+        except (CorruptEntry, RefusedEntry, OSError) as e:
             return None, str(e)
         if dfd is None:
             return None, "missing"
@@ -766,7 +763,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
             rec = Record.decode(data)
         except FileNotFoundError:
             return None, "no record file"
-        except (OSError, fs.UnsafePath, CorruptRecord, _Refused) as e:
+        except (OSError, fs.UnsafePath, CorruptRecord, RefusedEntry) as e:
             return None, str(e)
         finally:
             os.close(dfd)
@@ -901,13 +898,13 @@ class Store(CatalogueMixin, HousekeepingMixin):
             if not self._commit(tmp, ident, kind, key):
                 try:
                     existing = self._read(ident, kind, key, touch=self.hits_are_use)
-                except _Corrupt:
+                except CorruptEntry:
                     return None  # replaced or removed again meanwhile: this put is just not kept
                 if existing is not None and self.hits_are_use:
                     self._note_use(existing.record)  # returned like a hit: kept from eviction like one
                 return existing
             tmp = None
-        except _Refused as e:  # said once, under the topic a lookup of it uses
+        except RefusedEntry as e:  # said once, under the topic a lookup of it uses
             warn_once(
                 f"refused:{ident}", f"refused {kind} entry {ident[:12]} in {self.root}: {e}; not cached"
             )
@@ -984,7 +981,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
             try:
                 if self._read(ident, kind, key) is not None:
                     return False  # another writer committed it first: keep theirs, immutable
-            except _Corrupt:
+            except CorruptEntry:
                 pass
             self._remove_dirs([ident])  # a broken one is in the way: move it to trash
         raise OSError(errno.EEXIST, "entry is being replaced concurrently")
