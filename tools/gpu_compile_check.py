@@ -1,11 +1,15 @@
 """torch.compile through kcache on the GPU machine: per-shape first-call times in fresh processes.
 
-    python3 tools/gpu_compile_check.py [--model bert|gpt2|tiny] [--device cuda|cpu] [--budget S]
+    python3 tools/gpu_compile_check.py [--model bert|gpt2|tiny] [--device cuda|cpu]
+                                       [--plan main,precompile,aot] [--mode MODE] [--shapes N]
+                                       [--budget S]
 
 A model (BERT-base or GPT-2 small from transformers' default configs, random weights, fp16, eval;
 or the small encoder of docs/examples/torch_compile on any machine) is torch.compile'd and called
-at the shape sequence (1, 64), (8, 256), (8, 256), (1, 64), (8, 256), (8, 64), one fresh process
-per condition, each with its own directories:
+at the shape sequence (1, 64), (8, 256), (8, 256), (1, 64), (8, 256), (8, 64) (the first N with
+``--shapes``), one fresh process per condition, each with its own directories.
+
+Plan ``main`` (in this order, so that a budget cut keeps the most useful runs):
 
 - ``plain-cold``: no kcache, an empty ``TORCHINDUCTOR_CACHE_DIR``;
 - ``kcache-cold``: ``KCACHE=1`` on an empty store, an empty Inductor folder (does kcache slow a
@@ -15,12 +19,27 @@ per condition, each with its own directories:
 - ``plain-warm``: no kcache, the folder of ``plain-cold`` (Inductor's own warm cache);
 - ``kcache-both-warm``: ``KCACHE=1`` and the folder of ``kcache-cold``;
 - ``bundle``: the store exported (signed) and imported at another path, an empty Inductor folder;
-- then ``kcache-warm-store`` and ``plain-warm`` again, alternately, while the budget lasts.
+- then ``kcache-warm-store``/``plain-warm`` pairs and ``plain-cold``/``kcache-cold`` pairs (each
+  cold run on its own empty folder and store), alternately, up to three of each.
+
+Plan ``precompile`` (Dynamo's caching precompile, where the torch has it; after ``main``):
+``precompile-save`` runs with ``TORCH_CACHING_PRECOMPILE=1`` on a copy of main's store and calls
+``torch.compiler.save_cache_artifacts()`` at the end, as a program using it does;
+``precompile-kcache`` then starts with that store and a new empty Inductor folder, and
+``precompile-torch`` (no kcache) with the save's own folder.
+
+Plan ``aot`` (the floor: ``torch.compile(fullgraph=True).aot_compile`` and
+``torch.compiler.load_compiled_function``, where they exist): ``aot-save`` compiles one static
+function per distinct shape and saves it; ``aot-load`` loads the file of each shape at its first
+call (load and call timed together) in a new process with an empty Inductor folder.
 
 Each process: first-call time of every call (the call and a synchronize; imports, the model and
-its inputs are made before the clock starts), a steady-state time per shape, the largest
-difference from eager, and Inductor's and kcache's cache counters. Results are written after
-every process to ``$OUT/gpu_compile.json`` (or ``--out``): a run cut short keeps what it did.
+its inputs are made and Dynamo's and Inductor's modules imported before the clock starts; the
+medians count the ``torch.compile(model)`` call itself with the first call, since caching
+precompile loads its package there), Dynamo's own compile-time breakdown
+(``compile_times``), a steady-state time per shape, the largest difference from eager, and
+Inductor's and kcache's cache counters. Results are written after every process to
+``$OUT/gpu_compile.json`` (or ``--out``): a run cut short keeps what it did.
 """
 
 from __future__ import annotations
@@ -80,51 +99,111 @@ def first_tensor(out: Any) -> Any:
     return out
 
 
-def child(model_name: str, device: str, mode: str | None) -> dict[str, Any]:
+def call_model(m: Any, x: Any) -> Any:
+    """What ``aot``'s functions compile: the model as an argument (no closure), one positional
+    input (``input_ids`` for BERT and GPT-2, ``ids`` for the small encoder)."""
+    out = m(x)
+    return out[0] if isinstance(out, tuple) or hasattr(out, "last_hidden_state") else out
+
+
+def compile_breakdown() -> dict[str, float]:
+    """Dynamo's own timers (``dynamo_timed``), summed over the process, in seconds."""
+    try:
+        from torch._dynamo.utils import compile_times
+
+        names, values = compile_times(repr="csv", aggregate=True)
+        return {str(n): round(float(v), 3) for n, v in zip(names, values)}
+    except Exception as e:  # noqa: BLE001 - a torch without this keeps the rest of the result
+        return {"error": repr(e)[:200]}
+
+
+def child(model_name: str, device: str, mode: str | None, shapes: int, aot: str | None,
+          aot_dir: str | None) -> dict[str, Any]:  # fmt: skip
     t_import = time.perf_counter()
     import torch
 
     model, make = build(model_name, device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    inputs = [make(b, s) for b, s in SEQUENCE]
+    sequence = SEQUENCE[:shapes]
+    inputs = [make(b, s) for b, s in sequence]
     with torch.no_grad():
         eager = [first_tensor(model(**x)).float().cpu() for x in inputs]
     sync()
-    compiled = torch.compile(model, mode=mode) if mode else torch.compile(model)
+    out: dict[str, Any] = {}
+    # Dynamo's and Inductor's own modules (2-3 s) are imported before the clock, in every condition
+    # alike: the first torch.compile() would import them, and that cost is no cache's to save
+    t = time.perf_counter()
+    import torch._dynamo
+    import torch._inductor.compile_fx  # noqa: F401
+
+    out["import_compiler_ms"] = round(1e3 * (time.perf_counter() - t), 1)
+    files = {shape: Path(aot_dir or ".") / f"{shape[0]}x{shape[1]}.aot" for shape in sequence}
+    if aot == "save":  # one static function per distinct shape, compiled ahead and saved
+        compile_s = {}
+        with torch.no_grad():
+            for shape, x in zip(sequence, inputs):
+                if files[shape].exists():
+                    continue
+                t = time.perf_counter()
+                fn = torch.compile(call_model, fullgraph=True, dynamic=False).aot_compile(
+                    ((model, next(iter(x.values()))), {})
+                )
+                fn.save_compiled_function(str(files[shape]))
+                compile_s[f"{shape[0]}x{shape[1]}"] = round(time.perf_counter() - t, 2)
+        return {"aot_compile_s": compile_s, "setup_s": round(time.perf_counter() - t_import, 2)}
+    loaded: dict[tuple[int, int], Any] = {}
+
+    def aot_call(shape: tuple[int, int], x: dict[str, Any]) -> Any:
+        if shape not in loaded:
+            with open(files[shape], "rb") as f:
+                loaded[shape] = torch.compiler.load_compiled_function(f)
+        return loaded[shape](model, next(iter(x.values())))
+
+    t = time.perf_counter()
+    if aot != "load":  # timed: with caching precompile, torch loads its package here, not at the call
+        compiled = torch.compile(model, mode=mode) if mode else torch.compile(model)
+    out["wrap_ms"] = round(1e3 * (time.perf_counter() - t), 2)
     setup_s = time.perf_counter() - t_import
     first_ms, diffs = [], []
     with torch.no_grad():
-        for x, ref in zip(inputs, eager):
+        for shape, x, ref in zip(sequence, inputs, eager):
             sync()
             t = time.perf_counter()
-            y = compiled(**x)
+            y = aot_call(shape, x) if aot == "load" else compiled(**x)
             sync()
             first_ms.append(round(1e3 * (time.perf_counter() - t), 2))
             diffs.append(float((first_tensor(y).float().cpu() - ref).abs().max()))
         steady = {}
-        for b, s in dict.fromkeys(SEQUENCE):
+        for b, s in dict.fromkeys(sequence):
             x = make(b, s)
             times = []
             for _ in range(10):
                 sync()
                 t = time.perf_counter()
-                compiled(**x)
+                aot_call((b, s), x) if aot == "load" else compiled(**x)
                 sync()
                 times.append(1e3 * (time.perf_counter() - t))
             steady[f"{b}x{s}"] = round(statistics.median(times), 3)
     from torch._dynamo.utils import counters
 
-    out: dict[str, Any] = {
+    if os.environ.get("CHILD_SAVE_ARTIFACTS"):  # what a program using caching precompile calls
+        t = time.perf_counter()
+        torch.compiler.save_cache_artifacts()
+        out["save_cache_artifacts_s"] = round(time.perf_counter() - t, 2)
+    out.update({
         "setup_s": round(setup_s, 2),
         "first_ms": first_ms,
         "steady_ms": steady,
         "max_abs_diff": max(diffs),
+        "compile_times_s": compile_breakdown(),
+        "caching_precompile": bool(getattr(torch._dynamo.config, "caching_precompile", False)),
+        "dynamo_cache": dict(counters["dynamo_cache"]),
         "inductor": {
             k: v for k, v in counters["inductor"].items() if "cache" in k and not k.startswith("triton")
         },
         "aot": {k: v for k, v in counters["aot_autograd"].items() if "cache" in k},
         "unique_graphs": counters["stats"]["unique_graphs"],
-    }
+    })  # fmt: skip
     kcache = sys.modules.get("kcache")
     if kcache is not None and kcache.is_enabled():
         proc = kcache.stats()["process"]
@@ -138,8 +217,10 @@ class Check:
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args, self.work = args, work
         self.deadline = time.monotonic() + args.budget
+        self.later: list[Any] = []
         self.result: dict[str, Any] = {"model": args.model, "device": args.device, "mode": args.mode,
-                                       "sequence": SEQUENCE, "runs": []}  # fmt: skip
+                                       "plan": args.plan, "job_id": args.job_id,
+                                       "sequence": SEQUENCE[: args.shapes], "runs": []}  # fmt: skip
         self.out = (
             Path(args.out)
             if args.out
@@ -150,11 +231,14 @@ class Check:
         env = {
             k: v
             for k, v in os.environ.items()
-            if not k.startswith(("KCACHE", "TORCHINDUCTOR", "TRITON_CACHE"))
+            if not k.startswith(
+                ("KCACHE", "TORCHINDUCTOR", "TRITON_CACHE", "TORCH_COMPILE_JOB_ID", "TORCH_CACHING")
+            )
         }
         env["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_dir)
         env["TRITON_CACHE_DIR"] = str(inductor_dir / "triton")
-        env["TORCH_COMPILE_JOB_ID"] = "gpu-compile-check"  # so that Dynamo's PGO profile is kept
+        if self.args.job_id:  # Dynamo keeps its profile of dynamic dimensions (PGO) only with a job id
+            env["TORCH_COMPILE_JOB_ID"] = self.args.job_id
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         if store is not None:
             env.update(KCACHE="1", KCACHE_DIR=str(store))
@@ -164,13 +248,14 @@ class Check:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def run(self, name: str, env: dict[str, str], expect_s: float) -> dict[str, Any] | None:
+    def run(self, name: str, env: dict[str, str], expect_s: float, *child_args: str) -> dict[str, Any] | None:
         if self.left() < expect_s:
             self.result["runs"].append({"name": name, "skipped": f"budget: {self.left():.0f} s left"})
             self.save()
             return None
         t = time.monotonic()
-        cmd = [sys.executable, __file__, "--child", "--model", self.args.model, "--device", self.args.device]
+        cmd = [sys.executable, __file__, "--child", "--model", self.args.model, "--device", self.args.device,
+               "--shapes", str(self.args.shapes), *child_args]  # fmt: skip
         if self.args.mode:
             cmd += ["--mode", self.args.mode]
         try:
@@ -187,9 +272,9 @@ class Check:
         res = {"name": name, "wall_s": round(time.monotonic() - t, 1), **res}
         self.result["runs"].append(res)
         self.save()
-        first = res.get("first_ms")
-        print(f"{name:20s} {res['wall_s']:6.1f} s  first calls (ms): {first if first else res.get('error', '')[:200]}",
-              flush=True)  # fmt: skip
+        shown = res.get("first_ms") or res.get("aot_compile_s") or res.get("error", "")[-300:]
+        wrap = f"wrap {res['wrap_ms']} ms, " if res.get("wrap_ms", 0) > 50 else ""
+        print(f"{name:22s} {res['wall_s']:6.1f} s  {wrap}first calls (ms): {shown}", flush=True)
         return res
 
     def save(self) -> None:
@@ -203,6 +288,19 @@ class Check:
         return json.loads(p.stdout) if p.returncode == 0 else {"error": p.stderr[-1000:]}
 
     def main(self) -> None:
+        plans = self.args.plan.split(",")
+        for plan in plans:
+            getattr(self, f"plan_{plan}")()
+        for later in self.later:
+            later()
+        if "main" in plans or "precompile" in plans:
+            self.result["stats"] = self.kcache_cli(
+                "stats", env=self.env(self.work / "store", self.work / "x")
+            )
+        self.summarize()
+        self.save()
+
+    def plan_main(self) -> None:
         w = self.work
         store = w / "store"
         self.run("plain-cold", self.env(None, w / "ind-plain"), 20)
@@ -220,32 +318,80 @@ class Check:
             self.result["bundle"] = {"export": {k: exp.get(k) for k in ("entries", "bytes", "by_kind", "signed")},
                                      "import": {k: imp.get(k) for k in ("imported", "skipped", "signed")}}  # fmt: skip
             self.run("bundle", self.env(w / "other" / "store", w / "ind-bundle"), 10)
-        for i in range(2, 6):
-            if self.run(f"kcache-warm-store#{i}", self.env(store, w / f"ind-fresh-{i}"), 15) is None:
-                break
-            if self.run(f"plain-warm#{i}", self.env(None, w / "ind-plain"), 15) is None:
-                break
-        self.result["stats"] = self.kcache_cli("stats", env=self.env(store, w / "x"))
-        self.summarize()
-        self.save()
+        # the store is copied for the precompile plan before anything else writes to it
+        if "precompile" in self.args.plan and store.is_dir():
+            shutil.copytree(store, w / "store-precompile", symlinks=True)
+        self.run("kcache-warm-store#2", self.env(store, w / "ind-fresh-2"), 15)
+        self.run("plain-warm#2", self.env(None, w / "ind-plain"), 15)
+        self.later.append(self.main_tail)  # after the other plans: they have fewer runs to lose
+
+    def main_tail(self) -> None:
+        w = self.work
+        self.run("kcache-warm-store#3", self.env(w / "store", w / "ind-fresh-3"), 15)
+        self.run("plain-warm#3", self.env(None, w / "ind-plain"), 15)
+        for i in range(2, 4):  # cold pairs, the order swapped each time (the page cache favours the second)
+            pair = [("plain-cold", None), ("kcache-cold", w / f"store-{i}")]
+            for name, store in pair if i % 2 else pair[::-1]:
+                self.run(f"{name}#{i}", self.env(store, w / f"ind-{name}-{i}"), 70)
+
+    def plan_precompile(self) -> None:
+        w = self.work
+        store = w / "store-precompile"
+        pc = {"TORCH_CACHING_PRECOMPILE": "1"}
+        if self.run("precompile-save", self.env(store, w / "ind-pc", CHILD_SAVE_ARTIFACTS="1", **pc), 30):
+            self.run("precompile-kcache", self.env(store, w / "ind-pc-fresh-1", **pc), 10)
+            self.run("precompile-torch", self.env(None, w / "ind-pc", **pc), 10)
+            self.run("precompile-kcache#2", self.env(store, w / "ind-pc-fresh-2", **pc), 10)
+            self.run("precompile-torch#2", self.env(None, w / "ind-pc", **pc), 10)
+
+    def plan_aot(self) -> None:
+        w = self.work
+        files = w / "aot"
+        files.mkdir(exist_ok=True)
+        # the save compiles with a folder of its own: the floor is the load, not the compile
+        if self.run(
+            "aot-save", self.env(None, w / "ind-aot-save"), 30, "--aot", "save", "--aot-dir", str(files)
+        ):
+            self.run(
+                "aot-load", self.env(None, w / "ind-aot-load"), 10, "--aot", "load", "--aot-dir", str(files)
+            )
+            # and with the save's own (warm) Inductor folder
+            self.run("aot-load-warm", self.env(None, w / "ind-aot-save"), 10, "--aot", "load", "--aot-dir",
+                     str(files))  # fmt: skip
+
+    def plan_autotune(self) -> None:
+        """``--mode max-autotune`` cold and warm: kcache first, the same without kcache if time allows."""
+        w = self.work
+        store = w / "store-at"
+        self.run("kcache-cold", self.env(store, w / "ind-at-kcache"), 30)
+        self.run("kcache-warm-store", self.env(store, w / "ind-at-fresh-1"), 10)
+        self.run("plain-cold", self.env(None, w / "ind-at-plain"), 60)
+        self.run("plain-warm", self.env(None, w / "ind-at-plain"), 10)
+        self.run("kcache-warm-store#2", self.env(store, w / "ind-at-fresh-2"), 10)
+        self.run("plain-warm#2", self.env(None, w / "ind-at-plain"), 10)
 
     def summarize(self) -> None:
         by: dict[str, list[list[float]]] = {}
         for r in self.result["runs"]:
-            if r.get("first_ms"):
-                by.setdefault(r["name"].split("#")[0], []).append(r["first_ms"])
+            if r.get("first_ms"):  # torch.compile() itself counted with the first call (see wrap_ms)
+                first = [r["first_ms"][0] + r.get("wrap_ms", 0.0), *r["first_ms"][1:]]
+                by.setdefault(r["name"].split("#")[0], []).append(first)
         med = {k: [round(statistics.median(col), 1) for col in zip(*v)] for k, v in by.items()}
         self.result["median_first_ms"] = med
         if "kcache-warm-store" in med and "plain-warm" in med:
             self.result["ratio_kcache_store_to_inductor_warm"] = [
                 round(a / b, 3) if b else None for a, b in zip(med["kcache-warm-store"], med["plain-warm"])
             ]
+        for name in ("kcache-both-warm", "bundle", "precompile-kcache", "precompile-torch", "aot-load"):
+            if name in med and "plain-warm" in med:
+                self.result[f"ratio_{name}_to_inductor_warm"] = [
+                    round(a / b, 3) if b else None for a, b in zip(med[name], med["plain-warm"])
+                ]
         if "kcache-cold" in med and "plain-cold" in med:
             self.result["ratio_kcache_cold_to_plain_cold"] = [
                 round(a / b, 3) if b else None for a, b in zip(med["kcache-cold"], med["plain-cold"])
             ]
-        print(json.dumps({k: self.result.get(k) for k in ("median_first_ms", "ratio_kcache_store_to_inductor_warm",
-                                                          "ratio_kcache_cold_to_plain_cold")}, indent=1))  # fmt: skip
+        print(json.dumps({k: v for k, v in self.result.items() if k.startswith(("median", "ratio"))}))
 
 
 def main() -> int:
@@ -253,13 +399,21 @@ def main() -> int:
     ap.add_argument("--model", default="bert", choices=("bert", "gpt2", "tiny"))
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--mode", default=None, help="torch.compile mode (default: Inductor's default)")
+    ap.add_argument("--plan", default="main", help="comma-separated: main, precompile, aot, autotune")
+    ap.add_argument("--job-id", default=None, help="TORCH_COMPILE_JOB_ID for every process (turns PGO on)")
+    ap.add_argument("--shapes", type=int, default=len(SEQUENCE), help="the first N shapes of the sequence")
+    ap.add_argument("--aot", choices=("save", "load"), help=argparse.SUPPRESS)
+    ap.add_argument("--aot-dir", help=argparse.SUPPRESS)
     ap.add_argument("--budget", type=float, default=300.0, help="seconds for everything")
     ap.add_argument("--out", default=None, help="where the JSON goes (default $OUT/gpu_compile.json)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    for plan in args.plan.split(","):
+        if not hasattr(Check, f"plan_{plan}"):
+            ap.error(f"unknown plan {plan!r}")
     if args.child:
-        print(json.dumps(child(args.model, args.device, args.mode)))
+        print(json.dumps(child(args.model, args.device, args.mode, args.shapes, args.aot, args.aot_dir)))
         return 0
     work = Path(tempfile.mkdtemp(prefix="kcache-gpu-compile-"))
     try:
