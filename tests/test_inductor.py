@@ -347,3 +347,30 @@ def test_caching_precompile_is_kept_when_the_program_turns_it_on(tmp_path: Path)
     assert counts(second, INDUCTOR_PRECOMPILE, "hits") == 1
     listed = kc(env_for(tmp_path, store, tmp_path / "ind-b"), "inspect", "--kind", INDUCTOR_PRECOMPILE)
     assert [e["kind"] for e in listed] == [INDUCTOR_PRECOMPILE]
+
+
+def test_a_kept_package_torch_cannot_install_is_compiled_afresh_and_removed(tmp_path: Path) -> None:
+    """torch 2.11 could not install its own caching-precompile package of a BERT model (a
+    TypeError from its guards' unpickling, seen on the H200). A package kcache wrote into an empty
+    folder must then cost a compile, not the program: the process compiles and answers right,
+    and the package is gone from the folder and the store, so the next process does not try it."""
+    pytest.importorskip("torch")
+    import torch._dynamo.config as dynamo_config
+    import torch._dynamo.package as package
+
+    if not hasattr(dynamo_config, "caching_precompile") or not hasattr(package, "load_guards_state"):
+        pytest.skip("this torch has no caching precompile of the shape this test breaks")
+    store = tmp_path / "store"
+    on = {"TORCH_CACHING_PRECOMPILE": "1"}
+    first = run_child(env_for(tmp_path, store, tmp_path / "ind-a", CHILD_SAVE_ARTIFACTS="1", **on), 8)
+    assert counts(first, INDUCTOR_PRECOMPILE, "puts") == 1
+    env = env_for(tmp_path, store, tmp_path / "ind-b", CHILD_BREAK_INSTALL="1", **on)
+    second = run_child(env, 8)  # the old code: torch's TypeError ended the program here
+    assert second["ok"]
+    assert second["dynamo_cache"].get("dynamo_cache_hit") == 1, second["dynamo_cache"]
+    assert counts(second, INDUCTOR_PRECOMPILE, "hits") == 1
+    assert second["unique_graphs"] >= 1  # compiled, as on a miss
+    assert not list((tmp_path / "ind-b" / "dynamo").glob("*/entry"))
+    assert kc(env, "inspect", "--kind", INDUCTOR_PRECOMPILE) == []
+    third = run_child(env, 8)
+    assert third["ok"] and third["dynamo_cache"].get("dynamo_cache_miss") == 1, third["dynamo_cache"]

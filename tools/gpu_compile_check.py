@@ -213,6 +213,18 @@ def child(model_name: str, device: str, mode: str | None, shapes: int, aot: str 
 
 
 # ------------------------------------------------------------------------------ the parent
+def scrub(text: str, work: Path) -> str:
+    """The results are committed: no machine's paths in them (the work folder, this checkout, the
+    interpreter's site folders)."""
+    import site
+
+    pairs = [(str(work), "<work>"), (str(REPO), "<repo>")]
+    pairs += [(d, "<site>") for d in (*site.getsitepackages(), site.getusersitepackages())]
+    for path, name in sorted(pairs, key=lambda p: -len(p[0])):
+        text = text.replace(path, name)
+    return text
+
+
 class Check:
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args, self.work = args, work
@@ -280,7 +292,7 @@ class Check:
     def save(self) -> None:
         if self.out is not None:
             self.out.parent.mkdir(parents=True, exist_ok=True)
-            self.out.write_text(json.dumps(self.result, indent=1))
+            self.out.write_text(scrub(json.dumps(self.result, indent=1), self.work))
 
     def kcache_cli(self, *args: str, env: dict[str, str]) -> dict[str, Any]:
         p = subprocess.run([sys.executable, "-m", "kcache", *args, "--json"], env=env, capture_output=True, text=True,

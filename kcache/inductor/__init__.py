@@ -288,6 +288,18 @@ def get(kind: str, key: str) -> bytes | None:
         return None
 
 
+def forget(kind: str, key: str) -> None:
+    """Remove what the store holds for Inductor's ``key`` (torch could not use it). Never raises."""
+    try:
+        store = _store()
+        if store is None or store.readonly:
+            return
+        skey, _ = store_key(kind, key)
+        store.remove([store.entry_id(kind, skey)])
+    except Exception as e:
+        logger.debug("torch.compile: could not remove %s %s: %s", kind, key, e)
+
+
 def put(kind: str, key: str, data: Any) -> None:
     """Keep Inductor's bytes for ``key`` (replacing what was there). Never raises."""
     try:

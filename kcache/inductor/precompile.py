@@ -16,6 +16,14 @@ node or container starts without it. Here, torch's ``DynamoCache`` (one object o
 
 kcache never decodes the package. Nothing is done while caching precompile is off, and a torch
 whose ``DynamoCache`` lacks the methods below is left alone.
+
+A package kcache wrote into the folder that torch then fails to install (torch 2.11 cannot install
+its own package of a BERT model: ``TypeError`` from ``DefaultsSource`` while unpickling guards,
+seen on the H200) must not cost the program more than a compile would have: ``install`` is
+wrapped too, and on such a failure the package is put back to a fresh one (what torch's
+constructor makes without a cache entry), the written file and the store's entry are removed,
+one warning is logged, and the function compiles as on a miss. Packages torch found in its folder
+on its own stay torch's to judge.
 """
 
 from __future__ import annotations
@@ -26,11 +34,12 @@ import sys
 from typing import Any
 
 from .. import kinds as _kinds
-from ..log import logger
+from ..log import logger, warn_once
 
 KIND = _kinds.INDUCTOR_PRECOMPILE
 _SOURCE_ID = re.compile(r"[0-9A-Za-z_.-]{1,200}")
 _wrapped: dict[str, Any] = {}  # method name -> torch's own, while installed
+_served: dict[str, str] = {}  # source id -> the file kcache wrote for it in this process
 
 
 def _on() -> bool:
@@ -65,9 +74,59 @@ def on_import(mod: Any) -> None:
                 logger.debug("caching precompile: %s", e)
         return load(fn)
 
+    install = getattr(pkg, "install", None)
+
+    def install_(self: Any, backends: Any) -> None:
+        try:
+            install(self, backends)
+        except Exception as e:
+            if not _start_afresh(self, e):
+                raise
+
     _wrapped.update(_write_to_local_cache=write, load=load)
     cache._write_to_local_cache = _write_to_local_cache
     cache.load = load_
+    if callable(install):
+        _wrapped["CompilePackage.install"] = install
+        pkg.install = install_
+
+
+def _start_afresh(package: Any, error: Exception) -> bool:
+    """After torch failed to install a package: if kcache wrote it, make ``package`` a fresh one
+    (as ``CompilePackage(fn)`` would be), remove the file and the store's entry, and say so.
+    Returns False (torch's error then goes on) for a package kcache did not write, or when the
+    package cannot be put back."""
+    try:
+        source_id = package.source_id
+    except Exception:
+        return False
+    target = _served.pop(source_id, None) if isinstance(source_id, str) else None
+    if target is None:
+        return False
+    try:
+        fn = package._innermost_fn
+        try:
+            package.uninstall()  # what the failed install had put in modules' globals
+        except Exception as e:
+            logger.debug("caching precompile: uninstall after a failed install: %s", e)
+        type(package).__init__(package, fn, None, ignore_inlined_sources=False)
+    except Exception as e:
+        logger.debug("caching precompile: could not start %s afresh: %s", source_id, e)
+        return False
+    try:
+        os.unlink(target)
+        os.rmdir(os.path.dirname(target))  # torch takes the folder for a package, and reads it
+    except OSError:
+        pass
+    from . import forget
+
+    forget(KIND, source_id)
+    warn_once(
+        f"precompile-install:{source_id}",
+        f"caching precompile: torch could not install the package kcache kept for {source_id} "
+        f"({type(error).__name__}: {error}); it was removed and the function is compiled again",
+    )
+    return True
 
 
 def _materialize(prefix: str, source_id: str) -> None:
@@ -87,6 +146,7 @@ def _materialize(prefix: str, source_id: str) -> None:
 
     os.makedirs(folder, mode=0o700, exist_ok=True)
     atomic_write(target, data)
+    _served[source_id] = target
     logger.debug("caching precompile: %s from kcache's store", source_id)
 
 
@@ -97,4 +157,8 @@ def uninstall() -> None:
     if cache is not None:
         for name in list(_wrapped):
             cache.__dict__.pop(name, None)  # the class's own methods show through again
+    pkg = getattr(mod, "CompilePackage", None) if mod is not None else None
+    if pkg is not None and "CompilePackage.install" in _wrapped:
+        pkg.install = _wrapped["CompilePackage.install"]
     _wrapped.clear()
+    _served.clear()

@@ -4,7 +4,9 @@ Inductor, called at the shapes given; prints one JSON line with Inductor's and k
     python child.py [BATCH ...]      (default: 8)
 
 With ``CHILD_SAVE_ARTIFACTS=1`` it calls ``torch.compiler.save_cache_artifacts()`` at the end (as
-a program using caching precompile does).
+a program using caching precompile does). With ``CHILD_BREAK_INSTALL=1``, torch fails to install
+a caching-precompile package the way torch 2.11 did on the H200 (a ``TypeError`` while unpickling
+the package's guards, inside ``CompilePackage.install``).
 
 The model is defined at module level: Dynamo's profile of dynamic dimensions (PGO) is keyed by
 code object, and a method that closes over a local (``torch`` imported inside a function) gets
@@ -31,7 +33,18 @@ class MLP(torch.nn.Module):
         return torch.softmax(self.b(torch.relu(self.a(x))), -1)
 
 
+def break_install() -> None:
+    import torch._dynamo.package as package
+
+    def load_guards_state(guards_state: bytes) -> None:
+        raise TypeError("DefaultsSource.__init__() takes from 3 to 4 positional arguments but 6 were given")
+
+    package.load_guards_state = load_guards_state  # install() looks it up when it runs
+
+
 def main(argv: list[str]) -> int:
+    if os.environ.get("CHILD_BREAK_INSTALL"):
+        break_install()
     torch.manual_seed(0)
     model = MLP().eval()
     compiled = torch.compile(model)
