@@ -82,6 +82,11 @@ def on_import(mod: Any) -> None:
         except Exception as e:
             if not _start_afresh(self, e):
                 raise
+        else:  # installed: a later failure of this function's package is no longer kcache's doing
+            try:
+                _served.pop(self.source_id, None)
+            except Exception:
+                pass
 
     _wrapped.update(_write_to_local_cache=write, load=load)
     cache._write_to_local_cache = _write_to_local_cache
