@@ -326,22 +326,35 @@ def test_a_torch_entry_expands_per_sizes_binding() -> None:
     assert items[0].entry.compile == {"mode": "max-autotune"} and items[0].entry.device == "cuda"
 
 
-def test_caching_precompile_is_kept_when_the_program_turns_it_on(tmp_path: Path) -> None:
-    """A program that turns on Dynamo's caching precompile and saves its artifacts: the packages
-    torch writes into its folder are kept in kcache's store, and a process with an empty folder
-    gets them from there (torch's own counter says it loaded one)."""
+PRECOMPILE = {"TORCH_CACHING_PRECOMPILE": "1"}
+
+
+@pytest.fixture(scope="module")
+def saved_package(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A program that turned on Dynamo's caching precompile and saved its artifacts, once per
+    module: its store (copied by a test that changes it) and what it reported."""
     pytest.importorskip("torch")
     import torch._dynamo.config as dynamo_config
 
     if not hasattr(dynamo_config, "caching_precompile"):
         pytest.skip("this torch has no caching precompile")
-    store = tmp_path / "store"
-    on = {"TORCH_CACHING_PRECOMPILE": "1"}
-    first = run_child(env_for(tmp_path, store, tmp_path / "ind-a", CHILD_SAVE_ARTIFACTS="1", **on), 8)
+    tmp = tmp_path_factory.mktemp("precompile")
+    store = tmp / "store"
+    first = run_child(env_for(tmp, store, tmp / "ind-a", CHILD_SAVE_ARTIFACTS="1", **PRECOMPILE), 8)
+    return {"store": store, "first": first}
+
+
+def test_caching_precompile_is_kept_when_the_program_turns_it_on(
+    tmp_path: Path, saved_package: dict[str, Any]
+) -> None:
+    """A program that turns on Dynamo's caching precompile and saves its artifacts: the packages
+    torch writes into its folder are kept in kcache's store, and a process with an empty folder
+    gets them from there (torch's own counter says it loaded one)."""
+    first, store = saved_package["first"], saved_package["store"]
     assert first["caching_precompile"] and first["ok"]
     assert first["dynamo_cache"].get("dynamo_cache_miss") == 1
     assert counts(first, INDUCTOR_PRECOMPILE, "puts") == 1
-    second = run_child(env_for(tmp_path, store, tmp_path / "ind-b", **on), 8)
+    second = run_child(env_for(tmp_path, store, tmp_path / "ind-b", **PRECOMPILE), 8)
     assert second["ok"]
     assert second["dynamo_cache"].get("dynamo_cache_hit") == 1, second["dynamo_cache"]
     assert counts(second, INDUCTOR_PRECOMPILE, "hits") == 1
@@ -349,22 +362,20 @@ def test_caching_precompile_is_kept_when_the_program_turns_it_on(tmp_path: Path)
     assert [e["kind"] for e in listed] == [INDUCTOR_PRECOMPILE]
 
 
-def test_a_kept_package_torch_cannot_install_is_compiled_afresh_and_removed(tmp_path: Path) -> None:
+def test_a_kept_package_torch_cannot_install_is_compiled_afresh_and_removed(
+    tmp_path: Path, saved_package: dict[str, Any]
+) -> None:
     """torch 2.11 could not install its own caching-precompile package of a BERT model (a
     TypeError from its guards' unpickling, seen on the H200). A package kcache wrote into an empty
     folder must then cost a compile, not the program: the process compiles and answers right,
     and the package is gone from the folder and the store, so the next process does not try it."""
-    pytest.importorskip("torch")
-    import torch._dynamo.config as dynamo_config
     import torch._dynamo.package as package
 
-    if not hasattr(dynamo_config, "caching_precompile") or not hasattr(package, "load_guards_state"):
-        pytest.skip("this torch has no caching precompile of the shape this test breaks")
+    if not hasattr(package, "load_guards_state"):
+        pytest.skip("this torch's caching precompile has no load_guards_state to break")
     store = tmp_path / "store"
-    on = {"TORCH_CACHING_PRECOMPILE": "1"}
-    first = run_child(env_for(tmp_path, store, tmp_path / "ind-a", CHILD_SAVE_ARTIFACTS="1", **on), 8)
-    assert counts(first, INDUCTOR_PRECOMPILE, "puts") == 1
-    env = env_for(tmp_path, store, tmp_path / "ind-b", CHILD_BREAK_INSTALL="1", **on)
+    shutil.copytree(saved_package["store"], store, symlinks=True)  # this test removes its entry
+    env = env_for(tmp_path, store, tmp_path / "ind-b", CHILD_BREAK_INSTALL="1", **PRECOMPILE)
     second = run_child(env, 8)  # the old code: torch's TypeError ended the program here
     assert second["ok"]
     assert second["dynamo_cache"].get("dynamo_cache_hit") == 1, second["dynamo_cache"]

@@ -1,8 +1,8 @@
 """torch.compile through kcache on the GPU machine: per-shape first-call times in fresh processes.
 
     python3 tools/gpu_compile_check.py [--model bert|gpt2|tiny] [--device cuda|cpu]
-                                       [--plan main,precompile,aot] [--mode MODE] [--shapes N]
-                                       [--budget S]
+                                       [--plan main,precompile,aot,autotune] [--mode MODE]
+                                       [--shapes N] [--job-id ID] [--budget S]
 
 A model (BERT-base or GPT-2 small from transformers' default configs, random weights, fp16, eval;
 or the small encoder of docs/examples/torch_compile on any machine) is torch.compile'd and called
@@ -23,7 +23,8 @@ Plan ``main`` (in this order, so that a budget cut keeps the most useful runs):
   cold run on its own empty folder and store), alternately, up to three of each.
 
 Plan ``precompile`` (Dynamo's caching precompile, where the torch has it; after ``main``):
-``precompile-save`` runs with ``TORCH_CACHING_PRECOMPILE=1`` on a copy of main's store and calls
+``precompile-save`` runs with ``TORCH_CACHING_PRECOMPILE=1`` on a copy of main's store (an
+empty store without ``main``) and calls
 ``torch.compiler.save_cache_artifacts()`` at the end, as a program using it does;
 ``precompile-kcache`` then starts with that store and a new empty Inductor folder, and
 ``precompile-torch`` (no kcache) with the save's own folder.
@@ -32,6 +33,12 @@ Plan ``aot`` (the floor: ``torch.compile(fullgraph=True).aot_compile`` and
 ``torch.compiler.load_compiled_function``, where they exist): ``aot-save`` compiles one static
 function per distinct shape and saves it; ``aot-load`` loads the file of each shape at its first
 call (load and call timed together) in a new process with an empty Inductor folder.
+
+Plan ``autotune`` (meant with ``--mode max-autotune``): cold and warm-store runs with kcache,
+then cold and warm-folder runs without, then one more warm pair.
+
+``--job-id`` sets ``TORCH_COMPILE_JOB_ID`` in every process, which turns on Dynamo's profile of
+dynamic dimensions (PGO); without it (the default, as in issue 14's figures) there is none.
 
 Each process: first-call time of every call (the call and a synchronize; imports, the model and
 its inputs are made and Dynamo's and Inductor's modules imported before the clock starts; the
