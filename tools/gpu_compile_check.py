@@ -1,8 +1,8 @@
 """torch.compile through kcache on the GPU machine: per-shape first-call times in fresh processes.
 
     python3 tools/gpu_compile_check.py [--model bert|gpt2|tiny] [--device cuda|cpu]
-                                       [--plan main,precompile,aot,autotune] [--mode MODE]
-                                       [--shapes N] [--job-id ID] [--budget S]
+                                       [--plan main,precompile,aot,bothwarm,autotune]
+                                       [--mode MODE] [--shapes N] [--job-id ID] [--budget S]
 
 A model (BERT-base or GPT-2 small from transformers' default configs, random weights, fp16, eval;
 or the small encoder of docs/examples/torch_compile on any machine) is torch.compile'd and called
@@ -33,6 +33,9 @@ Plan ``aot`` (the floor: ``torch.compile(fullgraph=True).aot_compile`` and
 ``torch.compiler.load_compiled_function``, where they exist): ``aot-save`` compiles one static
 function per distinct shape and saves it; ``aot-load`` loads the file of each shape at its first
 call (load and call timed together) in a new process with an empty Inductor folder.
+
+Plan ``bothwarm``: ``plain-warm`` against ``kcache-both-warm`` (the target that kcache must not
+slow Inductor's own warm path), six pairs in alternating order, after the two cold runs they need.
 
 Plan ``autotune`` (meant with ``--mode max-autotune``): cold and warm-store runs with kcache,
 then cold and warm-folder runs without, then one more warm pair.
@@ -378,6 +381,20 @@ class Check:
             self.run("aot-load-warm", self.env(None, w / "ind-aot-save"), 10, "--aot", "load", "--aot-dir",
                      str(files))  # fmt: skip
 
+    def plan_bothwarm(self) -> None:
+        """Does kcache slow Inductor's own warm path? Both warm (kcache's store and the folder that
+        kcache-cold filled) against Inductor's warm folder alone: six pairs, the order alternating."""
+        w = self.work
+        store = w / "store"
+        if not (w / "ind-plain").exists():
+            self.run("plain-cold", self.env(None, w / "ind-plain"), 20)
+        if not (w / "ind-kcache").exists():
+            self.run("kcache-cold", self.env(store, w / "ind-kcache"), 20)
+        pair = [("plain-warm", None, w / "ind-plain"), ("kcache-both-warm", store, w / "ind-kcache")]
+        for i in range(6):
+            for name, st, ind in pair if i % 2 else pair[::-1]:
+                self.run(f"{name}#p{i}", self.env(st, ind), 10)
+
     def plan_autotune(self) -> None:
         """``--mode max-autotune`` cold and warm: kcache first, the same without kcache if time allows."""
         w = self.work
@@ -418,7 +435,9 @@ def main() -> int:
     ap.add_argument("--model", default="bert", choices=("bert", "gpt2", "tiny"))
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--mode", default=None, help="torch.compile mode (default: Inductor's default)")
-    ap.add_argument("--plan", default="main", help="comma-separated: main, precompile, aot, autotune")
+    ap.add_argument(
+        "--plan", default="main", help="comma-separated: main, precompile, aot, bothwarm, autotune"
+    )
     ap.add_argument("--job-id", default=None, help="TORCH_COMPILE_JOB_ID for every process (turns PGO on)")
     ap.add_argument("--shapes", type=int, default=len(SEQUENCE), help="the first N shapes of the sequence")
     ap.add_argument("--aot", choices=("save", "load"), help=argparse.SUPPRESS)
