@@ -3,6 +3,7 @@
     python3 tools/gpu_compile_check.py [--model bert|gpt2|tiny] [--device cuda|cpu]
                                        [--plan main,precompile,aot,bothwarm,autotune]
                                        [--mode MODE] [--shapes N] [--job-id ID] [--budget S]
+                                       [--child-env K=V ...] [--log FILE]
 
 A model (BERT-base or GPT-2 small from transformers' default configs, random weights, fp16, eval;
 or the small encoder of docs/examples/torch_compile on any machine) is torch.compile'd and called
@@ -264,6 +265,7 @@ class Check:
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         if store is not None:
             env.update(KCACHE="1", KCACHE_DIR=str(store))
+        env.update(dict(kv.split("=", 1) for kv in self.args.child_env))
         env.update(extra)
         return env
 
@@ -280,18 +282,24 @@ class Check:
                "--shapes", str(self.args.shapes), *child_args]  # fmt: skip
         if self.args.mode:
             cmd += ["--mode", self.args.mode]
+        stderr = ""
         try:
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(30.0, self.left()))
+            stderr = p.stderr
             res = (
                 json.loads(p.stdout.strip().splitlines()[-1])
                 if p.returncode == 0
-                else {"error": p.stderr[-3000:]}
+                else {"error": stderr[-3000:]}
             )
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as e:
+            stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
             res = {"error": "timed out"}
         except (ValueError, IndexError):
-            res = {"error": f"no result: {p.stderr[-3000:]}"}
+            res = {"error": f"no result: {stderr[-3000:]}"}
         res = {"name": name, "wall_s": round(time.monotonic() - t, 1), **res}
+        if self.args.log:  # every child's stderr, for TORCH_LOGS and KCACHE_LOG
+            with open(self.args.log, "a", encoding="utf-8") as f:
+                f.write(f"===== {name}\n{scrub(stderr, self.work)}\n")
         self.result["runs"].append(res)
         self.save()
         shown = res.get("first_ms") or res.get("aot_compile_s") or res.get("error", "")[-300:]
@@ -445,11 +453,22 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=300.0, help="seconds for everything")
     ap.add_argument("--out", default=None, help="where the JSON goes (default $OUT/gpu_compile.json)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
+    ap.add_argument(
+        "--child-env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="set in every child (repeatable), e.g. TORCH_LOGS=+inductor KCACHE_LOG=debug",
+    )
+    ap.add_argument("--log", default=None, help="append every child's stderr to this file")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     for plan in args.plan.split(","):
         if not hasattr(Check, f"plan_{plan}"):
             ap.error(f"unknown plan {plan!r}")
+    for kv in args.child_env:
+        if "=" not in kv:
+            ap.error(f"--child-env wants K=V, not {kv!r}")
     if args.child:
         print(json.dumps(child(args.model, args.device, args.mode, args.shapes, args.aot, args.aot_dir)))
         return 0
