@@ -38,7 +38,8 @@ from ..log import logger, warn_once
 
 KIND = _kinds.INDUCTOR_PRECOMPILE
 _SOURCE_ID = re.compile(r"[0-9A-Za-z_.-]{1,200}")
-_wrapped: dict[str, Any] = {}  # method name -> torch's own, while installed
+_wrapped: dict[str, Any] = {}  # DynamoCache method name -> torch's own, while installed
+_install: Any = None  # CompilePackage.install, torch's own, while wrapped
 _served: dict[str, str] = {}  # source id -> the file kcache wrote for it in this process
 
 
@@ -49,6 +50,7 @@ def _on() -> bool:
 
 def on_import(mod: Any) -> None:
     """Called when ``torch._dynamo.package`` has been imported."""
+    global _install
     cache = getattr(mod, "DynamoCache", None)
     pkg = getattr(mod, "CompilePackage", None)
     needed = ("_write_to_local_cache", "load", "path_prefix")
@@ -83,16 +85,17 @@ def on_import(mod: Any) -> None:
             if not _start_afresh(self, e):
                 raise
         else:  # installed: a later failure of this function's package is no longer kcache's doing
-            try:
-                _served.pop(self.source_id, None)
-            except Exception:
-                pass
+            if _served:
+                try:
+                    _served.pop(self.source_id, None)
+                except Exception:
+                    pass
 
     _wrapped.update(_write_to_local_cache=write, load=load)
     cache._write_to_local_cache = _write_to_local_cache
     cache.load = load_
     if callable(install):
-        _wrapped["CompilePackage.install"] = install
+        _install = install
         pkg.install = install_
 
 
@@ -162,8 +165,10 @@ def uninstall() -> None:
     if cache is not None:
         for name in list(_wrapped):
             cache.__dict__.pop(name, None)  # the class's own methods show through again
+    global _install
     pkg = getattr(mod, "CompilePackage", None) if mod is not None else None
-    if pkg is not None and "CompilePackage.install" in _wrapped:
-        pkg.install = _wrapped["CompilePackage.install"]
+    if pkg is not None and _install is not None:
+        pkg.install = _install
+    _install = None
     _wrapped.clear()
     _served.clear()
