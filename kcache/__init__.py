@@ -45,6 +45,7 @@ _TRIGGERS = (
     ("torch._inductor.remote_cache", "_on_torch"),
     ("torch._inductor.cpp_builder", "_on_torch"),
     ("torch._dynamo.package", "_on_torch"),
+    ("torch._inductor.runtime.triton_heuristics", "_on_torch"),
 )
 
 

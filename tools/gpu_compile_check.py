@@ -1,7 +1,7 @@
 """torch.compile through kcache on the GPU machine: per-shape first-call times in fresh processes.
 
     python3 tools/gpu_compile_check.py [--model bert|gpt2|tiny] [--device cuda|cpu]
-                                       [--plan main,precompile,aot,bothwarm,autotune]
+                                       [--plan main,cold,precompile,aot,bothwarm,autotune]
                                        [--mode MODE] [--shapes N] [--job-id ID] [--budget S]
                                        [--child-env K=V ...] [--log FILE]
 
@@ -38,8 +38,13 @@ call (load and call timed together) in a new process with an empty Inductor fold
 Plan ``bothwarm``: ``plain-warm`` against ``kcache-both-warm`` (the target that kcache must not
 slow Inductor's own warm path), six pairs in alternating order, after the two cold runs they need.
 
+Plan ``cold``: three ``plain-cold``/``kcache-cold`` pairs, each run on its own empty folder and
+store, the order alternating.
+
 Plan ``autotune`` (meant with ``--mode max-autotune``): cold and warm-store runs with kcache,
-then cold and warm-folder runs without, then one more warm pair.
+then cold and warm-folder runs without, one more warm pair, and kcache with both warm. The
+counters show how often coordinate descent benchmarked a config (``coordesc_tuning_bench``):
+torch 2.11 tunes again in warm processes (pytorch#172819), where kcache applies the cached winner.
 
 ``--job-id`` sets ``TORCH_COMPILE_JOB_ID`` in every process, which turns on Dynamo's profile of
 dynamic dimensions (PGO); without it (the default, as in issue 14's figures) there is none.
@@ -209,8 +214,10 @@ def child(model_name: str, device: str, mode: str | None, shapes: int, aot: str 
         "compile_times_s": compile_breakdown(),
         "caching_precompile": bool(getattr(torch._dynamo.config, "caching_precompile", False)),
         "dynamo_cache": dict(counters["dynamo_cache"]),
-        "inductor": {
-            k: v for k, v in counters["inductor"].items() if "cache" in k and not k.startswith("triton")
+        "inductor": {  # the caches' counters, plus how often coordinate descent benchmarked
+            k: v
+            for k, v in counters["inductor"].items()
+            if ("cache" in k and not k.startswith("triton")) or "coordesc" in k or "static_autotuner" in k
         },
         "aot": {k: v for k, v in counters["aot_autograd"].items() if "cache" in k},
         "unique_graphs": counters["stats"]["unique_graphs"],
@@ -403,6 +410,15 @@ class Check:
             for name, st, ind in pair if i % 2 else pair[::-1]:
                 self.run(f"{name}#p{i}", self.env(st, ind), 10)
 
+    def plan_cold(self) -> None:
+        """Does kcache slow a cold compile? Three pairs, each run on its own empty folder and store,
+        the order alternating (the page cache favours the second of a pair)."""
+        w = self.work
+        for i in range(3):
+            pair = [("plain-cold", None), ("kcache-cold", w / f"store-cold-{i}")]
+            for name, store in pair if i % 2 == 0 else pair[::-1]:
+                self.run(f"{name}#c{i}", self.env(store, w / f"ind-cold-{name}-{i}"), 60)
+
     def plan_autotune(self) -> None:
         """``--mode max-autotune`` cold and warm: kcache first, the same without kcache if time allows."""
         w = self.work
@@ -413,6 +429,7 @@ class Check:
         self.run("plain-warm", self.env(None, w / "ind-at-plain"), 10)
         self.run("kcache-warm-store#2", self.env(store, w / "ind-at-fresh-2"), 10)
         self.run("plain-warm#2", self.env(None, w / "ind-at-plain"), 10)
+        self.run("kcache-both-warm", self.env(store, w / "ind-at-kcache"), 10)
 
     def summarize(self) -> None:
         by: dict[str, list[list[float]]] = {}
@@ -444,7 +461,7 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--mode", default=None, help="torch.compile mode (default: Inductor's default)")
     ap.add_argument(
-        "--plan", default="main", help="comma-separated: main, precompile, aot, bothwarm, autotune"
+        "--plan", default="main", help="comma-separated: main, cold, precompile, aot, bothwarm, autotune"
     )
     ap.add_argument("--job-id", default=None, help="TORCH_COMPILE_JOB_ID for every process (turns PGO on)")
     ap.add_argument("--shapes", type=int, default=len(SEQUENCE), help="the first N shapes of the sequence")

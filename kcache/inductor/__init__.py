@@ -67,7 +67,13 @@ FLAGS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 #: The modules whose import attaches this integration (see kcache/__init__.py).
-TRIGGERS = (*FLAGS, "torch._inductor.remote_cache", "torch._inductor.cpp_builder", "torch._dynamo.package")
+TRIGGERS = (
+    *FLAGS,
+    "torch._inductor.remote_cache",
+    "torch._inductor.cpp_builder",
+    "torch._dynamo.package",
+    "torch._inductor.runtime.triton_heuristics",
+)
 
 _ours: set[str] = set()  # cache classes whose switch kcache turned on in this process
 _installed: dict[str, Any] = {}  # cache class name -> the backend_override_cls it had before
@@ -88,6 +94,10 @@ def on_import(mod: Any) -> None:
         from . import precompile
 
         precompile.on_import(mod)
+    elif name == "torch._inductor.runtime.triton_heuristics" and not _is_fbcode():
+        from . import coordesc
+
+        coordesc.on_import(mod)
 
 
 def _is_fbcode() -> bool:
@@ -136,7 +146,7 @@ def _install_backends(rc: Any) -> None:
 
 def uninstall() -> None:
     """Give torch its own backends, switches and C++ builder back (kcache.disable())."""
-    for sub in ("kcache.inductor.cpp", "kcache.inductor.precompile"):
+    for sub in ("kcache.inductor.cpp", "kcache.inductor.precompile", "kcache.inductor.coordesc"):
         m = sys.modules.get(sub)
         if m is not None:
             m.uninstall()
