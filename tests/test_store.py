@@ -1248,3 +1248,25 @@ def test_readonly_stats_never_write(tmp_path: Path) -> None:
     assert out.stdout.strip() == "1"
     after = {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*") if p.is_file()}
     assert after == before
+
+
+@pytest.mark.parametrize("remover", ["this", "another"])
+def test_a_hit_flushed_after_its_entry_was_removed_does_not_bring_its_row_back(
+    store: Store, remover: str
+) -> None:
+    """A hit's last use is written later (the flush); an entry removed meanwhile, by this store
+    (torch.compile's forget) or another process' (clear), must not come back into the index,
+    where stats and inspect would list an entry that is not there. Found when a removed caching
+    precompile package still showed in `kcache inspect`."""
+    h = _put(store)
+    store.flush(force=True)
+    assert store.get("triton", "k") is not None  # a hit: its last use waits for the flush
+    if remover == "this":
+        assert store.remove([h.record.id]) == 1
+    else:
+        other = Store.open(store.root)
+        assert other.remove([h.record.id]) == 1
+        other.close()
+    store.flush(force=True)
+    assert h.record.id not in store.index().ids()
+    assert store.get("triton", "k") is None

@@ -325,7 +325,9 @@ class CatalogueMixin:
                     idx.add_counters(deltas)
                 if touches:
                     for ident in idx.touch(touches):
-                        if ident in recs:  # on disk but not in the index (a crash, a new index): add it
+                        # on disk but not in the index (a crash, a new index): add it; but not an
+                        # entry removed since its hit (here or by another process' clear)
+                        if ident in recs and self.record_mtime(ident) is not None:
                             idx.insert(recs[ident], last_used=touches[ident][0], hits=touches[ident][1])
                 if misses:
                     idx.add_misses(misses)

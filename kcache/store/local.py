@@ -1023,6 +1023,8 @@ class Store(CatalogueMixin, HousekeepingMixin):
             fs.rmtree_at(trfd, t)
             with self._lock:
                 self._pending.pop(ident, None)  # its row, not yet written, is not written
+                self._touches.pop(ident, None)  # nor its last use: that would write the row again
+                self._touched_records.pop(ident, None)
         return n
 
     def remove(self, ids: list[str], *, index: bool = True) -> int:
