@@ -46,6 +46,7 @@ _TRIGGERS = (
     ("torch._inductor.cpp_builder", "_on_torch"),
     ("torch._dynamo.package", "_on_torch"),
     ("torch._inductor.runtime.triton_heuristics", "_on_torch"),
+    ("torch._inductor.cpu_vec_isa", "_on_torch"),
 )
 
 

@@ -76,7 +76,7 @@ KINDS: dict[str, Kind] = {
         Kind(TRITON_AUX, "a Triton launcher or utility shared object (host code)", host_code=True),
         Kind(
             TRITON_META,
-            "remembered tool versions and libtriton digest (this machine only)",
+            "remembered tool versions, libtriton digest and CPU ISA probes (this machine only)",
             machine_local=True,
         ),
         Kind(NVFUSER, "a compiled nvFuser kernel (CUDA source and cubin)"),

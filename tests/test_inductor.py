@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -98,6 +99,12 @@ def test_a_cold_run_stores_every_kind(warm: dict[str, Any]) -> None:
         assert stats["by_kind"][kind]["entries"] >= 1, stats["by_kind"]
     listed = kc(env, "inspect", "--kind", INDUCTOR_FX)
     assert len(listed) >= 2 and all(e["summary"].get("cache") == "fx-graph-v1" for e in listed)
+    if platform.machine() in ("x86_64", "AMD64"):  # Inductor probes AVX2/AVX512 in a new Python each
+        assert cold["isa_probes"] >= 1
+        probes = [
+            e for e in kc(env, "inspect", "--kind", TRITON_META) if e["key"].startswith("vec-isa-probe/")
+        ]
+        assert len(probes) == cold["isa_probes"], "each probe's answer is remembered"
 
 
 def test_a_new_process_with_an_empty_inductor_folder_starts_warm(
@@ -112,6 +119,7 @@ def test_a_new_process_with_an_empty_inductor_folder_starts_warm(
     assert out["unique_graphs"] == 1
     assert counts(out, INDUCTOR_FX, "hits") >= 1 and counts(out, INDUCTOR_PGO, "hits") >= 1
     assert counts(out, INDUCTOR_CPP, "hits") >= 1 and counts(out, INDUCTOR_CPP, "puts") == 0, "no g++ ran"
+    assert out["isa_probes"] == 0, "the CPU ISA probes' answers come from the store (2 s on this box)"
     assert not (fresh / "fxgraph").exists(), "served from kcache, not from a local copy"
 
 
@@ -119,6 +127,7 @@ def test_without_kcache_an_empty_folder_is_cold(warm: dict[str, Any], tmp_path: 
     """The control for the test above: the same child with KCACHE unset compiles everything."""
     out = run_child(env_for(warm["base"], None, tmp_path / "ind-plain"), 8)
     assert not out["kcache"] and out["inductor"].get("fxgraph_cache_miss", 0) >= 1
+    assert out["isa_probes"] == warm["cold"]["isa_probes"], "torch probes in every process"
 
 
 def test_a_signed_bundle_carries_them_to_another_path(warm: dict[str, Any], tmp_path: Path) -> None:

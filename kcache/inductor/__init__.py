@@ -73,6 +73,7 @@ TRIGGERS = (
     "torch._inductor.cpp_builder",
     "torch._dynamo.package",
     "torch._inductor.runtime.triton_heuristics",
+    "torch._inductor.cpu_vec_isa",
 )
 
 _ours: set[str] = set()  # cache classes whose switch kcache turned on in this process
@@ -98,6 +99,10 @@ def on_import(mod: Any) -> None:
         from . import coordesc
 
         coordesc.on_import(mod)
+    elif name == "torch._inductor.cpu_vec_isa" and not _is_fbcode():
+        from . import vecisa
+
+        vecisa.on_import(mod)
 
 
 def _is_fbcode() -> bool:
@@ -146,7 +151,12 @@ def _install_backends(rc: Any) -> None:
 
 def uninstall() -> None:
     """Give torch its own backends, switches and C++ builder back (kcache.disable())."""
-    for sub in ("kcache.inductor.cpp", "kcache.inductor.precompile", "kcache.inductor.coordesc"):
+    for sub in (
+        "kcache.inductor.cpp",
+        "kcache.inductor.precompile",
+        "kcache.inductor.coordesc",
+        "kcache.inductor.vecisa",
+    ):
         m = sys.modules.get(sub)
         if m is not None:
             m.uninstall()

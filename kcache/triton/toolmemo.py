@@ -32,7 +32,8 @@ KIND = _kinds.TRITON_META
 MODULES = ("triton.knobs", "triton.backends.nvidia.compiler")
 
 
-def _identity(path: str) -> str:
+def identity(path: str) -> str:
+    """What identifies the file at ``path``: real path, inode, size, mtime and ctime in ns."""
     st = os.stat(path)
     return f"{os.path.realpath(path)}|ino={st.st_ino}|size={st.st_size}|mtime={st.st_mtime_ns}|ctime={st.st_ctime_ns}"
 
@@ -69,7 +70,7 @@ def memo_key(path: str, stderr: Any) -> str:
     """The store key of ``[path, "--version"]`` run with ``stderr``."""
     # "v3": bound to this boot (see boot_id); v1 and v2 entries (which an import could have
     # planted under a key anyone could compute) are never read.
-    return f"tool-version/v3|boot={boot_id()}|{_identity(path)}|stderr={stderr!r}"
+    return f"tool-version/v3|boot={boot_id()}|{identity(path)}|stderr={stderr!r}"
 
 
 class _MemoSubprocess:

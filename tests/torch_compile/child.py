@@ -42,7 +42,25 @@ def break_install() -> None:
     package.load_guards_state = load_guards_state  # install() looks it up when it runs
 
 
+PROBES: list[str] = []
+
+
+def count_isa_probes(event: str, args: tuple) -> None:
+    """Inductor's CPU vector-ISA probe: a new Python that dlopens a tiny library (see
+    kcache/inductor/vecisa.py); counted in this process."""
+    if event == "subprocess.Popen":
+        argv = args[1]
+        if (
+            isinstance(argv, (list, tuple))
+            and len(argv) == 3
+            and argv[1] == "-c"
+            and "LoadLibrary" in str(argv[2])
+        ):
+            PROBES.append(str(argv[2]))
+
+
 def main(argv: list[str]) -> int:
+    sys.addaudithook(count_isa_probes)
     if os.environ.get("CHILD_BREAK_INSTALL"):
         break_install()
     torch.manual_seed(0)
@@ -65,6 +83,7 @@ def main(argv: list[str]) -> int:
     out["inductor"] = {k: v for k, v in counters["inductor"].items() if "cache" in k}
     out["aot"] = {k: v for k, v in counters["aot_autograd"].items() if "cache" in k}
     out["unique_graphs"] = counters["stats"]["unique_graphs"]
+    out["isa_probes"] = len(PROBES)
     kcache = sys.modules.get("kcache")
     out["kcache"] = bool(kcache is not None and kcache.is_enabled())
     if out["kcache"]:

@@ -1,0 +1,148 @@
+"""Remember Inductor's CPU vector-ISA probes across processes: most of a CPU warm start.
+
+Before its first C++ kernel in a process, Inductor checks which SIMD instruction sets work here
+(``torch._inductor.cpu_vec_isa.valid_vec_isa_list``): for each one the CPU claims, it builds a
+tiny shared object with that ISA's flags (kept in Inductor's folder) and starts a new Python
+that dlopens it. That is one interpreter start per ISA in every process, warm or cold: 2.0 s of
+a 2.6 s warm start of the small encoder on a 2-core box (torch 2.13), and more on torch 2.11,
+whose child imports torch.
+
+kcache remembers each child's exit status (machine-local kind ``triton-meta``, like the tool
+versions of :mod:`kcache.triton.toolmemo`), keyed by this boot of this machine, the sha256 of
+the shared object, the identity of the interpreter and of torch's CPU library, the child's
+``LD_LIBRARY_PATH`` and the probe's script: the same bytes, dlopened by the same interpreter
+with the same libraries on the same running machine, give the same answer. Like the other
+machine-local answers it is never exported, imported or shared, and never read from a store
+that failed its ownership checks.
+
+Only the probe is answered: a call to ``subprocess.run`` or ``subprocess.check_call`` made from
+``torch._inductor.cpu_vec_isa`` whose arguments are ``[python, "-c", script]`` with ``script``
+torch's own probe template around an existing file. Everything else, and a probe that timed out,
+goes to :mod:`subprocess` untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from typing import Any
+
+from .. import active_store
+from .. import kinds as _kinds
+from ..log import logger
+
+KIND = _kinds.TRITON_META
+MODULE = "torch._inductor.cpu_vec_isa"
+MEMBER = "returncode"
+
+
+def _identity(path: str) -> str:
+    from ..triton.toolmemo import identity
+
+    try:
+        return identity(path)
+    except OSError:
+        return "none"
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _probed_library(mod: Any, args: Any) -> str | None:
+    """The shared object ``args`` dlopens, when ``args`` is Inductor's ISA probe; else None."""
+    template = getattr(getattr(mod, "VecISA", None), "_avx_py_load", None)
+    if (
+        not isinstance(template, str)
+        or template.count("__lib_path__") != 1
+        or not isinstance(args, (list, tuple))
+        or len(args) != 3
+        or args[1] != "-c"
+        or not all(isinstance(a, str) for a in args)
+    ):
+        return None
+    head, tail = template.split("__lib_path__")
+    script = args[2]
+    if len(script) <= len(head) + len(tail) or not script.startswith(head) or not script.endswith(tail):
+        return None
+    path = script[len(head) : len(script) - len(tail)]
+    return path if os.path.isfile(path) else None
+
+
+def memo_key(lib: str, python: str, env: Any, template: str) -> str:
+    from ..triton.toolmemo import boot_id
+
+    torch = sys.modules.get("torch")
+    torch_lib = os.path.join(os.path.dirname(getattr(torch, "__file__", "") or ""), "lib", "libtorch_cpu.so")
+    ld_path = (env if isinstance(env, dict) else os.environ).get("LD_LIBRARY_PATH", "")
+    script = hashlib.sha256(template.encode()).hexdigest()[:16]
+    return (
+        f"vec-isa-probe/v1|boot={boot_id()}|so={_sha256(lib)}|python={_identity(python)}"
+        f"|torch={getattr(torch, '__version__', '?')}|{_identity(torch_lib)}|ld={ld_path}|script={script}"
+    )
+
+
+class _ProbeSubprocess:
+    """Stands in for the ``subprocess`` module inside ``torch._inductor.cpu_vec_isa``."""
+
+    def __init__(self, real: Any, mod: Any) -> None:
+        self._real, self._mod = real, mod
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+    def run(self, args: Any, *rest: Any, **kwargs: Any) -> Any:
+        return self._answer(self._real.run, bool(kwargs.get("check")), args, rest, kwargs)
+
+    def check_call(self, args: Any, *rest: Any, **kwargs: Any) -> Any:
+        return self._answer(self._real.check_call, True, args, rest, kwargs)
+
+    def _answer(self, call: Any, check: bool, args: Any, rest: tuple, kwargs: dict) -> Any:
+        lib = None if rest else _probed_library(self._mod, args)
+        store = active_store() if lib else None
+        if store is None or not getattr(store, "trust_host_code", False):
+            return call(args, *rest, **kwargs)
+        try:
+            key = memo_key(lib, args[0], kwargs.get("env"), self._mod.VecISA._avx_py_load)
+            hit = store.get(KIND, key, count=False)
+            code = int(hit.read(MEMBER)) if hit is not None else None
+        except Exception as e:
+            logger.debug("torch.compile: ISA probe memo not read: %s", e)
+            return call(args, *rest, **kwargs)
+        if code is not None:
+            if code and check:
+                raise self._real.CalledProcessError(code, args)
+            return code if call is self._real.check_call else self._real.CompletedProcess(args, code)
+        try:
+            result = call(args, *rest, **kwargs)
+        except self._real.CalledProcessError as e:
+            self._remember(store, key, e.returncode)
+            raise
+        self._remember(store, key, result if isinstance(result, int) else getattr(result, "returncode", None))
+        return result
+
+    @staticmethod
+    def _remember(store: Any, key: str, code: Any) -> None:
+        if not isinstance(code, int):
+            return
+        try:
+            store.put(KIND, key, {MEMBER: str(code).encode()}, summary={"probe": "cpu-vec-isa"})
+        except Exception as e:
+            logger.debug("torch.compile: ISA probe answer not kept: %s", e)
+
+
+def on_import(mod: Any) -> None:
+    if getattr(mod, "subprocess", None) is subprocess:
+        mod.subprocess = _ProbeSubprocess(subprocess, mod)
+
+
+def uninstall() -> None:
+    mod = sys.modules.get(MODULE)
+    if mod is not None and isinstance(getattr(mod, "subprocess", None), _ProbeSubprocess):
+        mod.subprocess = subprocess
