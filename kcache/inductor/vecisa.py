@@ -17,8 +17,8 @@ that failed its ownership checks.
 
 Only the probe is answered: a call to ``subprocess.run`` or ``subprocess.check_call`` made from
 ``torch._inductor.cpu_vec_isa`` whose arguments are ``[python, "-c", script]`` with ``script``
-torch's own probe template around an existing file. Everything else, and a probe that timed out,
-goes to :mod:`subprocess` untouched.
+torch's own probe template around an existing file. Everything else goes to :mod:`subprocess`
+untouched, and a probe that timed out or was killed by a signal is not remembered.
 """
 
 from __future__ import annotations
@@ -47,14 +47,6 @@ def _identity(path: str) -> str:
         return "none"
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _probed_library(mod: Any, args: Any) -> str | None:
     """The shared object ``args`` dlopens, when ``args`` is Inductor's ISA probe; else None."""
     template = getattr(getattr(mod, "VecISA", None), "_avx_py_load", None)
@@ -76,6 +68,7 @@ def _probed_library(mod: Any, args: Any) -> str | None:
 
 
 def memo_key(lib: str, python: str, env: Any, template: str) -> str:
+    from ..triton.keymemo import sha256_file
     from ..triton.toolmemo import boot_id
 
     torch = sys.modules.get("torch")
@@ -83,7 +76,7 @@ def memo_key(lib: str, python: str, env: Any, template: str) -> str:
     ld_path = (env if isinstance(env, dict) else os.environ).get("LD_LIBRARY_PATH", "")
     script = hashlib.sha256(template.encode()).hexdigest()[:16]
     return (
-        f"vec-isa-probe/v1|boot={boot_id()}|so={_sha256(lib)}|python={_identity(python)}"
+        f"vec-isa-probe/v1|boot={boot_id()}|so={sha256_file(lib)}|python={_identity(python)}"
         f"|torch={getattr(torch, '__version__', '?')}|{_identity(torch_lib)}|ld={ld_path}|script={script}"
     )
 
@@ -129,7 +122,7 @@ class _ProbeSubprocess:
 
     @staticmethod
     def _remember(store: Any, key: str, code: Any) -> None:
-        if not isinstance(code, int):
+        if not isinstance(code, int) or code < 0:  # killed by a signal: maybe by something passing
             return
         try:
             store.put(KIND, key, {MEMBER: str(code).encode()}, summary={"probe": "cpu-vec-isa"})
