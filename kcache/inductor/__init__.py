@@ -32,6 +32,11 @@ Keys: Inductor's own key (``pt2:<cache id>::<key>:c1``; FX, AOT and autotune key
 torch's sources), plus the torch version for PGO (whose key is only job id, rank and tag) and the
 GPU model for autotune results (Triton's key says sm_90, not H100 or H200; timings are per model).
 
+Beside the caches, four smaller attachments, each in its own module: the C++ builder of CPU
+kernels (:mod:`.cpp`), caching-precompile packages (:mod:`.precompile`), the cached
+coordinate-descent winners torch 2.11 drops on a warm start (:mod:`.coordesc`) and Inductor's CPU
+vector-ISA probes (:mod:`.vecisa`).
+
 Nothing here imports torch: every function is called from an import hook, with the module.
 """
 
@@ -150,7 +155,7 @@ def _install_backends(rc: Any) -> None:
 
 
 def uninstall() -> None:
-    """Give torch its own backends, switches and C++ builder back (kcache.disable())."""
+    """Give torch its own backends, switches and wrapped functions back (kcache.disable())."""
     for sub in (
         "kcache.inductor.cpp",
         "kcache.inductor.precompile",
