@@ -76,7 +76,7 @@ def _apply_winner(
         return  # torch applied the winner itself
     cached, _, _ = check([r.config for r in before], self.filename, meta)
     if len(cached) != 1 or not getattr(cached[0], "found_by_coordesc", False):
-        return  # the winner came from plain autotuning: no coordinate descent will run
+        return  # plain autotuning's winner: coordinate descent starts from it, as torch means
     best = cached[0]
     want = hashable(best)
     for result in before:
