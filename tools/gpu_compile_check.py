@@ -366,10 +366,16 @@ class Check:
         w = self.work
         self.run("kcache-warm-store#3", self.env(w / "store", w / "ind-fresh-3"), 15)
         self.run("plain-warm#3", self.env(None, w / "ind-plain"), 15)
-        for i in range(2, 4):  # cold pairs, the order swapped each time (the page cache favours the second)
-            pair = [("plain-cold", None), ("kcache-cold", w / f"store-{i}")]
-            for name, store in pair if i % 2 else pair[::-1]:
-                self.run(f"{name}#{i}", self.env(store, w / f"ind-{name}-{i}"), 70)
+        for i in range(2, 4):
+            self.cold_pair(str(i), plain_first=bool(i % 2), expect_s=70)
+
+    def cold_pair(self, tag: str, plain_first: bool, expect_s: float) -> None:
+        """``plain-cold#<tag>`` and ``kcache-cold#<tag>``, each on its own empty folder and store;
+        callers alternate the order (the page cache favours the second of a pair)."""
+        w = self.work
+        pair = [("plain-cold", None), ("kcache-cold", w / f"store-{tag}")]
+        for name, store in pair if plain_first else pair[::-1]:
+            self.run(f"{name}#{tag}", self.env(store, w / f"ind-{name}-{tag}"), expect_s)
 
     def plan_precompile(self) -> None:
         w = self.work
@@ -411,13 +417,9 @@ class Check:
                 self.run(f"{name}#p{i}", self.env(st, ind), 10)
 
     def plan_cold(self) -> None:
-        """Does kcache slow a cold compile? Three pairs, each run on its own empty folder and store,
-        the order alternating (the page cache favours the second of a pair)."""
-        w = self.work
+        """Does kcache slow a cold compile? Three pairs, the order alternating."""
         for i in range(3):
-            pair = [("plain-cold", None), ("kcache-cold", w / f"store-cold-{i}")]
-            for name, store in pair if i % 2 == 0 else pair[::-1]:
-                self.run(f"{name}#c{i}", self.env(store, w / f"ind-cold-{name}-{i}"), 60)
+            self.cold_pair(f"c{i}", plain_first=i % 2 == 0, expect_s=60)
 
     def plan_autotune(self) -> None:
         """``--mode max-autotune`` cold and warm: kcache first, the same without kcache if time allows."""
