@@ -197,6 +197,7 @@ def _stats_run(args: argparse.Namespace) -> int:
                 ["puts", data["puts"]],
                 ["evictions", data["evictions"]],
                 ["errors", data["errors"]],
+                ["quarantined", data["quarantined"]],
             ],
         ).split("\n", 1)[1]
     )

@@ -25,6 +25,22 @@ from kcache.triton.manager import KcacheCacheManager, kind_of  # noqa: E402
 
 KEY = "A" * 52
 KEY2 = "B" * 52
+# The least metadata Triton's loader and launcher take (kcache serves no group without it).
+META = json.dumps(
+    {
+        "name": "k",
+        "target": {"backend": "cuda", "arch": 90, "warp_size": 32},
+        "num_warps": 4,
+        "num_ctas": 1,
+        "shared": 0,
+        "global_scratch_size": 0,
+        "global_scratch_align": 1,
+        "profile_scratch_size": 0,
+        "profile_scratch_align": 1,
+        "launch_cooperative_grid": False,
+        "launch_pdl": False,
+    }
+)
 
 
 class Textish:
@@ -92,8 +108,8 @@ def test_autotune_entries_are_keyed_by_the_gpu_model(kstore: Any, monkeypatch: p
     # compiled kernels stay keyed by the target only: a group made on one sm_90 GPU serves another
     m = KcacheCacheManager(KEY)
     assert m.get_group("k.json") is None
-    p = m.put("{}", "k.json", binary=False)
-    m.put_group("k.json", {"k.json": p})
+    p = m.put(META, "k.json", binary=False)
+    m.put_group("k.json", {"k.json": p, "k.cubin": m.put(b"cubin", "k.cubin")})
     monkeypatch.setattr(mgr_mod, "_gpu_model", lambda: "NVIDIA H100 80GB HBM3")
     assert KcacheCacheManager(KEY).get_group("k.json") is not None
 
@@ -102,7 +118,7 @@ def test_group_roundtrip_and_members_are_real_files(kstore: Any) -> None:
     m = KcacheCacheManager(KEY)
     assert m.get_group("k.json") is None
     contents = {n: f"data of {n}" for n in ("k.source", "k.ttir", "k.cubin")}
-    contents["k.json"] = '{"name": "k"}'
+    contents["k.json"] = META
     group = {n: m.put(text, n, binary=n != "k.json") for n, text in contents.items()}
     assert m.get_file("k.ttir") == group["k.ttir"]  # staged files are visible to their manager
     m.put_group("k.json", group)

@@ -26,6 +26,7 @@ def store_stats(store: Store) -> dict[str, Any]:
             "hit_rate": hits / (hits + misses) if hits + misses else None,
             "puts": int(c.get("puts", 0)),
             "errors": int(c.get("errors", 0)),
+            "quarantined": int(c.get("quarantined", 0)),  # entries whose use raised (redone)
             "saved_s": round(c.get("saved_s", 0.0), 3),
         }
         remote = _remote_counts(c)
@@ -44,6 +45,7 @@ def store_stats(store: Store) -> dict[str, Any]:
         "puts": sum(v["puts"] for v in by_kind.values()),
         "evictions": int(counters.get("store", {}).get("evictions", 0)),
         "errors": sum(v["errors"] for v in by_kind.values()),
+        "quarantined": sum(v["quarantined"] for v in by_kind.values()),
         "saved_s": round(sum(v["saved_s"] for v in by_kind.values()), 3),
         "by_kind": by_kind,
         "remote": _remote_totals(by_kind),
@@ -65,6 +67,7 @@ REMOTE_FIELDS = (
     "too_large",
     "bypassed",
     "waited",
+    "marked_bad",
     "s",
 )
 

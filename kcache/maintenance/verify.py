@@ -1,4 +1,5 @@
-"""``kcache verify [--fix]``: every entry against its checksums, the index against the entries.
+"""``kcache verify [--fix]``: every entry against its checksums, the index against the entries,
+and each Triton group against what this Triton's loader accepts (its metadata).
 
 With ``--fix`` (the store opened for writing): corrupt entries, stray paths and bad or dangling
 rows are removed, good entries the index lacks are added, and an index whose database is corrupt
@@ -70,6 +71,10 @@ def _check(
                 problems.append(_problem("corrupt_entry", name, str(problem)))
                 continue
             rec = hit.record
+            unusable = _unusable(hit)
+            if unusable:
+                problems.append(_problem("bad_metadata", name, unusable))
+                continue
         good[name] = rec
         for x in store.entry_extras(name, rec):
             problems.append(
@@ -81,7 +86,7 @@ def _check(
     if rows is None:
         problems.append(_problem("index_corrupt", "", str(why)))
         return problems, good, checked
-    corrupt = {p["id"] for p in problems if p["type"] == "corrupt_entry"}
+    corrupt = {p["id"] for p in problems if p["type"] in ("corrupt_entry", "bad_metadata")}
     seen = set()
     for row in rows:
         rec = row.record
@@ -91,7 +96,7 @@ def _check(
         seen.add(row.id)
         g = good.get(row.id)
         if g is None:
-            what = "a corrupt entry" if row.id in corrupt else "no entry"
+            what = "a bad entry" if row.id in corrupt else "no entry"
             problems.append(_problem("dangling_row", row.id, f"index row for {what}"))
         elif (g.kind, g.key, g.files, g.created) != (
             rec.kind,
@@ -106,12 +111,42 @@ def _check(
     return problems, good, checked
 
 
-def verify(store: Store, *, fix: bool = False) -> dict[str, Any]:
-    """Check every entry (sha256 of every member), the index rows and stray files.
+def _unusable(hit: Any) -> str | None:
+    """Why the library could not use this verified entry (a Triton group whose metadata this
+    Triton's loader refuses: see :mod:`kcache.triton.groupcheck`), or None."""
+    rec = hit.record
+    filename = rec.key.rpartition("/")[2]  # a group's key: <Triton's key>/<its metadata file>
+    if rec.kind != "triton" or not filename.endswith(".json"):
+        return None
+    from ..triton.groupcheck import problem
 
-    With ``fix`` (the store opened for writing): remove corrupt entries, stray paths and bad or
-    dangling rows, re-index good entries the index lacks, and rebuild an index whose database is
-    corrupt from the entry folders. The store is then checked again; ``ok`` says whether
+    same = _triton_version() is not None and rec.components.get("triton_version") == _triton_version()
+    why = problem(filename, {n: hit.read(n) for n in hit.names}, with_triton=same)
+    return f"Triton could not load it: {why}" if why else None
+
+
+_TRITON: list[str | None] = []
+
+
+def _triton_version() -> str | None:
+    """The installed Triton's version (its rules judge only its own entries); None without it."""
+    if not _TRITON:
+        try:
+            from importlib.metadata import version
+
+            _TRITON.append(version("triton"))
+        except Exception:
+            _TRITON.append(None)
+    return _TRITON[0]
+
+
+def verify(store: Store, *, fix: bool = False) -> dict[str, Any]:
+    """Check every entry (sha256 of every member; a Triton group's metadata too), the index
+    rows and stray files.
+
+    With ``fix`` (the store opened for writing): remove corrupt entries, groups Triton could not
+    load, stray paths and bad or dangling rows, re-index good entries the index lacks, and
+    rebuild an index whose database is corrupt from the entry folders. The store is then checked again; ``ok`` says whether
     problems remain."""
     if fix and store.readonly:
         raise StoreError(f"{store.root} is read-only: nothing can be fixed")
@@ -151,10 +186,10 @@ def _fix(
         if store.remove_stray(p["shard"], p.get("name", ""), p.get("member", "")):
             fixed.append(p)
     bad_entries = []
-    for p in by_type.get("corrupt_entry", []):
+    for p in by_type.get("corrupt_entry", []) + by_type.get("bad_metadata", []):
         # Only remove what is still bad: a concurrent writer may have replaced it meanwhile.
         hit, _why = store.read_any(p["id"], full=True)
-        if hit is None:
+        if hit is None or _unusable(hit):
             bad_entries.append(p["id"])
             fixed.append(p)
         else:

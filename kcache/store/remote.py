@@ -73,6 +73,7 @@ COUNTERS = (
     "remote_bypassed",  # lookups skipped while the circuit breaker is open
     "remote_waited",  # single flight: entries another machine compiled while this one waited
     "remote_s",  # seconds spent on Redis calls on the caller's thread (not waits)
+    "remote_marked_bad",  # entries dropped from Redis because they failed when used here
 )
 
 _UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
@@ -412,6 +413,25 @@ class RemoteTier:
 
             hit = Hit(rec, blobs, store, time.time())
         return hit
+
+    def mark_bad(self, kind: str, ident: str) -> bool:
+        """An entry that failed when used here (see :mod:`kcache.store.quarantine`): drop it
+        from the shared tier, so that no other machine is served it. One call on the caller's
+        thread, bounded like any other (a rare path: a quarantine). True when dropped."""
+        if self.off or not eligible(kind, self.cfg.secret):
+            return False
+
+        def drop(r: Any) -> Any:
+            p = r.pipeline(transaction=False)
+            p.delete(self.cfg.entry_key(ident))
+            p.zrem(self.cfg.index_key, f"{kind} {ident}")
+            return p.execute()
+
+        res = self._call(kind, drop)
+        if res is _FAIL:
+            return False
+        self.counts.add(kind, remote_marked_bad=1)
+        return True
 
     # ------------------------------------------------------------------ writing
     def publish(self, rec: Record, blobs: dict[str, bytes]) -> None:

@@ -75,6 +75,12 @@ def install(triton: ModuleType | None = None) -> None:
     except Exception as e:
         logger.info("key component capture not installed: %s", e)
     try:
+        from .groupcheck import install_compile_guard
+
+        install_compile_guard()
+    except Exception as e:
+        logger.info("compile guard not installed: %s", e)
+    try:
         from .toolmemo import install_tool_memo
 
         install_tool_memo()
@@ -117,6 +123,7 @@ def uninstall() -> None:
         ("kcache.triton.keymemo", "uninstall_key_memo"),
         ("kcache.triton.toolmemo", "uninstall_tool_memo"),
         ("kcache.triton.components", "uninstall_component_capture"),
+        ("kcache.triton.groupcheck", "uninstall_compile_guard"),
         ("kcache.triton.warmup", "uninstall_libcuda_memo"),
     ):
         mod = sys.modules.get(modname)

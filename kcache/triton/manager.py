@@ -48,6 +48,7 @@ from triton.runtime.cache import CacheManager, FileCacheManager
 from .. import active_store
 from ..log import logger, warn_once
 from ..store import Store
+from . import groupcheck
 from .components import components_for
 from .kinds import KIND_AUTOTUNE, KIND_AUX, KIND_GROUP, kind_of, store_key
 
@@ -313,6 +314,9 @@ class KcacheCacheManager(CacheManager):
                         self._miss_t[filename] = time.perf_counter()
                 if hit is not None:
                     store.counts.add(KIND_GROUP, hits=1, misses=-1, waited=1)
+            if hit is not None and not groupcheck.servable(store, filename, hit, comps.get("target")):
+                hit = None  # quarantined: compile, as on a miss
+                self._miss_t[filename] = time.perf_counter()
             if hit is None:
                 return None
             paths = dict(hit.paths)  # made with the lookup (files=True); a failure is a miss

@@ -1,0 +1,65 @@
+"""Entries whose use raised: taken out of service, so that the work is redone instead.
+
+A checked hit proves that an entry's bytes are the ones its record names, not that the library
+can use them: without ``KCACHE_SECRET`` the shared tier trusts its writers, and anyone who can
+write to it can publish a well-formed entry that makes Triton's loader (or torch's, or
+nvFuser's) raise. When an integration sees that (before serving, or when the library fails on
+what was served), it calls :func:`quarantine`:
+
+- the entry is removed from the local store (only while it is still the entry that failed: a
+  fresh one written meanwhile is kept), so the next process does not meet it again;
+- the shared tier is asked to drop it (:meth:`RemoteTier.mark_bad`), so no other machine is
+  served it;
+- it is counted (``quarantined``, per kind, in ``kcache stats``) and said once per kind;
+- its exact content (entry id and member digests) is remembered for the life of the process:
+  a read-only store, or a shared tier that still holds it, cannot serve it to this process
+  again (:func:`is_bad`), while a good entry for the same key is served as usual.
+
+Never raises.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from ..log import logger, warn_once
+from .records import Record
+
+_lock = threading.Lock()
+_bad: set[tuple[str, tuple[str, ...]]] = set()
+_BAD_MAX = 4096  # contents remembered per process, at most
+
+
+def _content(rec: Record) -> tuple[str, tuple[str, ...]]:
+    return rec.id, tuple(f"{f.name}:{f.sha256}" for f in rec.files)
+
+
+def is_bad(rec: Record) -> bool:
+    """Whether this very content was quarantined in this process."""
+    with _lock:
+        return _content(rec) in _bad
+
+
+def quarantine(store: Any, rec: Record, why: str) -> None:
+    """Take the entry ``rec`` of ``store`` out of service (see the module doc). Never raises."""
+    with _lock:
+        if len(_bad) >= _BAD_MAX:
+            _bad.clear()
+        _bad.add(_content(rec))
+    warn_once(
+        f"quarantine:{rec.kind}",
+        f"a cached {rec.kind} entry {rec.id[:12]} cannot be used ({why[:300]}); "
+        "removed from the cache, compiling instead",
+    )
+    try:
+        store.counts.add(rec.kind, quarantined=1)
+        if not store.readonly:
+            current, _why = store.read_record(rec.id)
+            if current is not None and current.files == rec.files:
+                store.remove([rec.id])
+        tier = store.remote_tier()  # None without a shared tier
+        if tier is not None:
+            tier.mark_bad(rec.kind, rec.id)
+    except Exception as e:  # best effort: the caller compiles either way
+        logger.debug("quarantine of %s: %s", rec.id, e)

@@ -1,0 +1,300 @@
+"""A bad Triton group costs one recompile, never a crash: real sm_90 compiles on the CPU, in
+fresh processes, with a group planted the way an attacker with write access to the shared tier
+(no ``KCACHE_SECRET``) or to a bundle would plant it: a valid entry whose metadata JSON is
+changed, with its record and checksums recomputed, so that every integrity check passes.
+
+Before kcache checked metadata, the victim's ``triton.compile()`` raised ``ValueError`` (an
+extra key ``_planted`` in ``<name>.json`` makes Triton's ``namedtuple`` refuse it), the entry
+stayed in the victim's store for good, and ``kcache verify`` said "ok"."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+pytest.importorskip("triton")
+
+from kernels.harness import PYTHON, REPO, clean_env, entries_of_kind, run_kernels  # noqa: E402
+
+from kcache.store import remote as rt  # noqa: E402
+from kcache.store.records import Record, file_info  # noqa: E402
+
+
+def _env(tmp: Path, machine: str, **extra: str) -> dict[str, str]:
+    (tmp / machine).mkdir(exist_ok=True)
+    return clean_env(tmp / machine, kcache_dir=tmp / machine / "store", **extra)
+
+
+def _poison(files: dict[str, bytes], **extra: Any) -> dict[str, bytes]:
+    """The group with ``extra`` added to its metadata JSON."""
+    out = dict(files)
+    (meta_name,) = [n for n in out if n.endswith(".json")]
+    meta = json.loads(out[meta_name])
+    meta.update(extra)
+    out[meta_name] = json.dumps(meta).encode()
+    return out
+
+
+def _replant(rec: Record, files: dict[str, bytes]) -> Record:
+    """The record of ``files`` (sizes and checksums recomputed), as an attacker writes it."""
+    return Record(
+        rec.kind,
+        rec.key,
+        rec.id,
+        [file_info(n, files[n]) for n in (f.name for f in rec.files)],
+        created=rec.created,
+        compile_s=rec.compile_s,
+        components=rec.components,
+        summary=rec.summary,
+    )
+
+
+def _triton_counts(result: dict[str, Any]) -> dict[str, float]:
+    return result["process"].get("triton", {})
+
+
+def _kcache(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, "-m", "kcache", *args], env=env, capture_output=True, text=True, timeout=300, cwd=str(REPO)
+    )
+
+
+def test_a_planted_group_from_the_shared_tier_is_quarantined_and_compiled(redis_private, tmp_path) -> None:
+    server = redis_private()
+    prefix = f"q{uuid.uuid4().hex[:8]}:"
+    a = run_kernels(
+        _env(tmp_path, "a", KCACHE_REMOTE=server.url, KCACHE_REMOTE_PREFIX=prefix),
+        tmp_path / "a" / "r.json",
+        specs="add",
+    )
+    assert a["results"][0]["cache_hit"] is False and _triton_counts(a)["remote_puts"] >= 1
+    good_sha = a["results"][0]["cubin_sha256"]
+
+    # The attacker: the group's value in Redis, its metadata changed, record and checksums redone.
+    r = server.client()
+    planted = 0
+    for k in r.scan_iter(f"{prefix}e:*"):
+        d = msgpack.unpackb(r.get(k), raw=False)
+        rec = Record.decode(d["r"])
+        if rec.kind != "triton":
+            continue
+        files = _poison(d["m"], _planted=1)
+        r.set(k, rt.pack_entry(_replant(rec, files).encode(), files, None))
+        planted += 1
+    assert planted == 1
+
+    env_b = _env(tmp_path, "b", KCACHE_REMOTE=server.url, KCACHE_REMOTE_PREFIX=prefix)
+    b = run_kernels(env_b, tmp_path / "b" / "r.json", specs="add")
+    res = b["results"][0]
+    assert res["error"] is None, res  # was: ValueError: Field names cannot start with an underscore
+    assert res["cache_hit"] is False and res["cubin_sha256"] == good_sha  # compiled, the same kernel
+    c = _triton_counts(b)
+    assert c["quarantined"] == 1 and c["remote_hits"] == 1 and c["puts"] == 1, c
+    assert "cannot be used" in b["stderr"] and "Traceback" not in b["stderr"]
+    # The shared tier no longer holds the planted group: dropped, then replaced by b's own.
+    for k in r.scan_iter(f"{prefix}e:*"):
+        d = msgpack.unpackb(r.get(k), raw=False)
+        if Record.decode(d["r"]).kind == "triton":
+            assert all(b"_planted" not in v for v in d["m"].values())
+
+    # Redis emptied: b's store serves the good kernel from now on, the planted one never again.
+    r.flushall()
+    again = run_kernels(env_b, tmp_path / "b" / "r2.json", specs="add")
+    res = again["results"][0]
+    assert res["error"] is None and res["cache_hit"] is True and res["cubin_sha256"] == good_sha
+    assert "quarantined" not in _triton_counts(again)
+    v = _kcache("verify", "--json", env=env_b)
+    assert v.returncode == 0 and json.loads(v.stdout)["ok"] is True, v.stdout + v.stderr
+
+
+def _plant_in_store(env: dict[str, str], store: Path, **extra: Any) -> str:
+    """Replace the store's one triton group by a copy whose metadata has ``extra``, written
+    through the store's own put (so its record and checksums are right). Its entry id."""
+    ((_entry, rec),) = entries_of_kind(store, "triton")
+    code = f"""
+        import json, sys
+        from kcache.store import Store
+        s = Store.open({str(store)!r})
+        hit = s.get("triton", {rec.key!r}, count=False)
+        files = {{n: hit.read(n) for n in hit.names}}
+        (name,) = [n for n in files if n.endswith(".json")]
+        meta = json.loads(files[name]); meta.update(json.loads(sys.argv[1]))
+        files[name] = json.dumps(meta).encode()
+        s.remove([hit.record.id])
+        assert s.put("triton", {rec.key!r}, files, components=hit.record.components) is not None
+        s.close()
+    """
+    subprocess.run(
+        [PYTHON, "-c", textwrap.dedent(code), json.dumps(extra)],
+        env=env,
+        check=True,
+        timeout=120,
+        cwd=str(REPO),
+    )
+    return rec.id
+
+
+def test_verify_reports_a_planted_group_and_fix_removes_it(tmp_path) -> None:
+    env = _env(tmp_path, "m")
+    store = tmp_path / "m" / "store"
+    run_kernels(env, tmp_path / "m" / "r.json", specs="add")
+    ident = _plant_in_store(env, store, _planted=1)
+    v = _kcache("verify", "--json", env=env)
+    assert v.returncode == 1, v.stdout + v.stderr
+    out = json.loads(v.stdout)
+    (bad,) = [p for p in out["problems"] if p["type"] == "bad_metadata"]
+    assert bad["id"] == ident and "_planted" in bad["detail"], out
+    fixed = _kcache("verify", "--fix", "--json", env=env)
+    assert fixed.returncode == 0 and json.loads(fixed.stdout)["ok"] is True, fixed.stdout
+    assert entries_of_kind(store, "triton") == []
+    human = _kcache("verify", env=env)
+    assert human.returncode == 0, human.stdout
+
+
+def test_the_loaders_last_word_when_the_check_misses_something(tmp_path) -> None:
+    """The check before serving switched off in the child: Triton's loader itself raises on the
+    served group, kcache quarantines it, and the same ``triton.compile()`` call compiles."""
+    env = _env(tmp_path, "m")
+    store = tmp_path / "m" / "store"
+    first = run_kernels(env, tmp_path / "m" / "r.json", specs="add")
+    ident = _plant_in_store(env, store, _planted=1)
+    code = """
+        import hashlib, json, sys
+        import kcache
+        try:
+            import kcache.triton.groupcheck as g
+            g.problem = lambda *a, **k: None  # this child trusts every group: only the guard is left
+        except ImportError:  # a kcache without the check
+            pass
+        from kernels.specs import SPECS, compile_spec
+        k = compile_spec(SPECS["add"])
+        c = kcache.stats()["process"]["triton"]
+        print(json.dumps({"sha": hashlib.sha256(k.asm["cubin"]).hexdigest(), "counts": c}))
+    """
+    p = subprocess.run(
+        [PYTHON, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 0, p.stderr[-3000:]  # was: ValueError from Triton's namedtuple
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["sha"] == first["results"][0]["cubin_sha256"]
+    assert out["counts"]["quarantined"] == 1 and out["counts"]["puts"] == 1, out
+    ((_e, rec),) = entries_of_kind(store, "triton")  # the fresh compile, not the planted one
+    assert rec.id == ident
+    hit_files = {f.name: (store / "entries" / ident[:2] / ident / f.name).read_bytes() for f in rec.files}
+    assert all(b"_planted" not in v for v in hit_files.values())
+
+
+# ------------------------------------------------------------------ the check against the loader
+@pytest.fixture(scope="module")
+def group(tmp_path_factory) -> dict[str, bytes]:
+    """A real group (sm_90, compiled here) as name -> bytes."""
+    import triton
+    from kernels.specs import SPECS, compile_spec
+
+    d = tmp_path_factory.mktemp("tc")
+    old = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = str(d)
+    saved = triton.knobs.cache.__dict__.pop("manager_class", None)
+    try:
+        k = compile_spec(SPECS["add"])
+        return {Path(p).name: Path(p).read_bytes() for p in k.metadata_group.values()}
+    finally:
+        if saved is not None:
+            triton.knobs.cache.__dict__["manager_class"] = saved
+        if old is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = old
+
+
+def _loads_in_triton(files: dict[str, bytes], tmp: Path) -> BaseException | None:
+    """What Triton's own loader does with ``files``: None, or the exception it raises."""
+    from triton.compiler.compiler import CompiledKernel
+
+    tmp.mkdir()
+    paths = {}
+    for n, b in files.items():
+        (tmp / n).write_bytes(b)
+        paths[n] = str(tmp / n)
+    try:
+        CompiledKernel(None, paths, "0" * 64)
+        return None
+    except Exception as e:
+        return e
+
+
+# (what, change to the metadata, where Triton fails: its loader in compile(), or the first launch)
+MUTATIONS: list[tuple[str, Any, str]] = [
+    ("extra key with an underscore", lambda m: m.update(_planted=1), "loader"),
+    ("keyword key", lambda m: m.update({"class": 1}), "loader"),
+    ("key not an identifier", lambda m: m.update({"a-b": 1}), "loader"),
+    ("non-ASCII key", lambda m: m.update({"\ufb01": 1}), "loader"),  # Python NFKC-normalises it
+    ("no target", lambda m: m.pop("target"), "loader"),
+    ("target a list", lambda m: m.update(target=[1, 2, 3]), "loader"),
+    (
+        "unknown backend",
+        lambda m: m.update(target={"backend": "nope", "arch": 90, "warp_size": 32}),
+        "loader",
+    ),
+    ("no num_warps", lambda m: m.pop("num_warps"), "loader"),
+    ("no shared", lambda m: m.pop("shared"), "loader"),
+    ("no name", lambda m: m.pop("name"), "loader"),
+    ("shared a string", lambda m: m.update(shared="0"), "launch"),
+    ("num_warps 0", lambda m: m.update(num_warps=0), "launch"),
+    ("num_warps huge", lambda m: m.update(num_warps=2**40), "launch"),
+    ("no launcher field", lambda m: m.pop("global_scratch_size"), "launch"),
+    ("launch_pdl a string", lambda m: m.update(launch_pdl="yes"), "launch"),
+    ("another arch", lambda m: m.update(target={**m["target"], "arch": 80}), "launch"),
+]
+
+
+@pytest.mark.parametrize("what,mutate,where", MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_the_check_refuses_what_the_loader_or_the_launcher_fails_on(
+    group, tmp_path, what, mutate, where
+) -> None:
+    from kcache.triton.groupcheck import problem
+
+    (name,) = [n for n in group if n.endswith(".json")]
+    assert problem(name, group, target="cuda:90") is None  # a real group passes
+    assert _loads_in_triton(group, tmp_path / "good") is None
+    meta = json.loads(group[name])
+    mutate(meta)
+    bad = {**group, name: json.dumps(meta).encode()}
+    # Triton's own loader, on the same files: it raises where said (launch: only on a GPU)
+    assert (_loads_in_triton(bad, tmp_path / "bad") is not None) == (where == "loader"), what
+    assert problem(name, bad, target="cuda:90") is not None, what
+
+
+@pytest.mark.parametrize(
+    "what,change",
+    [
+        ("no cubin", lambda g: {n: b for n, b in g.items() if not n.endswith(".cubin")}),
+        (
+            "ptx not UTF-8",
+            lambda g: {n: (b"\xff\xfe" + b if n.endswith(".ptx") else b) for n, b in g.items()},
+        ),
+        ("metadata not JSON", lambda g: {n: (b"{" if n.endswith(".json") else b) for n, b in g.items()}),
+        ("a second .json first", lambda g: {"a.json": b"{}", **g}),
+        (
+            "huge integer",
+            lambda g: {
+                n: (b'{"x": 1' + b"0" * 5000 + b"}" if n.endswith(".json") else b) for n, b in g.items()
+            },
+        ),
+    ],
+)
+def test_the_check_refuses_groups_the_loader_raises_on(group, tmp_path, what, change) -> None:
+    from kcache.triton.groupcheck import problem
+
+    (name,) = [n for n in group if n.endswith(".json")]
+    bad = change(group)
+    assert _loads_in_triton(bad, tmp_path / "bad") is not None, what  # Triton's loader raises
+    assert problem(name, bad, target="cuda:90") is not None, what
