@@ -12,7 +12,6 @@ This module imports nothing that a bare interpreter has not loaded already.
 from __future__ import annotations
 
 import _thread
-import os
 
 if False:  # annotations only: typing, pathlib and the store are not loaded at start-up
     from pathlib import Path
@@ -142,6 +141,7 @@ def active_store() -> Store | None:
         s = _load_settings()
         if s is None:
             return None
+        from .config import env_number
         from .log import warn_once
         from .store import Store, StoreError
 
@@ -151,12 +151,9 @@ def active_store() -> Store | None:
             warn_once("store", f"caching is off: {e}")
             _failed = True
             return None
-        protect = os.environ.get("KCACHE_PREWARM_PROTECT_S")
+        protect = env_number("KCACHE_PREWARM_PROTECT_S")
         if protect:  # a child of `kcache prewarm` (a compile worker): its puts are protected too
-            try:
-                store.protect(float(protect))
-            except ValueError:
-                pass
+            store.protect(protect)
         if not _exit_hook:
             import atexit
 

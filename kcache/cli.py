@@ -795,7 +795,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _fail(message: str) -> None:
-    text = " ".join(str(message).split())
+    from .config import redact
+
+    text = " ".join(redact(message).split())  # an exception's text may carry a URL's password
     sys.stderr.write(f"kcache: error: {text}\n")
     sys.stderr.flush()
 

@@ -41,30 +41,107 @@ _UNITS = {
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _AGE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _AGE_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_MS_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*$")
+_MS_UNITS = {None: 1.0, "ms": 1.0, "s": 1000.0}
+_COUNT_RE = re.compile(r"^\s*([0-9]+)\s*$")
+_MAX_NUMBER_TEXT = 40  # characters: a number any longer is garbage, never parsed
+
+#: Every numeric setting: (unit, lowest, highest). A value that does not parse or lies outside
+#: is a bad value (see :func:`load`), never an exception; ``kcache config`` shows the range.
+RANGES: dict[str, tuple[str, float, float]] = {
+    "max_size": ("size", 1, 1 << 60),  # bytes: 1 B to 1 EiB
+    "remote_max_entry": ("size", 1, MAX_REMOTE_MAX_ENTRY),
+    "remote_timeout": ("ms", 1.0, 60_000.0),  # milliseconds: 1 ms to 60 s
+    "remote_lock_lease": ("age", 0.0, 86_400.0),  # seconds: 0 (off) to 1 day
+}
+MAX_AGE_S = 100 * 365 * 86400.0  # ages on the command line (clear --older-than, --protect)
+#: Numeric variables read outside :class:`Settings` (by :func:`env_number`), and their ranges.
+ENV_RANGES: dict[str, tuple[str, float, float]] = {
+    "KCACHE_PREWARM_PROTECT_S": ("age", 0.0, 365 * 86400.0),  # set by `kcache prewarm` for its workers
+    "KCACHE_DEVICE": ("count", 0, 1023),  # the GPU an integration is about (an index)
+}
 
 
-def parse_size(text: str) -> int:
-    """``"20GiB"``, ``"500MB"``, ``"10G"`` (binary), ``"123"`` (bytes) -> bytes. Raises ValueError."""
-    m = _SIZE_RE.match(str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (examples: 20GiB, 500MB, 10G)")
-    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if value <= 0:
-        raise ValueError(f"size must be positive: {text!r}")
+def _scaled(digits: str, unit: float, text: str) -> float:
+    """The number ``digits`` times ``unit``; text too long for any range is refused before
+    float arithmetic could overflow."""
+    if len(text) > _MAX_NUMBER_TEXT or len(digits.partition(".")[0].lstrip("0")) > 20:
+        raise ValueError(f"out of range: {text[:_MAX_NUMBER_TEXT]!r}...")
+    return float(digits) * unit if "." in digits else int(digits) * unit  # whole numbers exactly
+
+
+def parse_number(raw: Any, unit: str, low: float, high: float) -> float:
+    """``raw`` (a number, or text such as ``20GiB``, ``250ms``, ``2m``) in ``unit`` (``"size"``:
+    bytes, ``"ms"``: milliseconds, ``"age"``: seconds, ``"count"``: a whole number), checked
+    against ``[low, high]``.
+    Raises ValueError, and only that, for anything else (garbage, NaN, overflow, a bool)."""
+    if isinstance(raw, bool):
+        raise ValueError(f"expected a number, got {raw!r}")
+    if isinstance(raw, (int, float)):
+        value = raw  # compared exactly below (a huge int too); NaN and inf are out of every range
+    else:
+        text = str(raw)
+        if unit == "size":
+            m = _SIZE_RE.match(text)
+            if not m or m.group(2).lower() not in _UNITS:
+                raise ValueError(f"not a size: {text[:_MAX_NUMBER_TEXT]!r} (examples: 20GiB, 500MB, 10G)")
+            value = _scaled(m.group(1), _UNITS[m.group(2).lower()], text)
+        elif unit == "ms":
+            m = _MS_RE.match(text)
+            if not m:
+                raise ValueError(
+                    f"expected milliseconds (100, 100ms, 0.25s), got {text[:_MAX_NUMBER_TEXT]!r}"
+                )
+            value = _scaled(m.group(1), _MS_UNITS[m.group(2)], text)
+        elif unit == "count":
+            m = _COUNT_RE.match(text)
+            if not m:
+                raise ValueError(f"expected a whole number, got {text[:_MAX_NUMBER_TEXT]!r}")
+            value = _scaled(m.group(1), 1, text)
+        else:
+            m = _AGE_RE.match(text)
+            if not m:
+                raise ValueError(f"not an age: {text[:_MAX_NUMBER_TEXT]!r} (examples: 7d, 12h, 30m, 45s)")
+            value = _scaled(m.group(1), _AGE_UNITS[m.group(2)], text)
+    if not low <= value <= high:  # NaN fails this too
+        shown = {"size": format_size, "ms": "{:g} ms".format, "age": "{:g} s".format, "count": "{:g}".format}[
+            unit
+        ]
+        raise ValueError(f"out of range: expected {shown(low)} to {shown(high)}")
     return value
 
 
+def env_number(var: str, env: Mapping[str, str] | None = None) -> float | None:
+    """The numeric variable ``var`` (one of :data:`ENV_RANGES`), or None when it is unset or
+    bad: a bad value (garbage, out of range) warns once, and the caller falls back."""
+    raw = (os.environ if env is None else env).get(var)
+    if raw is None or not raw.strip():
+        return None
+    unit, low, high = ENV_RANGES[var]
+    try:
+        return parse_number(raw, unit, low, high)
+    except ValueError as e:
+        from .log import warn_once
+
+        warn_once(f"setting:{var}", f"{var}={raw[:_MAX_NUMBER_TEXT]!r} is ignored: {e}")
+        return None
+
+
+def parse_size(text: str) -> int:
+    """``"20GiB"``, ``"500MB"``, ``"10G"`` (binary), ``"123"`` (bytes) -> bytes (1 B to 1 EiB).
+    Raises ValueError."""
+    return int(parse_number(str(text), "size", 1, 1 << 60))
+
+
 def parse_age(text: str) -> float:
-    """``"7d"``, ``"12h"``, ``"30m"``, ``"45s"``, ``"2w"`` -> seconds. Raises ValueError."""
-    m = _AGE_RE.match(str(text))
-    if not m:
-        raise ValueError(f"not an age: {text!r} (examples: 7d, 12h, 30m, 45s)")
-    return float(m.group(1)) * _AGE_UNITS[m.group(2)]
+    """``"7d"``, ``"12h"``, ``"30m"``, ``"45s"``, ``"2w"`` -> seconds (at most 100 years). Raises
+    ValueError."""
+    return parse_number(str(text), "age", 0.0, MAX_AGE_S)
 
 
 def format_size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if abs(n) < 1024 or unit == "EiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"  # pragma: no cover
@@ -141,7 +218,7 @@ class Settings:
             "enabled": self.enabled,
             "dir": str(self.dir),
             "max_size": self.max_size,
-            "remote": redact_url(self.remote) if self.remote else self.remote,
+            "remote": redact(self.remote) if self.remote else self.remote,
             "readonly": self.readonly,
             "key_tag": self.key_tag,
             "secret": "set" if self.secret else None,
@@ -185,56 +262,95 @@ REMOTE = frozenset(n for n in ENV if n.startswith("remote"))
 #: Settings whose values are never printed (a problem with one names the variable only).
 _SECRET_NAMES = frozenset({"secret", "remote_password"})
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:/{}-]{1,64}$")
-_MS_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)?\s*$")
 
 
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (in the user-info part and in a
-    ``password=`` query option), for messages and reports."""
-    out = re.sub(r"^([a-z]+://)([^@/?#]*?):([^@/?#]*)@", r"\1\2:***@", url)
-    return re.sub(r"([?&]password=)[^&#]*", r"\1***", out)
+# ------------------------------------------------------------------ secrets never printed
+# One routine, :func:`redact`, for every text that may hold a URL or a secret (warnings, through a
+# filter on kcache's logger; ``kcache config`` and ``kcache remote``, with or without ``--json``;
+# exception texts). It does not parse URLs the way a valid one would be parsed: it masks whatever
+# a URL library could take for a password, in any form redis-py accepts and in ones it refuses.
+_SECRETS: set[str] = set()  # secret values this process was given (see remember_secret)
+MIN_SECRET = 4  # shorter values are not masked wherever they appear (a password "a"...)
+# A URL anywhere in a text: any scheme, in any case (REDIS://, Redis://, redis+sentinel://, ...),
+# up to the next whitespace: a password may hold quotes, '@', '/', '#', '?' and '%'.
+_URL_RE = re.compile(r"(?i)([a-z][a-z0-9+.-]*://)(\S*)")
+_QUERY_SECRET_RE = re.compile(r"(?i)([?&;][^=&#\s]*(?:pass|secret|token|auth|cred)[^=&#\s]*=)[^&#\s]*")
+_SAFE_USER_RE = re.compile(r"^[A-Za-z0-9._~-]{0,64}$")
+_BAD_PORT_RE = re.compile(r"^((?:\[[^\]/?#]*\])?[^/?#:\[]*):(?![0-9]*(?:[/?#]|$))[^/?#]*")
+
+
+def _redact_one(m: re.Match[str]) -> str:
+    scheme, rest = m.group(1), m.group(2)
+    at = rest.rfind("@")  # urllib and redis-py split the user info at the LAST '@'
+    if at >= 0:
+        user, colon, _password = rest[:at].partition(":")
+        rest = (f"{user}:***" if colon and _SAFE_USER_RE.match(user) else "***") + rest[at:]
+    else:  # no user info; a "port" that is not a number may be a password without its '@'
+        rest = _BAD_PORT_RE.sub(r"\1:***", rest)
+    return scheme + _QUERY_SECRET_RE.sub(r"\1***", rest)
+
+
+def redact(text: Any) -> str:
+    """``text`` with every password a URL in it may hold (its user info, a ``password=`` or other
+    credential query option) and every secret value this process was given
+    (:func:`remember_secret`) replaced by ``***``."""
+    out = str(text)
+    for secret in sorted(_SECRETS, key=len, reverse=True):
+        if secret in out:
+            out = out.replace(secret, "***")
+    return _URL_RE.sub(_redact_one, out)
+
+
+redact_url = redact  # the earlier name, for a URL alone
+
+
+def remember_secret(value: Any) -> None:
+    """A secret value (a password, ``KCACHE_SECRET``): :func:`redact` masks it wherever it appears,
+    also in texts kcache did not write (an exception's message)."""
+    from urllib.parse import unquote
+
+    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value or "")
+    for v in {text, unquote(text)}:
+        if len(v) >= MIN_SECRET:
+            _SECRETS.add(v)
+
+
+def _remember_url_secrets(url: str) -> None:
+    """The password of a URL (all its user info after the first ':', up to the last '@')."""
+    rest = url.strip().partition("://")[2] or url  # the whole of it: a password may hold spaces
+    info = rest[: rest.rfind("@")] if "@" in rest else ""
+    if info:
+        user, colon, password = info.partition(":")
+        remember_secret(password if colon else user)
 
 
 def _remote_url(raw: Any) -> str | None:
     text = str(raw).strip()
     if not text:
         return None
-    if not re.match(r"^(redis|rediss|unix)://", text):
-        raise ValueError(
-            f"expected redis://host:port/db, rediss://... or unix:///path, got {redact_url(text)!r}"
-        )
+    _remember_url_secrets(text)
+    # The schemes redis-py's parse_url takes, in any case (it lowers them, as RFC 3986 says).
+    if not re.match(r"(?i)^(redis|rediss|unix)://", text):
+        raise ValueError(f"expected redis://host:port/db, rediss://... or unix:///path, got {redact(text)!r}")
     from urllib.parse import urlsplit
 
     try:
         u = urlsplit(text)
-        port = u.port  # raises ValueError on a bad port
-    except ValueError as e:
-        raise ValueError(f"not a Redis URL: {redact_url(text)!r} ({e})") from None
-    if u.scheme == "unix":
+        port = u.port  # raises ValueError on a bad port (its text may hold part of a password)
+    except ValueError:
+        raise ValueError(f"not a Redis URL (a bad port or host): {redact(text)!r}") from None
+    if u.scheme.lower() == "unix":
         if not u.path.startswith("/"):
-            raise ValueError(f"unix:// needs an absolute socket path, got {redact_url(text)!r}")
+            raise ValueError(f"unix:// needs an absolute socket path, got {redact(text)!r}")
     else:
         if not u.hostname:
-            raise ValueError(f"no host in {redact_url(text)!r} (expected redis://host:port/db)")
+            raise ValueError(f"no host in {redact(text)!r} (expected redis://host:port/db)")
         if port is not None and not 0 < port < 65536:
-            raise ValueError(f"bad port in {redact_url(text)!r}")
+            raise ValueError(f"bad port in {redact(text)!r}")
         db = u.path.strip("/")
         if db and not db.isdigit():
-            raise ValueError(f"the database must be a number, got {db!r}")
+            raise ValueError(f"the database must be a number, got {redact(db)[:40]!r}")
     return text
-
-
-def _milliseconds(raw: Any) -> float:
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        ms = float(raw)
-    else:
-        m = _MS_RE.match(str(raw))
-        if not m:
-            raise ValueError(f"expected milliseconds (100, 100ms, 0.25s), got {raw!r}")
-        ms = float(m.group(1)) * (1000.0 if m.group(2) == "s" else 1.0)
-    if not 1.0 <= ms <= 60_000.0:
-        raise ValueError(f"expected 1 ms to 60 s, got {raw!r}")
-    return ms
 
 
 def _convert(name: str, raw: Any) -> Any:
@@ -253,30 +369,22 @@ def _convert(name: str, raw: Any) -> Any:
         except OSError as e:
             raise ValueError(f"cannot use it: {e.strerror}") from None
         return p
-    if name == "max_size":
-        return raw if isinstance(raw, int) and raw > 0 else parse_size(str(raw))
+    if name in RANGES:
+        unit, low, high = RANGES[name]
+        value = parse_number(raw, unit, low, high)
+        return int(value) if unit == "size" else value
     if name == "remote":
         return _remote_url(raw)
     if name == "remote_password":
+        remember_secret(raw)
         return str(raw) or None
     if name == "remote_prefix":
         text = str(raw)
         if not _PREFIX_RE.match(text):
             raise ValueError("expected 1 to 64 letters, digits or _.:/{}- (e.g. kcache: or team-a:kcache:)")
         return text
-    if name == "remote_max_entry":
-        n = raw if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0 else parse_size(str(raw))
-        if n > MAX_REMOTE_MAX_ENTRY:
-            raise ValueError(f"at most {format_size(MAX_REMOTE_MAX_ENTRY)} (Redis's bound on one value)")
-        return n
-    if name == "remote_timeout":
-        return _milliseconds(raw)
-    if name == "remote_lock_lease":
-        t = float(raw) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else parse_age(str(raw))
-        if not 0.0 <= t <= 86400.0:
-            raise ValueError(f"expected 0 (off) to 1d, got {raw!r}")
-        return t
     if name == "secret":
+        remember_secret(raw)
         text = raw if isinstance(raw, bytes) else str(raw).encode()
         return text or None
     if name == "log":
@@ -311,7 +419,7 @@ def load(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
             try:
                 setattr(s, name, _convert(name, env[var]))
                 s.sources[name] = f"env {var}"
-            except ValueError as e:
+            except (ValueError, OverflowError, TypeError) as e:  # a bad value is a problem, not a crash
                 _problem(s, name, f"{var}={_shown(name, env[var])!r}: {e}")
     for name, value in overrides.items():
         if value is None:
@@ -321,7 +429,7 @@ def load(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         try:
             setattr(s, name, _convert(name, value))
             s.sources[name] = "argument"
-        except ValueError as e:
+        except (ValueError, OverflowError, TypeError) as e:
             _problem(s, name, f"{name}={_shown(name, value)!r}: {e}")
     if s.problems:
         s.enabled = False
@@ -333,7 +441,10 @@ def _shown(name: str, value: Any) -> Any:
     if name in _SECRET_NAMES:
         return "(hidden)"
     if name == "remote":
-        return redact_url(str(value))
+        return redact(value)
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > 80:  # 400 digits or a pasted file: the start says enough
+        return text[:60] + f"... ({len(text)} characters)"
     return value
 
 

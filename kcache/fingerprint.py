@@ -162,8 +162,10 @@ def _cuda_device() -> int | None:
     if lib.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
         return None
     dev = 0
-    visible_current = os.environ.get("KCACHE_DEVICE")  # which GPU the integration is about
-    if visible_current and visible_current.isdigit():
+    from .config import env_number
+
+    visible_current = env_number("KCACHE_DEVICE")  # which GPU the integration is about
+    if visible_current is not None:
         dev = int(visible_current)
     handle = ctypes.c_int(0)
     if lib.cuDeviceGet(ctypes.byref(handle), dev) != 0:

@@ -15,6 +15,23 @@ _configured = False
 LEVELS = {"warning": logging.WARNING, "info": logging.INFO, "debug": logging.DEBUG, "error": logging.ERROR}
 
 
+class _Redact(logging.Filter):
+    """Every message of kcache's logger goes out through :func:`kcache.config.redact`: a URL's
+    password or a secret value never reaches a log, whatever text (an exception's) carries it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from .config import redact
+
+        try:
+            record.msg, record.args = redact(record.getMessage()), None
+        except Exception:  # never lose the message for it: drop it instead of printing it raw
+            record.msg, record.args = "(a message that could not be redacted)", None
+        return True
+
+
+logger.addFilter(_Redact())
+
+
 def configure(level: str | None = None) -> None:
     """Attach a stderr handler once; ``level`` is a name from :data:`LEVELS`."""
     global _configured

@@ -11,14 +11,19 @@ from ..store.safety import UnsafeStore, check_dir, fs_type, insecure_parent, is_
 
 
 def config_report(settings: Settings) -> dict[str, Any]:
-    """Each effective setting with where it came from, and whether the store dir is usable."""
-    from ..config import ENV
+    """Each effective setting with where it came from (numeric ones with their ``range``), and
+    whether the store dir is usable."""
+    from ..config import ENV, RANGES
 
     values = settings.as_dict()
     rows = [
         {"name": name, "env": var, "value": values.get(name), "source": settings.sources.get(name, "default")}
         for name, var in ENV.items()
     ]
+    for row in rows:
+        if row["name"] in RANGES:  # what a value may be; outside it, the setting is a problem
+            _unit, low, high = RANGES[row["name"]]
+            row["range"] = [low, high]
     root = Path(settings.dir).absolute()
     store: dict[str, Any] = {"dir": str(root), "exists": root.exists()}
     probe = root

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..config import Settings
+from ..config import Settings, redact
 
 #: INFO fields reported (server, memory, stats, clients sections).
 _INFO = (
@@ -57,7 +57,7 @@ def remote_report(settings: Settings, *, limit: int = 10_000, timeout_s: float =
             info = r.info()
             out["server"] = {k: info[k] for k in _INFO if k in info}
         except Exception as e:  # INFO may be denied by an ACL
-            out["server"] = {"error": str(e)}
+            out["server"] = {"error": redact(e)}
         idx = cfg.index_key
         out["indexed"] = int(r.zcard(idx))
         stop = -1 if limit == 0 else limit - 1
@@ -93,7 +93,7 @@ def remote_report(settings: Settings, *, limit: int = 10_000, timeout_s: float =
             by_kind=dict(sorted(by_kind.items())),
         )
     except Exception as e:
-        out["error"] = f"{type(e).__name__}: {e}"
+        out["error"] = redact(f"{type(e).__name__}: {e}")
     finally:
         try:
             r.close()

@@ -14,7 +14,6 @@ through :func:`protect_puts`. Child processes of a prewarm (torch's compile work
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -133,11 +132,9 @@ def protect_puts(store: Store | None, seconds: float) -> Callable[[], None]:
 
 def protect_from_env(store: Store | None) -> Callable[[], None] | None:
     """In a child of a prewarm (``KCACHE_PREWARM_PROTECT_S`` set): protect this process's puts."""
-    raw = os.environ.get(PROTECT_ENV)
-    if not raw:
-        return None
-    try:
-        seconds = float(raw)
-    except ValueError:
+    from ..config import env_number
+
+    seconds = env_number(PROTECT_ENV)  # a bad value: warned once, and ignored
+    if seconds is None:
         return None
     return protect_puts(store, seconds)

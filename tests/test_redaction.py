@@ -1,0 +1,142 @@
+"""Secrets are never printed: every URL form redis-py takes (and forms it refuses), with '@',
+'/', '#', '?', ':' and '%' in the password, any scheme case, and ``KCACHE_REMOTE_PASSWORD``,
+walked through every output a user sees, each in a real process: ``kcache config``,
+``kcache remote`` (human and ``--json``), and a program's warnings when the server is unreachable.
+
+Before: ``redis://default:Tr0ub4dor@TAIL@host:port/0`` printed ``TAIL`` in ``kcache config`` and
+``kcache remote``; ``REDIS://``, ``Redis://``, ``redis+sentinel://`` and a raw '/', '#' or '?' in
+the password printed it in every process's warning and in ``kcache config``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kcache import config
+
+PYTHON = sys.executable
+LEFT, RIGHT = "Xq7Left", "Zk9Right"  # the two halves of every password below: neither may show
+PW = LEFT + RIGHT
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+PORT = _closed_port()
+HOST = f"127.0.0.1:{PORT}"
+# (label, KCACHE_REMOTE, KCACHE_REMOTE_PASSWORD)
+URLS: list[tuple[str, str, str | None]] = [
+    ("@ in the password", f"redis://default:{LEFT}@{RIGHT}@{HOST}/0", None),
+    ("upper-case scheme", f"REDIS://default:{PW}@{HOST}/0", None),
+    ("mixed-case scheme", f"Redis://default:{PW}@{HOST}/0", None),
+    ("TLS", f"rediss://default:{PW}@{HOST}/0", None),
+    ("TLS upper-case, ':' in the password", f"REDISS://default:{LEFT}:{RIGHT}@{HOST}/0", None),
+    ("sentinel", f"redis+sentinel://default:{PW}@{HOST}/mymaster/0", None),
+    ("unix socket with user info", f"unix://default:{PW}@/nonexistent/redis.sock?db=0", None),
+    ("'/' in the password", f"redis://default:{LEFT}/{RIGHT}@{HOST}/0", None),
+    ("'#' in the password", f"redis://default:{LEFT}#{RIGHT}@{HOST}/0", None),
+    ("'?' in the password", f"redis://default:{LEFT}?{RIGHT}@{HOST}/0", None),
+    ("percent-encoded '@'", f"redis://default:{LEFT}%40{RIGHT}@{HOST}/0", None),
+    ("a raw '%'", f"redis://default:{LEFT}%{RIGHT}@{HOST}/0", None),
+    ("no user name", f"redis://:{PW}@{HOST}/0", None),
+    ("a password alone", f"redis://{PW}@{HOST}/0", None),
+    ("password in the query", f"redis://{HOST}/0?password={PW}", None),
+    ("unix socket, password in the query", f"unix:///nonexistent/redis.sock?db=0&password={PW}", None),
+    ("a scheme kcache refuses", f"valkey://default:{PW}@{HOST}/0", None),
+    ("a bad database", f"redis://default:{LEFT}@{RIGHT}@{HOST}/zero", None),
+    ("KCACHE_REMOTE_PASSWORD", f"redis://{HOST}/0", PW),
+    ("both", f"redis://default:{LEFT}#{RIGHT}@{HOST}/0", PW + "2"),
+]
+
+PROGRAM = """
+import kcache
+kcache.enable()
+s = kcache.active_store()
+for i in range(5):  # a lookup each: refused connections open the circuit breaker (one warning)
+    s.get("triton", f"key{i}")
+s.put("triton", "key0", {"k.json": b"{}"})
+s.close()
+"""
+
+
+def _env(tmp: Path, url: str, password: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE")}
+    env.update(HOME=str(tmp / "home"), XDG_CACHE_HOME=str(tmp / "xdg"), KCACHE_DIR=str(tmp / "store"))
+    env.update(KCACHE_REMOTE=url, KCACHE_LOG="info")  # info: the tier's every failure is logged too
+    if password is not None:
+        env["KCACHE_REMOTE_PASSWORD"] = password
+    return env
+
+
+def _run_all(cmds: list[tuple[list[str], dict[str, str]]]) -> list[subprocess.CompletedProcess]:
+    out: list[subprocess.CompletedProcess] = []
+    for i in range(0, len(cmds), 8):  # eight at a time: each is short, the box has 2 cores
+        procs = [
+            subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for c, e in cmds[i : i + 8]
+        ]
+        for p, (c, _e) in zip(procs, cmds[i : i + 8]):
+            so, se = p.communicate(timeout=120)
+            out.append(subprocess.CompletedProcess(c, p.returncode, so, se))
+    return out
+
+
+OUTPUTS = {
+    "kcache config": ["-m", "kcache", "config"],
+    "kcache config --json": ["-m", "kcache", "config", "--json"],
+    "kcache remote": ["-m", "kcache", "remote"],
+    "kcache remote --json": ["-m", "kcache", "remote", "--json"],
+    "a program's warnings": ["-c", PROGRAM],
+}
+
+
+def test_no_output_prints_a_password(tmp_path: Path) -> None:
+    cmds, labels = [], []
+    for i, (label, url, password) in enumerate(URLS):
+        for out, argv in OUTPUTS.items():
+            d = tmp_path / f"{i}-{len(cmds)}"
+            d.mkdir()
+            cmds.append(([PYTHON, *argv], _env(d, url, password)))
+            labels.append((label, out))
+    for (label, out), p in zip(labels, _run_all(cmds)):
+        text = p.stdout + p.stderr
+        assert "Traceback" not in text, f"{label}, {out}: {text[-2000:]}"
+        for half in (LEFT, RIGHT):
+            assert half not in text, f"{label}, {out} printed {half!r}:\n{text}"
+        # and each did speak of the shared tier (its URL, masked, or what is wrong with it)
+        assert "127.0.0.1" in text or "nonexistent" in text or "KCACHE_REMOTE" in text, (label, out, text)
+
+
+def test_a_reachable_server_with_an_at_sign_in_its_password(redis_private, tmp_path: Path) -> None:
+    server = redis_private("--requirepass", f"{LEFT}@{RIGHT}")
+    url = f"redis://default:{LEFT}@{RIGHT}@127.0.0.1:{server.port}/0"
+    cmds = [([PYTHON, "-m", "kcache", "remote", *a], _env(tmp_path, url, None)) for a in ([], ["--json"])]
+    for p in _run_all(cmds):
+        assert p.returncode == 0, p.stdout + p.stderr  # it did log in, with the whole password
+        assert LEFT not in p.stdout + p.stderr and RIGHT not in p.stdout + p.stderr
+        assert "default:***@127.0.0.1" in p.stdout
+
+
+@pytest.mark.parametrize("label,url,password", URLS, ids=[u[0] for u in URLS])
+def test_redact_masks_every_form_by_its_shape(
+    label: str, url: str, password: str | None, monkeypatch
+) -> None:
+    monkeypatch.setattr(config, "_SECRETS", set())  # no value remembered: the URL's shape alone
+    text = config.redact(f"error: cannot reach {url!r} ({url})")
+    assert LEFT not in text and RIGHT not in text, text
+
+
+def test_remembered_secrets_are_masked_in_any_text(monkeypatch) -> None:
+    monkeypatch.setattr(config, "_SECRETS", set())
+    config.load({"KCACHE_REMOTE": f"redis://u:{LEFT} {RIGHT}@h:1/0", "KCACHE_REMOTE_PASSWORD": "pw-" + PW})
+    text = config.redact(f"AuthenticationError: {LEFT} {RIGHT} / pw-{PW}")
+    assert LEFT not in text and RIGHT not in text, text
