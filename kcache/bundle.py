@@ -37,6 +37,7 @@ import os
 import re
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -79,19 +80,28 @@ def _sign(secret: bytes | None, body: bytes) -> str | None:
 
 
 def export_bundle(
-    store: Store, path: str | Path, *, kinds: list[str] | None = None, secret: bytes | None = None
+    store: Store,
+    path: str | Path,
+    *,
+    kinds: list[str] | None = None,
+    secret: bytes | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Write every verified entry (of ``kinds``, if given) to the bundle ``path``.
 
     The file is written through a unique temporary name created exclusively beside ``path`` and
-    renamed into place: a link planted at either name is replaced, never followed."""
+    renamed into place: a link planted at either name is replaced, never followed. When no entry
+    can be exported (an empty store, no entry of ``kinds``, every one skipped), nothing is
+    written and :class:`BundleError` says why. ``progress(n)`` is called as entries are read."""
     hits = []
     skipped: list[dict[str, str]] = []
     for ident in sorted(store.iter_entry_ids()):
         # Every member checked against its sha256 as it is read.
         hit, problem = store.read_any(ident, full=True)
+        if progress is not None:
+            progress(1)
         if hit is None:
-            skipped.append({"id": ident, "why": problem or "unreadable"})
+            skipped.append({"id": ident, "why": f"unreadable: {problem or 'no record'}"})
             continue
         rec = hit.record
         if kinds and rec.kind not in kinds:
@@ -100,6 +110,13 @@ def export_bundle(
             skipped.append({"id": ident, "kind": rec.kind, "why": "machine-local: never exported"})
             continue
         hits.append(hit)
+    if not hits:
+        of = f" of kind {', '.join(kinds)}" if kinds else ""
+        if skipped:
+            raise BundleError(
+                f"nothing exported: {count_text(len(skipped))}{of} skipped ({reasons(skipped)})"
+            )
+        raise BundleError(f"nothing exported: the store at {store.root} holds no entries{of}")
     body = msgpack.packb(
         {
             "format": "kcache-bundle",
@@ -139,7 +156,44 @@ def export_bundle(
         "by_kind": by_kind,
         "signed": secret is not None,
         "skipped": skipped,
+        "skipped_by_reason": by_reason(skipped),
     }
+
+
+def by_reason(skipped: list[dict[str, str]]) -> dict[str, int]:
+    """How many entries were skipped for each reason, the most frequent first."""
+    counts: dict[str, int] = {}
+    for s in skipped:
+        why = str(s.get("why") or "?")
+        counts[why] = counts.get(why, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def count_text(n: int) -> str:
+    return f"{n} entr{'y' if n == 1 else 'ies'}"
+
+
+def reasons(skipped: list[dict[str, str]], most: int = 4) -> str:
+    """``skipped`` in a few words: "3 machine-local: never exported, 1 unreadable: ..."."""
+    items = list(by_reason(skipped).items())
+    text = ", ".join(f"{n} {why}" for why, n in items[:most])
+    return text + (f", {len(items) - most} other reasons" if len(items) > most else "")
+
+
+def import_problem(report: dict[str, Any]) -> str | None:
+    """Why an import brought nothing of what it was asked to (one line), or None: nothing was
+    imported, nothing of the bundle was in the store already, and the bundle was not empty
+    (that too is said)."""
+    if report.get("imported") or report.get("present"):
+        return None
+    skipped = report.get("skipped") or []
+    name = report.get("file", "the bundle")
+    if not skipped:
+        return f"nothing imported: {name} holds no entries"
+    text = f"nothing imported from {name}: {count_text(len(skipped))} skipped ({reasons(skipped)})"
+    if report.get("needs_secret"):
+        text += "; the bundle is signed: set KCACHE_SECRET to the secret it was signed with"
+    return text
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -237,6 +291,8 @@ class Bundle:
         closers: list[Any] | None = None,
     ):
         self.path, self.tar, self._fileobj, self.records, self.signed = path, tar, fileobj, records, signed
+        #: The bundle carries a signature that was not checked (no secret was given).
+        self.unchecked_signature = False
         self.window = window
         self._closers = closers or []
 
@@ -296,7 +352,7 @@ def open_bundle(path: str | Path, *, secret: bytes | None = None, key_tag: str =
         except Exception as e:
             raise BundleError(f"{path}: not a kcache bundle ({type(e).__name__}: {e})") from None
         try:
-            records, signed = _read_manifest(path, tar, secret, key_tag, window)
+            records, signed, carries = _read_manifest(path, tar, secret, key_tag, window)
         except BaseException:
             tar.close()
             raise
@@ -308,12 +364,15 @@ def open_bundle(path: str | Path, *, secret: bytes | None = None, key_tag: str =
                 pass
         f.close()
         raise
-    return Bundle(path, tar, f, records, signed, window, closers)
+    b = Bundle(path, tar, f, records, signed, window, closers)
+    b.unchecked_signature = carries and not signed
+    return b
 
 
 def _read_manifest(
     path: str, tar: tarfile.TarFile, secret: bytes | None, key_tag: str, window: _Window
-) -> tuple[dict[str, _Declared], bool]:
+) -> tuple[dict[str, _Declared], bool, bool]:
+    """(records by id, whether the signature verified, whether the bundle carries one)."""
     first = _next(tar, window, path)
     if (
         first is None
@@ -375,7 +434,7 @@ def _read_manifest(
         except CorruptRecord as e:
             raise BundleError(f"{path}: bad record in manifest ({e})") from None
         records[rec.id] = _Declared(rec, blob)
-    return records, signed
+    return records, signed, sig is not None
 
 
 def _read_member(
@@ -410,29 +469,47 @@ def _read_member(
 
 
 def import_bundle(
-    store: Store, bundle: Bundle | str | Path, *, secret: bytes | None = None
+    store: Store,
+    bundle: Bundle | str | Path,
+    *,
+    secret: bytes | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Put every entry of ``bundle`` (opened by :func:`open_bundle`, or a path) into ``store``;
     see the module doc for what is refused. Member files are streamed into a private folder
-    of the store and checked against their sha256 before they become entries."""
+    of the store and checked against their sha256 before they become entries.
+
+    The report: ``imported``, ``present`` (already in the store), ``skipped`` (each with why),
+    ``skipped_by_reason``, ``by_kind`` (imported), ``needs_secret`` (the bundle is signed, no
+    secret was given, and entries that need a signature were skipped). :func:`import_problem`
+    says whether that is a failure. ``progress(n)`` is called with the bytes of each member read."""
     own = not isinstance(bundle, Bundle)
     b = open_bundle(bundle, secret=secret, key_tag=store.key_tag) if own else bundle  # type: ignore[arg-type]
     try:
-        return _import(store, b)
+        report = _import(store, b, progress)
     finally:
         if own:
             b.close()
+    report["skipped_by_reason"] = by_reason(report["skipped"])
+    report["needs_secret"] = b.unchecked_signature and any(s["why"] == UNSIGNED for s in report["skipped"])
+    return report
 
 
-def _import(store: Store, b: Bundle) -> dict[str, Any]:
-    report: dict[str, Any] = {"file": b.path, "signed": b.signed, "imported": 0, "present": 0, "skipped": []}
+#: Why an entry of a kind that runs on the host or is unpickled was not imported.
+UNSIGNED = "host code or pickled entry from an unsigned bundle"
+
+
+def _import(store: Store, b: Bundle, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "file": b.path, "signed": b.signed, "imported": 0, "present": 0, "by_kind": {}, "skipped": [],
+    }  # fmt: skip
     refused: dict[str, str] = {}
     for ident, rec in b.records.items():
         k = _kinds.get(rec.kind)
         if k.machine_local:
             refused[ident] = "machine-local: never imported"
         elif k.needs_signature and not b.signed:
-            refused[ident] = "host code or pickled entry from an unsigned bundle"
+            refused[ident] = UNSIGNED
     declared = {(r.id, f.name): f for r in b.records.values() for f in r.files}
     total_bound = max(0, store.max_size)
     member_bound = min(MAX_MEMBER, total_bound)
@@ -491,6 +568,8 @@ def _import(store: Store, b: Bundle) -> dict[str, Any]:
             window.allow(m.offset_data + m.size)
             with open(dst, "xb", opener=_private_opener) as out:
                 _read_member(b.tar, m, member_bound, b.path, sink=_Hashing(out, h))
+            if progress is not None:
+                progress(m.size)
             if h.hexdigest() != info.sha256:
                 bad[ident] = f"checksum mismatch: {name}"
                 os.unlink(dst)
@@ -524,6 +603,7 @@ def _import(store: Store, b: Bundle) -> dict[str, Any]:
             report["skipped"].append({"id": ident, "kind": rec.kind, "why": "the store could not write it"})
         else:
             report["imported"] += 1
+            report["by_kind"][rec.kind] = report["by_kind"].get(rec.kind, 0) + 1
     for files in staged.values():
         for p in files.values():
             try:

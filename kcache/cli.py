@@ -630,31 +630,56 @@ def _explain_run(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------- bundles
+def _verbose_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("-v", "--verbose", action="store_true", help=f"list every {what} entry and why")
+
+
 def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", metavar="FILE", help="the bundle to write (.tgz/.gz: compressed)")
     p.add_argument("--kind", type=_kind, action="append", help="only entries of this kind (repeatable)")
+    _verbose_arg(p, "skipped")
+
+
+def _skipped_lines(res: dict[str, Any], verbose: bool) -> None:
+    """One summary line of what was skipped and why; with -v, one line per entry."""
+    from .bundle import count_text, reasons
+
+    skipped = res.get("skipped") or []
+    if not skipped:
+        return
+    print(f"skipped {count_text(len(skipped))}: {reasons(skipped)}" + ("" if verbose else " (-v lists them)"))
+    if verbose:
+        for s in skipped:
+            what = s.get("id") or s.get("path") or "?"
+            print(f"  {str(what)[:40]}  {s.get('kind') or ''}  {s.get('why')}".replace("    ", "  "))
 
 
 def _export_run(args: argparse.Namespace) -> int:
     """write verified entries to a relocatable, checksummed bundle (signed with KCACHE_SECRET)"""
-    from .bundle import BundleError, export_bundle
+    from .bundle import BundleError, count_text, export_bundle
+    from .config import format_size
+    from .maintenance import close_store
+    from .maintenance.progress import Progress
 
     settings = load_settings(args)
     store = open_for(args)
     try:
-        res = export_bundle(store, args.file, kinds=args.kind, secret=settings.secret)
+        total = sum(1 for _ in store.iter_entry_ids())
+        with Progress("export: read", total, enabled=not wants_json(args)) as prog:
+            res = export_bundle(store, args.file, kinds=args.kind, secret=settings.secret, progress=prog)
     except (BundleError, OSError) as e:
         raise CommandError(str(e)) from None
+    finally:
+        close_store(store)
     if wants_json(args):
         print_json(res)
-    else:
-        kinds = ", ".join(f"{k} {n}" for k, n in sorted(res["by_kind"].items())) or "nothing"
-        print(
-            f"exported {res['entries']} entries ({kinds}), {res['bytes']} bytes, to {res['file']}"
-            f"{' (signed)' if res['signed'] else ''}"
-        )
-        for s in res["skipped"]:
-            print(f"  skipped {s['id'][:12]}: {s['why']}")
+        return 0
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(res["by_kind"].items()))
+    print(
+        f"exported {count_text(res['entries'])} ({kinds}), {format_size(res['bytes'])}, to {res['file']}"
+        f"{' (signed)' if res['signed'] else ''}"
+    )
+    _skipped_lines(res, args.verbose)
     return 0
 
 
@@ -663,6 +688,7 @@ def _import_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--triton-cache", metavar="DIR", help="adopt an existing Triton cache folder (~/.triton/cache)"
     )
+    _verbose_arg(p, "skipped")
 
 
 def _fresh_folder(path: str) -> str | None:
@@ -707,6 +733,7 @@ def _import_run(args: argparse.Namespace) -> int:
     settings = load_settings(args)
     if settings.readonly:
         raise CommandError(f"{settings.dir} is read-only (KCACHE_READONLY=1): nothing may be imported")
+    from .maintenance.progress import Progress
     from .store import Store
 
     bundle = None
@@ -726,7 +753,10 @@ def _import_run(args: argparse.Namespace) -> int:
 
                 res = import_triton_cache(store, args.triton_cache)
             else:
-                res = import_bundle(store, bundle)  # type: ignore[arg-type]
+                assert bundle is not None
+                size = sum(r.size for r in bundle.records.values())
+                with Progress("import", size, enabled=not wants_json(args), unit="bytes") as prog:
+                    res = import_bundle(store, bundle, progress=prog)
         finally:
             store.close()
     except (BundleError, OSError) as e:
@@ -736,13 +766,53 @@ def _import_run(args: argparse.Namespace) -> int:
     finally:
         if bundle is not None:
             bundle.close()
+    problem = _import_problem(res, args)
+    if problem and fresh:  # nothing imported: a folder that held no store is left as it was
+        _undo_new_store(os.fspath(settings.dir), fresh)
     if wants_json(args):
+        res["error"] = problem
         print_json(res)
+    elif args.triton_cache:
+        print(
+            f"adopted from {res['source']}: {res['kernels']} kernels ({res['kernels_present']} already "
+            f"present), {res['aux']} launchers, {res['autotune']} autotune results"
+            + (f"; {res['other_triton']} kernels of another Triton left out" if res["other_triton"] else "")
+        )
+        _skipped_lines(res, args.verbose)
     else:
-        print(" ".join(f"{k}={v}" for k, v in res.items() if not isinstance(v, (list, dict))))
-        for s in res.get("skipped", []):
-            print(f"  skipped {s.get('id', s.get('path', '?'))!s:.40}: {s.get('why')}")
+        from .bundle import count_text
+
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(res["by_kind"].items()))
+        print(
+            f"imported {count_text(res['imported'])}{f' ({kinds})' if kinds else ''} from {res['file']}"
+            + (" (signature checked)" if res["signed"] else "")
+            + (f"; {res['present']} already present" if res["present"] else "")
+        )
+        _skipped_lines(res, args.verbose)
+        if res.get("needs_secret") and not problem:
+            print(
+                "the bundle is signed: set KCACHE_SECRET to the secret it was signed with to import the rest"
+            )
+    if problem:
+        _fail(problem)
+        return 1
     return 0
+
+
+def _import_problem(res: dict[str, Any], args: argparse.Namespace) -> str | None:
+    """Why an import brought nothing of what it was asked to, or None (see bundle.import_problem)."""
+    if not args.triton_cache:
+        from .bundle import import_problem
+
+        return import_problem(res)
+    if res["kernels"] or res["kernels_present"] or res["aux"] or res["autotune"]:
+        return None
+    from .bundle import reasons
+
+    why = reasons(res["skipped"]) if res["skipped"] else "it holds no kernel of a Triton cache"
+    if res["other_triton"]:
+        why += f"; {res['other_triton']} kernels were built by another Triton than this one"
+    return f"nothing adopted from {res['source']}: {why}"
 
 
 # ---------------------------------------------------------------------------------- registry

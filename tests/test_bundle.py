@@ -203,3 +203,95 @@ def test_cli_export_import_round_trip(tmp_path: Path) -> None:
         [*run, "import", "--dir", str(tmp_path / "new")], capture_output=True, text=True, env=env
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ exit codes and summaries
+def _cli(tmp_path: Path, *args: str, **env_extra: str):
+    import subprocess
+    import sys
+
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **env_extra}
+    return subprocess.run(
+        [sys.executable, "-m", "kcache", *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def _aux_store(root: Path, n: int) -> None:
+    s = Store.open(root, max_size=1 << 30)
+    for i in range(n):
+        assert s.put("triton-aux", f"k{i}/__triton_launcher.so", {"__triton_launcher.so": b"\x7fELF%d" % i})
+    s.close()
+
+
+def test_signed_bundle_without_the_secret_imports_nothing_and_says_why(tmp_path: Path) -> None:
+    """Every entry needs the signature checked: without KCACHE_SECRET none is imported. That is a
+    failure (exit 1, one line saying why), not `imported=0` and exit 0."""
+    _aux_store(tmp_path / "a", 40)
+    assert _cli(tmp_path, "export", str(tmp_path / "b.kcb"), "--dir", str(tmp_path / "a"),
+                KCACHE_SECRET="s3cret").returncode == 0  # fmt: skip
+    r = _cli(tmp_path, "import", str(tmp_path / "b.kcb"), "--dir", str(tmp_path / "new"))
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "nothing imported" in err[0] and "KCACHE_SECRET" in err[0], r.stderr
+    assert not (tmp_path / "new").exists()  # a failed import leaves no store behind
+    # one summary line for the 40 skipped entries, not one line each
+    out = r.stdout.strip().splitlines()
+    assert len(out) == 2, r.stdout
+    assert out[1].startswith("skipped 40 entries: 40 host code or pickled entry from an unsigned bundle")
+    r = _cli(tmp_path, "import", str(tmp_path / "b.kcb"), "--dir", str(tmp_path / "new"), "--json")
+    assert r.returncode == 1 and json_of(r)["needs_secret"] and "KCACHE_SECRET" in json_of(r)["error"]
+    r = _cli(
+        tmp_path, "import", str(tmp_path / "b.kcb"), "--dir", str(tmp_path / "new"), KCACHE_SECRET="s3cret"
+    )
+    assert r.returncode == 0 and r.stdout.startswith("imported 40 entries (triton-aux 40)"), r.stdout
+    assert "(signature checked)" in r.stdout and r.stderr == ""
+
+
+def test_partial_import_is_one_summary_line_and_v_lists_each(tmp_path: Path) -> None:
+    a = Store.open(tmp_path / "a", max_size=1 << 30)
+    _fill(a)
+    a.close()
+    assert _cli(tmp_path, "export", str(tmp_path / "b.kcb"), "--dir", str(tmp_path / "a")).returncode == 0
+    r = _cli(tmp_path, "import", str(tmp_path / "b.kcb"), "--dir", str(tmp_path / "new"))
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    out = r.stdout.strip().splitlines()
+    assert out[0] == f"imported 2 entries (triton 1, triton-autotune 1) from {tmp_path / 'b.kcb'}", out
+    assert out[1] == "skipped 1 entry: 1 host code or pickled entry from an unsigned bundle (-v lists them)"
+    assert len(out) == 2
+    r = _cli(tmp_path, "import", str(tmp_path / "b.kcb"), "--dir", str(tmp_path / "new2"), "-v")
+    lines = r.stdout.strip().splitlines()
+    assert r.returncode == 0 and len(lines) == 3 and "triton-aux" in lines[2], r.stdout
+    # again: everything it can take is there already: nothing new, and that is not a failure
+    r = _cli(tmp_path, "import", str(tmp_path / "b.kcb"), "--dir", str(tmp_path / "new"))
+    assert r.returncode == 0 and "imported 0 entries" in r.stdout and "2 already present" in r.stdout
+
+
+def test_export_of_nothing_fails_and_writes_nothing(tmp_path: Path) -> None:
+    empty = _cli(tmp_path, "export", str(tmp_path / "e.kcb"), "--dir", str(tmp_path / "none"))
+    assert empty.returncode == 1 and "nothing exported" in empty.stderr and "holds no entries" in empty.stderr
+    a = Store.open(tmp_path / "a", max_size=1 << 30)
+    for i in range(30):  # answers about this machine only: never exported
+        assert a.put("triton-meta", f"tool/{i}", {"v": b"x"})
+    assert a.put("triton", "k1/add.json", {"add.cubin": b"c"})
+    a.close()
+    r = _cli(
+        tmp_path, "export", str(tmp_path / "m.kcb"), "--dir", str(tmp_path / "a"), "--kind", "triton-meta"
+    )
+    assert r.returncode == 1 and not (tmp_path / "m.kcb").exists()
+    assert (
+        "nothing exported: 30 entries of kind triton-meta skipped (30 machine-local: never exported)"
+        in r.stderr
+    )
+    r = _cli(tmp_path, "export", str(tmp_path / "n.kcb"), "--dir", str(tmp_path / "a"), "--kind", "nvfuser")
+    assert r.returncode == 1 and "holds no entries of kind nvfuser" in r.stderr
+    r = _cli(tmp_path, "export", str(tmp_path / "t.kcb"), "--dir", str(tmp_path / "a"))
+    out = r.stdout.strip().splitlines()
+    assert r.returncode == 0 and len(out) == 2, r.stdout
+    assert out[0].startswith("exported 1 entry (triton 1)")
+    assert out[1] == "skipped 30 entries: 30 machine-local: never exported (-v lists them)"
+
+
+def json_of(r):
+    import json
+
+    return json.loads(r.stdout)

@@ -411,6 +411,41 @@ def test_dry_run_lists_and_writes_nothing(
     assert not store.exists()
 
 
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_without_torch_prewarm_says_so_in_one_line_before_anything(tmp_path: Path, dry_run: bool) -> None:
+    """The README's install has no torch: prewarm (a dry run too) stops at once with one line
+    that names the entry and how to get a torch that leaves the installed Triton alone."""
+    store = tmp_path / "store"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE")}
+    hide = (
+        "import sys; sys.modules['torch'] = None; from kcache.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    args = ["prewarm", str(EXAMPLE), "--dir", str(store), "--target", "cuda:90"]
+    p = subprocess.run(
+        [sys.executable, "-c", hide, *args, *(["--dry-run"] if dry_run else [])],
+        capture_output=True, text=True, env=env, timeout=120, cwd=str(tmp_path),
+    )  # fmt: skip
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and p.stdout == "", p.stderr
+    line = lines[0]
+    assert "triton[0] (kernels:add_kernel)" in line and "needs torch" in line, line
+    assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in line, line
+    from kcache import fingerprint
+
+    assert f"Triton {fingerprint.current('triton_version')}" in line
+    assert not store.exists()
+
+
+def test_torch_advice_names_the_torch_that_pins_the_installed_triton() -> None:
+    from kcache.prewarm.needs import torch_advice, torch_for_triton
+
+    assert torch_for_triton("3.6.0") == "2.11" and torch_for_triton("3.7.1") == "2.13"
+    assert torch_for_triton("3.4.0") == "2.8" and torch_for_triton("3.8.0") == "2.14"
+    assert torch_for_triton("3.9.0") is None and torch_for_triton(None) is None
+    assert "torch==2.11.*" in torch_advice("3.6.0") and "torch==" not in torch_advice("3.9.0")
+
+
 def test_no_gpu_without_target_is_a_usage_error(
     mod_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

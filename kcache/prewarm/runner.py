@@ -593,10 +593,14 @@ def prewarm(
     environment that differs from a Triton already imported, or another store: workers); True
     lets this process be the one worker when it can (the command line); False forces workers."""
     from .meta import DEFAULT_PROTECT_S
+    from .needs import missing
     from .triton_aot import parse_target
 
     t0 = time.perf_counter()
     sp = load(spec)
+    lacking = missing(sp)  # before any module is imported or anything compiled; --dry-run too
+    if lacking:
+        raise UsageError(lacking)
     arch = None
     if target:
         try:

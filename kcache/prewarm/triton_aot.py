@@ -13,7 +13,8 @@ on the GPU would.
 Host code: Triton 3.6 builds a launcher shared object per kernel signature with gcc against
 ``libcuda.so.1`` (3.7+ has one generic launcher inside ``cuda_utils``). With a C compiler, a stub
 ``libcuda.so.1`` (every ``cu*`` symbol of Triton's ``cuda.h``, each returning an error) found
-through ``TRITON_LIBCUDA_PATH`` is enough to build and load them, so those land in the store too.
+through ``TRITON_LIBCUDA_PATH`` is enough to build and load them, so those land in the store too
+(:mod:`.stub_libcuda`: the same folder in every process, which Triton 3.9's key needs).
 
 Everything here runs in a process dedicated to one target: the JIT caches the target per device.
 """
@@ -21,19 +22,14 @@ Everything here runs in a process dedicated to one target: the JIT caches the ta
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import inspect
 import os
 import re
-import shutil
-import subprocess
-import tempfile
-import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .spec import ITEMSIZE, NoneArg, TensorArg, TritonDtypeArg, kernel_chain, order_args
+from .stub_libcuda import stub_error, stub_libcuda
 
 _TARGET_RE = re.compile(r"^cuda:(?:sm_?)?(\d{2,3})a?$")
 
@@ -51,76 +47,6 @@ def parse_target(text: str) -> int:
     if arch < 50:
         raise ValueError(f"{text!r}: Triton's CUDA backend needs compute capability 5.0 or newer")
     return arch
-
-
-# ------------------------------------------------------------------------------ stub libcuda
-_stub_lock = threading.Lock()
-_stub_dir: str | None = None
-_stub_error: str | None = None
-
-
-def _cu_symbols() -> set[str]:
-    """Every ``cu*`` function name in Triton's cuda.h, driver.c and launcher template."""
-    import triton.backends.nvidia.driver as nvd
-
-    here = os.path.dirname(os.path.realpath(nvd.__file__))
-    texts = []
-    for rel in (os.path.join("include", "cuda.h"), "driver.c"):
-        p = os.path.join(here, rel)
-        if os.path.exists(p):
-            with open(p, encoding="utf-8", errors="replace") as f:
-                texts.append(f.read())
-    with contextlib.suppress(Exception):
-        texts.append(inspect.getsource(nvd))
-    names: set[str] = set()
-    for t in texts:
-        names.update(re.findall(r"\b(cu[A-Z][A-Za-z0-9_]*)\b", t))
-    return names
-
-
-def stub_libcuda() -> str | None:
-    """A directory holding a stub ``libcuda.so.1`` (built once per process), or None (no compiler).
-    The stub is loaded RTLD_GLOBAL, so shared objects that need libcuda.so.1 resolve to it."""
-    global _stub_dir, _stub_error
-    with _stub_lock:
-        if _stub_dir is not None or _stub_error is not None:
-            return _stub_dir
-        cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang") or shutil.which("cc")
-        if not cc:
-            _stub_error = "no C compiler (gcc, clang or $CC): launchers are built on the GPU machine"
-            return None
-        d = tempfile.mkdtemp(prefix="kcache-stub-libcuda-")
-        import atexit
-
-        atexit.register(shutil.rmtree, d, True)
-        try:
-            names = sorted(_cu_symbols())
-            src = os.path.join(d, "stub.c")
-            with open(src, "w") as f:
-                f.write("/* kcache prewarm: a stand-in libcuda for building Triton's host code; no GPU */\n")
-                for n in names:
-                    f.write(f"int {n}(void) {{ return 999; }}\n")  # 999: CUDA_ERROR_UNKNOWN
-            so = os.path.join(d, "libcuda.so.1")
-            subprocess.run(
-                [cc, "-shared", "-fPIC", "-O0", "-o", so, "-Wl,-soname,libcuda.so.1", src],
-                check=True,
-                capture_output=True,
-                timeout=120,
-            )
-            os.symlink("libcuda.so.1", os.path.join(d, "libcuda.so"))
-            ctypes.CDLL(so, mode=os.RTLD_NOW | getattr(os, "RTLD_GLOBAL", 0))
-        except Exception as e:
-            detail = getattr(e, "stderr", b"") or b""
-            _stub_error = (
-                f"could not build a stub libcuda ({e} {detail.decode(errors='replace')[:200]})".strip()
-            )
-            return None
-        _stub_dir = d
-        return d
-
-
-def stub_error() -> str | None:
-    return _stub_error
 
 
 # ------------------------------------------------------------------------------ stand-in driver

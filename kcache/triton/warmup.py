@@ -163,6 +163,14 @@ def _after_fork_child() -> None:
     _unguard()
 
 
+def _knob(driver: Any) -> str:
+    """``TRITON_LIBCUDA_PATH`` as Triton's knob reads it ("" when unset)."""
+    try:
+        return str(driver.knobs.nvidia.libcuda_path or "")
+    except Exception:
+        return ""
+
+
 def _key(driver: Any) -> str | None:
     try:
         st = os.stat("/etc/ld.so.cache")
@@ -174,11 +182,7 @@ def _key(driver: Any) -> str | None:
             boot = f.read(64).strip().decode("ascii", "replace")
     except OSError:
         return None  # no per-boot id: not worth the risk of an answer from another machine
-    knob = ""
-    try:
-        knob = str(driver.knobs.nvidia.libcuda_path or "")
-    except Exception:
-        pass
+    knob = _knob(driver)
     return f"libcuda-dirs/v1|boot={boot}|ldcache={ident}|LD_LIBRARY_PATH={os.environ.get('LD_LIBRARY_PATH', '')}|knob={knob}"
 
 
@@ -189,6 +193,10 @@ def install_libcuda_memo(driver: Any) -> None:
         return
 
     def libcuda_dirs() -> list[str]:
+        if _knob(driver):
+            # Triton answers from TRITON_LIBCUDA_PATH without ldconfig: nothing to remember (and
+            # an entry per folder named, e.g. prewarm's stand-in, would only add up).
+            return orig()
         from .. import active_store
 
         store = active_store()
