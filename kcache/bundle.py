@@ -46,7 +46,7 @@ import msgpack
 from . import kinds as _kinds
 from .store import Record, Store
 from .store.fs import UnsafePath, atomic_write, open_input
-from .store.records import CorruptRecord, valid_name
+from .store.records import CorruptRecord, valid_name, validate
 
 SCHEMA = 1
 MANIFEST = "MANIFEST"
@@ -263,10 +263,11 @@ class _Declared:
     members, and the record's bytes (decoded again then). Decoded records (key, components,
     summary) are not all held at once: a manifest costs about its own size in memory."""
 
-    __slots__ = ("id", "kind", "files", "blob")
+    __slots__ = ("id", "kind", "files", "blob", "invalid")
 
     def __init__(self, rec: Record, blob: bytes) -> None:
         self.id, self.kind, self.files, self.blob = rec.id, rec.kind, rec.files, blob
+        self.invalid = _invalid(rec)  # why the record is refused (a NaN, escape codes), or None
 
     @property
     def size(self) -> int:
@@ -506,7 +507,9 @@ def _import(store: Store, b: Bundle, progress: Callable[[int], None] | None = No
     refused: dict[str, str] = {}
     for ident, rec in b.records.items():
         k = _kinds.get(rec.kind)
-        if k.machine_local:
+        if rec.invalid:
+            refused[ident] = f"bad record: {rec.invalid}"
+        elif k.machine_local:
             refused[ident] = "machine-local: never imported"
         elif k.needs_signature and not b.signed:
             refused[ident] = UNSIGNED
@@ -611,6 +614,15 @@ def _import(store: Store, b: Bundle, progress: Callable[[int], None] | None = No
             except OSError:
                 pass
     return report
+
+
+def _invalid(rec: Any) -> str | None:
+    """Why a bundle's record is refused (numbers out of range, unprintable summary, ...), or None."""
+    try:
+        validate(rec)
+    except CorruptRecord as e:
+        return str(e)
+    return None
 
 
 def _private_opener(path: str, flags: int) -> int:

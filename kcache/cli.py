@@ -87,14 +87,18 @@ def fmt_rate(r: float | None) -> str:
 
 
 def fmt_value(v: Any, width: int = 60) -> str:
-    text = "(absent)" if v is None else str(v)
-    text = text.replace("\n", "\\n")
+    from .maintenance.inspect import printable
+
+    text = "(absent)" if v is None else printable(str(v).replace("\n", "\\n"))
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[int] = ()) -> str:
-    """Columns aligned to their widest cell; column numbers in ``right`` are right-aligned."""
-    cells = [[str(h) for h in headers]] + [[str(c) for c in r] for r in rows]
+    """Columns aligned to their widest cell; column numbers in ``right`` are right-aligned.
+    Control characters in a cell are shown escaped (a key or summary may come from elsewhere)."""
+    from .maintenance.inspect import printable
+
+    cells = [[printable(h) for h in headers]] + [[printable(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = []
     for r in cells:
@@ -612,20 +616,22 @@ def _explain_run(args: argparse.Namespace) -> int:
         if i:
             print()
         times = f" (missed {m['count']} times)" if m["count"] > 1 else ""
-        print(f"{fmt_time(m['time'])}  {m['kind']}  key {fmt_value(m['key'], 40)}{times}")
+        print(f"{fmt_time(m['time'])}  {fmt_value(m['kind'], 40)}  key {fmt_value(m['key'], 40)}{times}")
         if m["stored_now"]:
             print("  stored since: the next lookup hits")
         if not m["components"]:
             print("  no key components were recorded with this miss")
         if not m["nearest"]:
-            print(f"  no stored entries of kind {m['kind']}")
+            print(f"  no stored entries of kind {fmt_value(m['kind'], 40)}")
         for n in m["nearest"]:
             print(
                 f"  nearest {n['id'][:12]} (last used {fmt_time(n['last_used'])}): "
                 f"{n['equal']} of {n['total']} components equal"
             )
             for d in n["differ"]:
-                print(f"      {d['name']}: {fmt_value(d['stored'], 50)} -> {fmt_value(d['wanted'], 50)}")
+                print(
+                    f"      {fmt_value(d['name'], 50)}: {fmt_value(d['stored'], 50)} -> {fmt_value(d['wanted'], 50)}"
+                )
     return 0
 
 

@@ -9,6 +9,22 @@ from ..store import Record, Store
 from . import entry_dict, jsonable
 
 
+def printable(text: Any) -> str:
+    """``text`` as a terminal may show it: control characters (escape sequences, carriage
+    returns, bidirectional overrides, ...) as ``\\x1b``-style escapes. Keys, summaries and
+    components come from other machines too (the shared tier, bundles): printed raw, they could
+    rewrite what the terminal shows."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(c if c.isprintable() else _escape(c) for c in s)
+
+
+def _escape(c: str) -> str:
+    n = ord(c)
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
 def list_entries(store: Store, *, kind: str | None = None, limit: int | None = 50) -> list[dict[str, Any]]:
     """Entries, most recently used first, from the index alone (no entry file is read)."""
     out = []

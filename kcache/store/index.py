@@ -27,6 +27,7 @@ from typing import Any
 import msgpack
 
 from ..kinds import valid_id
+from ..log import logger
 from .records import CorruptRecord, Record
 
 DB_NAME = "kcache.sqlite"
@@ -225,14 +226,23 @@ class Index:
         return _transaction(self.conn)
 
     # -- entries -----------------------------------------------------------------------------
-    def insert(self, rec: Record, last_used: float | None = None, hits: int = 0) -> None:
-        """Add or replace the row of ``rec`` (an entry just written, or found on disk)."""
-        self.conn.execute(
-            "INSERT OR REPLACE INTO entries (id, kind, size, created, last_used, hits, record)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (rec.id, rec.kind, rec.size, rec.created, rec.created if last_used is None else last_used, hits,
-             rec.encode()),
-        )  # fmt: skip
+    def insert(self, rec: Record, last_used: float | None = None, hits: int = 0) -> bool:
+        """Add or replace the row of ``rec`` (an entry just written, or found on disk). A row
+        that cannot be written (a number SQLite refuses, a record that does not encode) is
+        skipped, not raised: inside a batch's transaction, one bad row must not fail every
+        later write of the process (SQLite undoes only the failed statement). False then."""
+        created = rec.created if _finite(rec.created) else time.time()
+        used = created if last_used is None or not _finite(last_used) else last_used
+        try:
+            self.conn.execute(
+                "INSERT OR REPLACE INTO entries (id, kind, size, created, last_used, hits, record)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (rec.id, rec.kind, rec.size, created, used, hits, rec.encode()),
+            )
+        except (sqlite3.IntegrityError, OverflowError, ValueError, TypeError) as e:
+            logger.info("index row of %s not written: %s", rec.id[:12], e)
+            return False
+        return True
 
     def insert_many(self, items: Iterable[tuple[Record, float | None]]) -> None:
         with self.transaction():
@@ -260,6 +270,8 @@ class Index:
         unknown = []
         with self.transaction():
             for i, (t, hits) in touches.items():
+                if not _finite(t):
+                    continue
                 cur = self.conn.execute(
                     "UPDATE entries SET last_used = ?, hits = hits + ? WHERE id = ?",
                     (t, hits, i),
@@ -335,6 +347,8 @@ class Index:
     def add_counters(self, deltas: dict[tuple[str, str], float]) -> None:
         with self.transaction():
             for (kind, name), v in deltas.items():
+                if not _finite(v):  # a NaN would fail the NOT NULL column, and the whole batch
+                    continue
                 self.conn.execute(
                     "INSERT INTO counters (kind, name, value) VALUES (?, ?, ?) "
                     "ON CONFLICT (kind, name) DO UPDATE SET value = value + excluded.value",
@@ -409,3 +423,9 @@ def is_corrupt_db(e: BaseException) -> bool:
     return isinstance(e, sqlite3.DatabaseError) and (
         "malformed" in msg or "not a database" in msg or "file is encrypted" in msg or "disk image" in msg
     )
+
+
+def _finite(v: Any) -> bool:
+    """A number SQLite stores as it is (NaN becomes NULL; inf is refused by no column but sorts
+    past every eviction)."""
+    return isinstance(v, (int, float)) and -1e300 < v < 1e300

@@ -207,3 +207,92 @@ class Record:
             raise
         except (KeyError, TypeError, ValueError) as e:
             raise CorruptRecord(f"malformed record: {e}") from None
+
+
+# ------------------------------------------------------------------ records from outside
+# A record that came from another machine (the shared tier, a bundle) is validated before any of
+# it is used: its numbers reach the index (a NaN broke a NOT NULL column and, from then on, every
+# index write of every process that read it), and its strings reach terminals (inspect, explain).
+MAX_FILES = 4096  # members of one entry
+MAX_MEMBER_SIZE = 1 << 40
+MAX_COMPILE_S = 1e6  # seconds (11 days): what one entry may claim to save
+MAX_CREATED = 1e11  # seconds since 1970 (the year 5138)
+MAX_KEY = 1 << 16  # characters of a key (Triton's: about 100)
+MAX_COMPONENTS = 1024  # named key components
+MAX_SUMMARY = 64  # summary fields, each printable and at most MAX_SUMMARY_TEXT characters
+MAX_SUMMARY_TEXT = 1024
+MAX_TEXT = 1 << 16  # characters of any other string in a record
+MAX_NODES = 16384  # values in all components together (nested lists and maps count each)
+_KIND_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+_HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _finite(v: Any, low: float, high: float) -> bool:
+    return type(v) in (int, float) and low <= v <= high  # NaN and inf fail the comparison
+
+
+def _check_value(v: Any, where: str, budget: list[int], depth: int = 0) -> None:
+    """A component value: None, a bool, a 64-bit int, a finite float, a bounded string or bytes, or
+    (at most four deep) lists and maps of those."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise CorruptRecord(f"{where}: more than {MAX_NODES} values")
+    t = type(v)
+    if v is None or t is bool:
+        return
+    if t is int:
+        if not -(1 << 63) <= v < 1 << 64:
+            raise CorruptRecord(f"{where}: an integer out of range")
+    elif t is float:
+        if not -1e300 < v < 1e300:
+            raise CorruptRecord(f"{where}: a number that is not finite")
+    elif t is str or t is bytes:
+        if len(v) > MAX_TEXT:
+            raise CorruptRecord(f"{where}: a value of {len(v)} characters")
+    elif (t is list or t is dict) and depth < 4:
+        items = v.items() if t is dict else enumerate(v)
+        for k, x in items:
+            if t is dict and (type(k) is not str or len(k) > 256):
+                raise CorruptRecord(f"{where}: a bad key")
+            _check_value(x, where, budget, depth + 1)
+    else:
+        raise CorruptRecord(f"{where}: a value of type {t.__name__}")
+
+
+def validate(rec: Record) -> None:
+    """Raise :class:`CorruptRecord` unless every field of ``rec`` is in range: finite numbers
+    (``compile_s``, ``created``, sizes, checksums), bounded strings, a printable summary of
+    scalars, components of plain values. For records from outside (the shared tier, bundles):
+    one that fails is refused and counted, never written to the store or its index."""
+    if not _KIND_RE.match(rec.kind):
+        raise CorruptRecord("bad kind")
+    if len(rec.key) > MAX_KEY:
+        raise CorruptRecord(f"a key of {len(rec.key)} characters")
+    if not _finite(rec.compile_s, 0.0, MAX_COMPILE_S):
+        raise CorruptRecord(f"compile_s out of range: {str(rec.compile_s)[:20]}")
+    if not _finite(rec.created, 0.0, MAX_CREATED):
+        raise CorruptRecord(f"created out of range: {str(rec.created)[:20]}")
+    if len(rec.files) > MAX_FILES:
+        raise CorruptRecord(f"{len(rec.files)} members")
+    for f in rec.files:
+        if not (
+            0 <= f.size <= MAX_MEMBER_SIZE
+            and 0 <= f.crc32 < 1 << 32
+            and _HEX64_RE.match(f.sha256)
+            and (f.xxh3 is None or 0 <= f.xxh3 < 1 << 64)
+        ):
+            raise CorruptRecord(f"member {f.name}: size or checksums out of range")
+    if type(rec.components) is not dict or len(rec.components) > MAX_COMPONENTS:
+        raise CorruptRecord("components: not a map of at most 1024 names")
+    _check_value(rec.components, "components", [MAX_NODES])
+    s = rec.summary
+    if type(s) is not dict or len(s) > MAX_SUMMARY:
+        raise CorruptRecord(f"summary: not a map of at most {MAX_SUMMARY} fields")
+    for k, v in s.items():
+        if type(k) is not str or not 0 < len(k) <= 64 or not k.isprintable():
+            raise CorruptRecord("summary: a field name that is not short printable text")
+        if type(v) is str:
+            if len(v) > MAX_SUMMARY_TEXT or not v.isprintable():
+                raise CorruptRecord(f"summary {k}: not short printable text")
+        elif not (v is None or type(v) is bool or _finite(v, -1e300, 1e300)):
+            raise CorruptRecord(f"summary {k}: not a string, a finite number or null")

@@ -44,7 +44,7 @@ import msgpack
 
 from .. import kinds as _kinds
 from ..log import logger, warn_once
-from .records import CorruptRecord, Record, crc32
+from .records import CorruptRecord, Record, crc32, validate
 
 FORMAT = 1
 SIG_DOMAIN = b"kcache-remote/1\0"
@@ -216,6 +216,7 @@ def unpack_entry(
         raise Refused("unsigned", "host code and pickles are taken only when signed")
     try:
         rec = Record.decode(rec_bytes)
+        validate(rec)  # numbers in range, bounded printable text: before any of it is used
     except CorruptRecord as e:
         raise Refused("corrupt", f"record: {e}") from None
     if rec.id != ident or rec.kind != kind or rec.key != key:
