@@ -591,6 +591,9 @@ def attach(record_path: str | None) -> Callable[[], None]:
     return detach
 
 
+MAX_RECORD_BYTES = 64 << 20  # a KCACHE_RECORD file: a spec of thousands of kernels is a few MiB
+
+
 def _open_record_file(path: str) -> int:
     """Open the ``KCACHE_RECORD`` file for appending: created 0600 if absent; never through a
     link (a link planted at the name is refused, not followed), and only a regular file of this
@@ -606,6 +609,8 @@ def _open_record_file(path: str) -> int:
             raise OSError(f"{path} is not a regular file")
         if st.st_uid != os.geteuid():
             raise OSError(f"{path} belongs to uid {st.st_uid}, not to this user")
+        if st.st_size > MAX_RECORD_BYTES:  # it is read whole to find the entries it holds
+            raise OSError(f"{path} is larger than {MAX_RECORD_BYTES} bytes; not recording into it")
         if st.st_nlink != 1:
             # A hard link to one of this user's files (another user can plant one in a shared
             # folder where fs.protected_hardlinks is off) passes the owner check: appending to

@@ -468,12 +468,7 @@ def load(spec: Any, *, source: str | None = None) -> Spec:
     ):
         path = Path(spec)
         source = source or str(spec)
-        try:
-            text = path.read_bytes().decode("utf-8")
-        except FileNotFoundError:
-            raise SpecError(f"{source}: no such file") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise SpecError(f"{source}: cannot read: {e}") from None
+        text = _read_spec_file(str(path), source)
         raw = loads_toml(text, source)
         base_dir = str(path.resolve().parent)
     elif isinstance(spec, str):
@@ -484,6 +479,30 @@ def load(spec: Any, *, source: str | None = None) -> Spec:
     out = parse(raw, source)
     out.base_dir = base_dir
     return out
+
+
+MAX_SPEC_BYTES = 16 << 20  # a spec is text a person or a recording wrote: a few KiB
+
+
+def _read_spec_file(path: str, source: str) -> str:
+    """The spec file's text: a regular file of at most :data:`MAX_SPEC_BYTES`, opened as ``kcache
+    import`` opens its input (a FIFO is refused, not waited on; ``/dev/zero`` is refused, not
+    read until memory runs out)."""
+    from ..store.fs import UnsafePath, open_input
+
+    try:
+        fd = open_input(path, MAX_SPEC_BYTES)
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_SPEC_BYTES + 1)  # a file that grows meanwhile: still bounded
+        if len(data) > MAX_SPEC_BYTES:
+            raise UnsafePath(f"{path} is larger than {MAX_SPEC_BYTES} bytes")
+        return data.decode("utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"{source}: no such file") from None
+    except UnsafePath as e:
+        raise SpecError(f"{source}: not read: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"{source}: cannot read: {e}") from None
 
 
 def loads_toml(text: str, source: str) -> dict[str, Any]:
