@@ -260,14 +260,33 @@ def _check_value(v: Any, where: str, budget: list[int], depth: int = 0) -> None:
 
 
 def validate(rec: Record) -> None:
-    """Raise :class:`CorruptRecord` unless every field of ``rec`` is in range: finite numbers
-    (``compile_s``, ``created``, sizes, checksums), bounded strings, a printable summary of
-    scalars, components of plain values. For records from outside (the shared tier, bundles):
-    one that fails is refused and counted, never written to the store or its index."""
+    """Raise :class:`CorruptRecord` unless every field of ``rec`` is in range (see
+    :func:`record_problem`)."""
+    why = record_problem(rec)
+    if why:
+        raise CorruptRecord(why)
+
+
+def record_problem(rec: Record) -> str | None:
+    """What is wrong with a record from outside (the shared tier, a bundle), or None when every
+    field is in range: finite numbers (``compile_s``, ``created``, sizes, checksums), bounded
+    strings (a key without control characters but tab and newline), a printable summary of
+    scalars, components of plain bounded values. One that fails is refused and counted, never
+    written to the store or its index."""
+    try:
+        _check_record(rec)
+    except CorruptRecord as e:
+        return str(e)
+    return None
+
+
+def _check_record(rec: Record) -> None:
     if not _KIND_RE.match(rec.kind):
         raise CorruptRecord("bad kind")
     if len(rec.key) > MAX_KEY:
         raise CorruptRecord(f"a key of {len(rec.key)} characters")
+    if not rec.key.isprintable() and not rec.key.replace("\t", "").replace("\n", "").isprintable():
+        raise CorruptRecord("a key with control characters")
     if not _finite(rec.compile_s, 0.0, MAX_COMPILE_S):
         raise CorruptRecord(f"compile_s out of range: {str(rec.compile_s)[:20]}")
     if not _finite(rec.created, 0.0, MAX_CREATED):
