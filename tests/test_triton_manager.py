@@ -25,6 +25,26 @@ from kcache.triton.manager import KcacheCacheManager, kind_of  # noqa: E402
 
 KEY = "A" * 52
 KEY2 = "B" * 52
+# An autotune result as Triton writes it (one config and its timing).
+TUNED = json.dumps(
+    {
+        "key": [1],
+        "configs_timings": [
+            [
+                {
+                    "kwargs": {"BLOCK": 64},
+                    "num_warps": 4,
+                    "num_ctas": 1,
+                    "num_stages": 3,
+                    "maxnreg": None,
+                    "pre_hook": None,
+                    "ir_override": None,
+                },
+                0.01,
+            ]
+        ],
+    }
+)
 # The least metadata Triton's loader and launcher take (kcache serves no group without it).
 META = json.dumps(
     {
@@ -88,7 +108,7 @@ def test_aux_and_autotune_files_are_entries_of_their_kind(kstore: Any) -> None:
     m = KcacheCacheManager(KEY)
     assert m.get_file("launcher.cpython-311-x86_64-linux-gnu.so") is None
     m.put(b"\x7fELF...", "launcher.cpython-311-x86_64-linux-gnu.so")
-    m.put('{"key": [1], "configs_timings": []}', "k.autotune.json", binary=False)
+    m.put(TUNED, "k.autotune.json", binary=False)
     again = KcacheCacheManager(KEY)
     so = again.get_file("launcher.cpython-311-x86_64-linux-gnu.so")
     tuned = again.get_file("k.autotune.json")
@@ -101,7 +121,7 @@ def test_aux_and_autotune_files_are_entries_of_their_kind(kstore: Any) -> None:
 
 def test_autotune_entries_are_keyed_by_the_gpu_model(kstore: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(mgr_mod, "_gpu_model", lambda: "NVIDIA H100 80GB HBM3")
-    KcacheCacheManager(KEY).put("{}", "k.autotune.json", binary=False)
+    KcacheCacheManager(KEY).put(TUNED, "k.autotune.json", binary=False)
     assert KcacheCacheManager(KEY).get_file("k.autotune.json")
     monkeypatch.setattr(mgr_mod, "_gpu_model", lambda: "NVIDIA H200")
     assert KcacheCacheManager(KEY).get_file("k.autotune.json") is None  # H100 timings never to an H200

@@ -301,3 +301,105 @@ def test_the_check_refuses_groups_the_loader_raises_on(group, tmp_path, what, ch
     bad = change(group)
     assert _loads_in_triton(bad, tmp_path / "bad") is not None, what  # Triton's loader raises
     assert problem(name, bad, target="cuda:90") is not None, what
+
+
+# ------------------------------------------------------------------ autotune results
+def _tuned(**change: Any) -> dict[str, Any]:
+    """An autotune result as Triton writes it: ``config.__dict__`` and timing per config."""
+    import triton
+
+    configs = [triton.Config({"BLOCK": 64}, num_warps=4), triton.Config({"BLOCK": 128}, num_warps=8)]
+    d = {
+        "key": [1024, "torch.float32"],
+        "configs_timings": [[dict(c.__dict__), t] for c, t in zip(configs, [0.2, 0.1])],
+    }
+    d.update(change)
+    return d
+
+
+def _autotuner_loads(d: dict[str, Any]) -> BaseException | None:
+    """What Triton's ``Autotuner.check_disk_cache`` does with the file (3.4 to 3.9, the same)."""
+    import builtins
+
+    from triton import Config
+
+    try:
+        timings = json.loads(json.dumps(d))["configs_timings"]
+        timings = {Config(**config): timing for config, timing in timings}
+        builtins.min(timings, key=timings.get)
+        return None
+    except Exception as e:
+        return e
+
+
+def _cfg(i: int, **change: Any) -> Any:
+    def mutate(d: dict[str, Any]) -> None:
+        d["configs_timings"][i][0].update(change)
+
+    return mutate
+
+
+# (what, change, where: "loader" = check_disk_cache raises in the user's kernel call; "later" =
+# it loads, and the kernel's launch or compile fails or runs what it names)
+TUNE_MUTATIONS: list[tuple[str, Any, str]] = [
+    ("no configs_timings", lambda d: d.pop("configs_timings"), "loader"),
+    ("no configs", lambda d: d.update(configs_timings=[]), "loader"),
+    ("a parameter Config lacks", _cfg(0, evil=1), "loader"),
+    ("unhashable kwargs", _cfg(0, kwargs={"BLOCK": [64]}), "loader"),
+    ("timings that do not compare", lambda d: d["configs_timings"][0].__setitem__(1, [0.1, 0.2]), "loader"),
+    ("a pre_hook", _cfg(0, pre_hook="os.system"), "later"),
+    ("an ir_override", _cfg(0, ir_override="/tmp/evil.ptx"), "later"),
+    ("num_warps a string", _cfg(1, num_warps="8"), "later"),
+    ("num_warps 0", _cfg(1, num_warps=0), "later"),
+    ("a kwarg not an identifier", _cfg(0, kwargs={"a-b": 1}), "later"),
+    ("a NaN timing", lambda d: d["configs_timings"][0].__setitem__(1, float("nan")), "later"),
+]
+
+
+@pytest.mark.parametrize("what,mutate,where", TUNE_MUTATIONS, ids=[m[0] for m in TUNE_MUTATIONS])
+def test_the_autotune_check_refuses_what_the_autotuner_fails_on(what: str, mutate: Any, where: str) -> None:
+    from kcache.triton.tunecheck import problem
+
+    good = _tuned()
+    assert problem(json.dumps(good).encode()) is None and _autotuner_loads(good) is None
+    bad = _tuned()
+    mutate(bad)
+    assert (_autotuner_loads(bad) is not None) == (where == "loader"), what
+    assert problem(json.dumps(bad).encode()) is not None, what
+
+
+def test_a_planted_autotune_result_is_quarantined_and_tuned_again(tmp_path: Path, monkeypatch) -> None:
+    """Through kcache's cache manager, as the autotuner asks for its file."""
+    import kcache
+    from kcache.triton.kinds import KIND_AUTOTUNE, store_key
+    from kcache.triton.manager import KcacheCacheManager
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+    for k in list(os.environ):
+        if k.startswith("KCACHE"):
+            monkeypatch.delenv(k)
+    assert kcache.enable(dir=tmp_path / "store", triton=False, nvfuser=False)
+    try:
+        store = kcache.active_store()
+        key = "C" * 52
+        bad = _tuned()
+        bad["configs_timings"][0][0]["pre_hook"] = "os.system"
+        skey = store_key(key, "k.autotune.json", None)  # no GPU here: "no-gpu"
+        from kcache.triton.components import components_for
+
+        comps = components_for(key, "k.autotune.json")  # as the manager's put records them
+        hit = store.put(KIND_AUTOTUNE, skey, {"k.autotune.json": json.dumps(bad).encode()}, components=comps)
+        store.flush(force=True)
+        from kcache.maintenance.verify import verify
+
+        found = [p for p in verify(store)["problems"] if p["type"] == "bad_metadata"]
+        assert [p["id"] for p in found] == [hit.record.id] and "pre_hook" in found[0]["detail"], found
+        assert KcacheCacheManager(key).get_file("k.autotune.json") is None  # was: served
+        c = store.counts.process_totals()[KIND_AUTOTUNE]
+        assert c["quarantined"] == 1 and c["misses"] == 1 and c.get("hits", 0) == 0, c
+        assert store.get(KIND_AUTOTUNE, skey, count=False) is None  # removed from the store
+        # the autotuner tunes again and puts its result: served from then on
+        KcacheCacheManager(key).put(json.dumps(_tuned()), "k.autotune.json", binary=False)
+        assert KcacheCacheManager(key).get_file("k.autotune.json") is not None
+    finally:
+        kcache.disable()

@@ -113,15 +113,22 @@ def _check(
 
 def _unusable(hit: Any) -> str | None:
     """Why the library could not use this verified entry (a Triton group whose metadata this
-    Triton's loader refuses: see :mod:`kcache.triton.groupcheck`), or None."""
+    Triton's loader refuses, an autotune result its autotuner cannot use: see
+    :mod:`kcache.triton.groupcheck` and :mod:`kcache.triton.tunecheck`), or None."""
     rec = hit.record
-    filename = rec.key.rpartition("/")[2]  # a group's key: <Triton's key>/<its metadata file>
-    if rec.kind != "triton" or not filename.endswith(".json"):
-        return None
-    from ..triton.groupcheck import problem
-
+    filename = rec.key.rpartition("/")[2]  # <Triton's key>/<its file>, autotune results @<GPU>
     same = _triton_version() is not None and rec.components.get("triton_version") == _triton_version()
-    why = problem(filename, {n: hit.read(n) for n in hit.names}, with_triton=same)
+    if rec.kind == "triton" and filename.endswith(".json"):
+        from ..triton.groupcheck import problem
+
+        why = problem(filename, {n: hit.read(n) for n in hit.names}, with_triton=same)
+    elif rec.kind == "triton-autotune" and same:  # judged by this Triton's Config
+        from ..triton.tunecheck import problem as tune_problem
+
+        filename = filename.rpartition("@")[0]
+        why = tune_problem(hit.read(filename)) if filename in hit.names else None
+    else:
+        return None
     return f"Triton could not load it: {why}" if why else None
 
 

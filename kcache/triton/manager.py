@@ -48,7 +48,7 @@ from triton.runtime.cache import CacheManager, FileCacheManager
 from .. import active_store
 from ..log import logger, warn_once
 from ..store import Store
-from . import groupcheck
+from . import groupcheck, tunecheck
 from .components import components_for
 from .kinds import KIND_AUTOTUNE, KIND_AUX, KIND_GROUP, kind_of, store_key
 
@@ -255,6 +255,12 @@ class KcacheCacheManager(CacheManager):
         try:
             skey, comps = self._key_and_components(filename, kind)
             hit = self._store.get(kind, skey, comps, files=True)
+            if (
+                hit is not None
+                and kind == KIND_AUTOTUNE
+                and not tunecheck.servable(self._store, filename, hit)
+            ):
+                hit = None  # quarantined: tune again, as on a miss
             if hit is None:
                 self._miss_t[filename] = time.perf_counter()
                 return None
