@@ -294,6 +294,8 @@ class Bundle:
         self.path, self.tar, self._fileobj, self.records, self.signed = path, tar, fileobj, records, signed
         #: The bundle carries a signature that was not checked (no secret was given).
         self.unchecked_signature = False
+        #: The KCACHE_KEY_TAG it was made under.
+        self.key_tag = ""
         self.window = window
         self._closers = closers or []
 
@@ -320,10 +322,13 @@ def _next(tar: tarfile.TarFile, window: _Window, path: str) -> tarfile.TarInfo |
         raise BundleError(f"{path}: not a kcache bundle ({type(e).__name__}: {e})") from None
 
 
-def open_bundle(path: str | Path, *, secret: bytes | None = None, key_tag: str = "") -> Bundle:
+def open_bundle(
+    path: str | Path, *, secret: bytes | None = None, key_tag: str = "", check_key_tag: bool = True
+) -> Bundle:
     """Open ``path`` and check it: a regular file, a kcache bundle of this schema, made under
-    ``key_tag``, signed with ``secret`` if the bundle is signed and a secret is given. Raises
-    :class:`BundleError` with a one-line reason; nothing is written."""
+    ``key_tag`` (unless not ``check_key_tag``: to read what it holds), signed with ``secret`` if
+    the bundle is signed and a secret is given. Raises :class:`BundleError` with a one-line
+    reason; nothing is written."""
     path = str(path)
     try:
         fd = open_input(path)
@@ -353,7 +358,7 @@ def open_bundle(path: str | Path, *, secret: bytes | None = None, key_tag: str =
         except Exception as e:
             raise BundleError(f"{path}: not a kcache bundle ({type(e).__name__}: {e})") from None
         try:
-            records, signed, carries = _read_manifest(path, tar, secret, key_tag, window)
+            records, signed, carries, tag = _read_manifest(path, tar, secret, key_tag, window, check_key_tag)
         except BaseException:
             tar.close()
             raise
@@ -367,13 +372,19 @@ def open_bundle(path: str | Path, *, secret: bytes | None = None, key_tag: str =
         raise
     b = Bundle(path, tar, f, records, signed, window, closers)
     b.unchecked_signature = carries and not signed
+    b.key_tag = tag
     return b
 
 
 def _read_manifest(
-    path: str, tar: tarfile.TarFile, secret: bytes | None, key_tag: str, window: _Window
-) -> tuple[dict[str, _Declared], bool, bool]:
-    """(records by id, whether the signature verified, whether the bundle carries one)."""
+    path: str,
+    tar: tarfile.TarFile,
+    secret: bytes | None,
+    key_tag: str,
+    window: _Window,
+    check_tag: bool = True,
+) -> tuple[dict[str, _Declared], bool, bool, str]:
+    """(records by id, whether the signature verified, whether the bundle carries one, its tag)."""
     first = _next(tar, window, path)
     if (
         first is None
@@ -418,7 +429,8 @@ def _read_manifest(
         signed = True
     elif secret is not None:
         signed = False  # unsigned: what needs a signature is skipped below
-    if str(manifest.get("key_tag", "")) != key_tag:
+    tag = str(manifest.get("key_tag", ""))
+    if check_tag and tag != key_tag:
         raise BundleError(
             f"{path}: made under KCACHE_KEY_TAG={manifest.get('key_tag')!r}, this store uses {key_tag!r}; nothing imported"
         )
@@ -435,7 +447,7 @@ def _read_manifest(
         except CorruptRecord as e:
             raise BundleError(f"{path}: bad record in manifest ({e})") from None
         records[rec.id] = _Declared(rec, blob)
-    return records, signed, sig is not None
+    return records, signed, sig is not None, tag
 
 
 def _read_member(

@@ -18,6 +18,7 @@ import json
 import os
 import sqlite3
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -169,7 +170,9 @@ def _stats_args(p: argparse.ArgumentParser) -> None:
 def _stats_run(args: argparse.Namespace) -> int:
     """entries and bytes by kind, hits, misses, hit rate, compile time saved"""
     from .maintenance import close_store, stats, zero_counters
+    from .maintenance.bound import bound_of
 
+    settings = load_settings(args)
     store = open_for(args, write=args.zero)
     try:
         if args.zero:
@@ -177,6 +180,8 @@ def _stats_run(args: argparse.Namespace) -> int:
         data = stats(store)
     finally:
         close_store(store)
+    data["bound"] = bound_of(settings)
+    data["max_size"] = data["bound"]["store"]  # the bound the store's writers use
     if args.zero:
         data["zeroed"] = True
     if wants_json(args):
@@ -184,15 +189,19 @@ def _stats_run(args: argparse.Namespace) -> int:
         return 0
     from .config import format_size
 
-    used = f"{format_size(data['bytes'])} of {format_size(data['max_size'])}"
-    if data["max_size"]:
-        used += f" ({100 * data['bytes'] / data['max_size']:.1f}%)"
+    b = data["bound"]
+    used = f"{format_size(data['bytes'])} of {format_size(b['store'])}"
+    used += f" ({100 * data['bytes'] / b['store']:.1f}%), bound from {b['store_source']}"
+    rows = [["store", data["dir"]], ["size", used]]
+    if b["env"] is not None and b["env"] != b["store"]:
+        rows.append(
+            ["", f"this shell's KCACHE_MAX_SIZE={format_size(b['env'])} wins for processes started here"]
+        )
     print(
         table(
             ["", ""],
             [
-                ["store", data["dir"]],
-                ["size", used],
+                *rows,
                 ["entries", data["entries"]],
                 ["hits", data["hits"]],
                 ["misses", data["misses"]],
@@ -277,36 +286,72 @@ def _print_remote_counts(data: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------------- inspect
 def _inspect_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", type=_kind, help="only entries of this kind")
-    p.add_argument("--limit", type=_count, default=50, help="at most N entries (default 50; 0: all)")
     p.add_argument(
-        "prefix",
+        "--limit", type=_count, default=50, help="at most N entries or groups (default 50; 0: all)"
+    )
+    p.add_argument(
+        "--sort",
+        choices=("used", "size", "hits"),
+        default=None,
+        help="most recently used first (the default), largest first, or most hit first",
+    )
+    p.add_argument(
+        "--group",
+        action="store_true",
+        help="one row per kernel, model or graph name: entries, size, kinds, last use, hits (largest first)",
+    )
+    p.add_argument(
+        "--name", metavar="PATTERN", help="only entries whose name matches (add_kernel, 'softmax*')"
+    )
+    p.add_argument(
+        "pattern",
         nargs="?",
         type=_prefix,
-        metavar="KEY_PREFIX",
-        help="an entry id or key prefix: the whole record",
+        metavar="ID|KEY|NAME",
+        help="an entry id or key prefix (the whole record), else a name pattern (the matching entries)",
     )
 
 
 def _inspect_run(args: argparse.Namespace) -> int:
-    """entries (kind, key, size, created, last used, hits, summary); with a prefix, whole records"""
+    """list entries (kind, id, size, created, last used, hits, what they hold); sort, group by name,
+    select by name pattern; with an id or key prefix, the whole record"""
     from .config import format_size
     from .maintenance import close_store, find_entries, list_entries
+    from .maintenance.inspect import group_entries
+    from .maintenance.select import looks_like_id
 
+    name = args.name
+    found: list[dict[str, Any]] = []
+    records = False
     store = open_for(args)
     try:
-        if args.prefix:
-            found = find_entries(store, args.prefix, kind=args.kind, limit=args.limit)
-        else:
-            found = list_entries(store, kind=args.kind, limit=args.limit)
+        if args.pattern and not args.group and not name:
+            # an id or key prefix shows whole records; else the text is a name pattern
+            found = find_entries(store, args.pattern, kind=args.kind, limit=args.limit)
+            records = bool(found)
+            if not found and looks_like_id(args.pattern) and len(args.pattern) >= 8:
+                records = True  # an id that is not there: not a name
+        if not records:
+            name = name or args.pattern
+            if args.group:
+                found = group_entries(
+                    store, kind=args.kind, name=name, sort=args.sort or "size", limit=args.limit
+                )
+            else:
+                found = list_entries(
+                    store, kind=args.kind, limit=args.limit, sort=args.sort or "used", name=name
+                )
     finally:
         close_store(store)
+    missing = bool(args.pattern or args.name) and not found
     if wants_json(args):
         print_json(found)
-        return 1 if args.prefix and not found else 0
-    if args.prefix:
-        if not found:
-            print(f"kcache: no entry id or key starts with {args.prefix!r}", file=sys.stderr)
-            return 1
+        return 1 if missing else 0
+    if missing:
+        what = f"no entry id, key or name matches {(args.name or args.pattern)!r}"
+        print(f"kcache: {what}" + (f" among {args.kind} entries" if args.kind else ""), file=sys.stderr)
+        return 1
+    if records:
         for i, d in enumerate(found):
             if i:
                 print()
@@ -314,6 +359,20 @@ def _inspect_run(args: argparse.Namespace) -> int:
         return 0
     if not found:
         print("no entries" + (f" of kind {args.kind}" if args.kind else ""))
+        return 0
+    if args.group:
+        grows = [
+            [
+                fmt_value(g["name"], 48),
+                g["entries"],
+                format_size(g["bytes"]),
+                ", ".join(f"{k} {n}" if len(g["kinds"]) > 1 else k for k, n in sorted(g["kinds"].items())),
+                fmt_time(g["last_used"]),
+                g["hits"],
+            ]
+            for g in found
+        ]
+        print(table(["name", "entries", "size", "kinds", "last used", "hits"], grows, right=(1, 2, 5)))
         return 0
     rows = []
     for d in found:
@@ -381,29 +440,75 @@ def _clear_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--stale", action="store_true", help="entries made with library versions other than this machine's"
     )
+    p.add_argument("--name", metavar="PATTERN", help="entries whose kernel, model or graph name matches")
+    p.add_argument(
+        "--id", action="append", metavar="ID", help="the entry with this id (or unique id prefix; repeatable)"
+    )
     p.add_argument("--all", action="store_true", help="every entry (needed when no other selector is given)")
     p.add_argument("--dry-run", action="store_true", help="list what would be removed; change nothing")
+    p.add_argument(
+        "pattern",
+        nargs="?",
+        type=_prefix,
+        metavar="ID|NAME",
+        help="an entry id (prefix), else a name pattern",
+    )
+
+
+def _resolve_ids(store: Store, wanted: list[str]) -> list[str]:
+    """Full ids for each id or unique id prefix (UsageError when one matches none or several)."""
+    from .maintenance.select import ids_with_prefix, looks_like_id
+
+    out = []
+    for w in wanted:
+        if not looks_like_id(w):
+            raise UsageError(f"--id {w!r}: not an entry id (hex digits)")
+        got = ids_with_prefix(store, w)
+        if len(got) != 1:
+            raise UsageError(
+                f"--id {w!r}: "
+                + ("no entry has it" if not got else f"{len(got)} entries start with it; give more digits")
+            )
+        out.extend(got)
+    return out
 
 
 def _clear_run(args: argparse.Namespace) -> int:
-    """remove entries (by kind, age, staleness, or all); selectors combine"""
+    """remove entries (by kind, age, staleness, name, id, or all); selectors combine"""
     from .config import format_size
     from .maintenance import clear, close_store
+    from .maintenance.progress import Progress
+    from .maintenance.select import ids_with_prefix, looks_like_id
 
-    if not (args.kind or args.older_than is not None or args.stale or args.all):
+    name, ids = args.name, list(args.id or [])
+    if not (
+        args.kind or args.older_than is not None or args.stale or args.all or name or ids or args.pattern
+    ):
         raise UsageError(
-            "nothing selected: pass --kind, --older-than, --stale, or --all to remove every entry"
+            "nothing selected: pass an id or name, --kind, --older-than, --stale, or --all to remove every entry"
         )
     store = open_for(args, write=not args.dry_run)
     try:
-        res = clear(
-            store,
-            kind=args.kind,
-            older_than=args.older_than,
-            stale=args.stale,
-            everything=args.all,
-            dry_run=args.dry_run,
-        )
+        if args.pattern:  # an id prefix that names entries, else a name pattern
+            if looks_like_id(args.pattern) and ids_with_prefix(store, args.pattern):
+                ids.append(args.pattern)
+            elif name:
+                raise UsageError(f"{args.pattern!r} is not an entry id, and --name is given")
+            else:
+                name = args.pattern
+        total = sum(1 for _ in store.iter_entry_ids())
+        with Progress("clear", total, enabled=not wants_json(args) and not args.dry_run) as prog:
+            res = clear(
+                store,
+                kind=args.kind,
+                older_than=args.older_than,
+                stale=args.stale,
+                everything=args.all,
+                dry_run=args.dry_run,
+                name=name,
+                ids=_resolve_ids(store, ids) if ids else None,
+                progress=prog,
+            )
     finally:
         close_store(store)
     if wants_json(args):
@@ -414,10 +519,17 @@ def _clear_run(args: argparse.Namespace) -> int:
         print(f"would remove {n} entr{'y' if n == 1 else 'ies'}, {size} (dry run: nothing changed)")
         if res["entries"]:
             rows = [
-                [e["kind"] or "?", e["id"][:12], format_size(e["size"]), fmt_time(e["last_used"]), e["why"]]
+                [
+                    e["kind"] or "?",
+                    e["id"][:12],
+                    fmt_value(e.get("name") or "", 40),
+                    format_size(e["size"]),
+                    fmt_time(e["last_used"]),
+                    e["why"],
+                ]
                 for e in res["entries"]
             ]
-            print(table(["kind", "id", "size", "last used", "why"], rows, right=(2,)))
+            print(table(["kind", "id", "name", "size", "last used", "why"], rows, right=(3,)))
         return 0
     msg = f"removed {n} entr{'y' if n == 1 else 'ies'}, {size}"
     if res["leftovers"]:
@@ -441,10 +553,13 @@ def _verify_args(p: argparse.ArgumentParser) -> None:
 def _verify_run(args: argparse.Namespace) -> int:
     """check every entry against its checksums, and the index against the entries"""
     from .maintenance import close_store, verify
+    from .maintenance.progress import Progress
 
     store = open_for(args, write=args.fix)
     try:
-        res = verify(store, fix=args.fix)
+        total = sum(1 for _ in store.iter_entry_ids())
+        with Progress("verify", total, enabled=not wants_json(args)) as prog:
+            res = verify(store, fix=args.fix, progress=prog)
     finally:
         close_store(store)
     if wants_json(args):
@@ -478,14 +593,66 @@ def _verify_run(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------- config
 def _config_args(p: argparse.ArgumentParser) -> None:
-    pass
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="NAME=VALUE",
+        help="keep a setting with the store, for every process that opens it (max_size=20GiB); "
+        "the environment still wins",
+    )
+    p.add_argument("--unset", action="append", metavar="NAME", help="remove a setting kept with the store")
+
+
+def _config_change(args: argparse.Namespace) -> int:
+    """``config --set/--unset``: write the store's kcache.conf (the store is made if missing)."""
+    from .store import Store
+    from .store.conf import ConfError, check, write
+
+    values: dict[str, Any] = {}
+    try:
+        for item in args.set or []:
+            name, eq, value = item.partition("=")
+            if not eq:
+                raise UsageError(f"--set {item!r}: expected NAME=VALUE (e.g. max_size=20GiB)")
+            values[name.strip()] = check(name.strip(), value.strip())
+        for name in args.unset or []:
+            check_name = name.strip()
+            from .store.conf import KEYS
+
+            if check_name not in KEYS:
+                raise ConfError(f"unknown setting {check_name!r}: a store keeps {', '.join(KEYS)}")
+            values[check_name] = None
+    except ConfError as e:
+        raise UsageError(str(e)) from None
+    settings = load_settings(args)
+    if settings.readonly:
+        raise CommandError(f"{settings.dir} is read-only (KCACHE_READONLY=1): its settings cannot be changed")
+    Store.from_settings(settings, write=True).close()  # made (0700) if missing, checked as any store
+    try:
+        text = write(os.fspath(settings.dir), values)
+    except OSError as e:
+        raise CommandError(f"cannot write the store's settings: {e.strerror or e}") from None
+    if wants_json(args):
+        print_json({"dir": str(settings.dir), "set": {k: v for k, v in values.items()}, "text": text})
+        return 0
+    from .config import format_size
+
+    for k, v in values.items():
+        shown = "unset" if v is None else (format_size(v) if k == "max_size" else v)
+        print(f"{k}: {shown} (kept in {os.path.join(str(settings.dir), 'kcache.conf')})")
+    if settings.sources.get("max_size", "default") != "default" and "max_size" in values:
+        print("note: KCACHE_MAX_SIZE in this environment wins over it for processes started here")
+    return 0
 
 
 def _config_run(args: argparse.Namespace) -> int:
-    """the effective settings, where each came from, and whether the store dir is usable"""
+    """the effective settings, where each came from (the environment, the store's kcache.conf, a
+    default), and whether the store folder is usable; --set/--unset keep settings with the store"""
     from .config import format_size
     from .maintenance import config_report
 
+    if args.set or args.unset:
+        return _config_change(args)
     res = config_report(load_settings(args, strict=False))
     if wants_json(args):
         print_json(res)
@@ -595,12 +762,65 @@ def _explain_args(p: argparse.ArgumentParser) -> None:
         help="at most N misses, most recent first (default 10; 0: all kept)",
     )
     p.add_argument("--nearest", type=_count, default=3, help="stored entries shown per miss (default 3)")
+    p.add_argument(
+        "--against",
+        metavar="OTHER",
+        help="why this machine misses what OTHER has: another store's folder, a bundle, or a file "
+        "written by `kcache fingerprint --json` on the other machine",
+    )
+
+
+def _explain_against(args: argparse.Namespace) -> int:
+    from .maintenance import close_store
+    from .maintenance.against import UNEXPLAINED, explain_against
+
+    settings = load_settings(args)
+    store = open_for(args)
+    try:
+        res = explain_against(store, args.against, key_tag=settings.key_tag)
+    finally:
+        close_store(store)
+    if wants_json(args):
+        print_json(res)
+        return 0
+    o = res["other"]
+    if o["type"] == "fingerprint":
+        print(f"this machine against the fingerprint {o['path']}; {res['misses']} recent misses here")
+        head = "misses"
+    else:
+        print(
+            f"{o['path']} ({o['type']}) holds {o['entries']} entries: {res['present']} are here, "
+            f"{res['lacking']} are not"
+        )
+        head = "entries"
+    if not res["causes"]:
+        print("no part of the key differs" if o["type"] == "fingerprint" else "nothing to explain")
+        return 0
+    rows = []
+    for c in res["causes"]:
+        there = ", ".join(str(v) for v in c["there"][:3]) + (" ..." if len(c["there"]) > 3 else "")
+        rows.append(
+            [
+                c["what"] if c["part"] == UNEXPLAINED or c["part"].startswith("env.") else f"{c['what']}",
+                c["entries"],
+                fmt_value(there, 30),
+                fmt_value(c["here"] if c["here"] is not None else "-", 30),
+                fmt_value(", ".join(c["examples"]), 40),
+            ]
+        )
+    print(table(["cause", head, "there", "here", "e.g."], rows, right=(1,)))
+    if o["type"] != "fingerprint" and len(res["causes"]) > 1:
+        print("(an entry can have several causes)")
+    return 0
 
 
 def _explain_run(args: argparse.Namespace) -> int:
-    """why lookups missed: the nearest stored entries and the key components that differ"""
+    """why lookups missed: the nearest stored entries and the key components that differ; with
+    --against OTHER, why this machine misses what another store, bundle or machine has"""
     from .maintenance import close_store, explain
 
+    if args.against:
+        return _explain_against(args)
     store = open_for(args)
     try:
         res = explain(store, kind=args.kind, limit=args.limit, nearest=args.nearest)
@@ -657,7 +877,9 @@ def _skipped_lines(res: dict[str, Any], verbose: bool) -> None:
     if verbose:
         for s in skipped:
             what = s.get("id") or s.get("path") or "?"
-            print(f"  {str(what)[:40]}  {s.get('kind') or ''}  {s.get('why')}".replace("    ", "  "))
+            print(
+                f"  {fmt_value(str(what), 40)}  {fmt_value(s.get('kind') or '', 40)}  {fmt_value(s.get('why'), 200)}"
+            )
 
 
 def _export_run(args: argparse.Namespace) -> int:
@@ -821,6 +1043,111 @@ def _import_problem(res: dict[str, Any], args: argparse.Namespace) -> str | None
     return f"nothing adopted from {res['source']}: {why}"
 
 
+# ---------------------------------------------------------------------------------- dir
+def _dir_args(p: argparse.ArgumentParser) -> None:
+    pass
+
+
+def _dir_run(args: argparse.Namespace) -> int:
+    """print the store's folder (like `pip cache dir`), whether or not it exists yet"""
+    settings = load_settings(args, strict=False)
+    src = settings.sources.get("dir", "default")
+    if wants_json(args):
+        print_json({"dir": str(settings.dir), "source": src, "exists": os.path.isdir(settings.dir)})
+    else:
+        print(settings.dir)
+    return 0
+
+
+# ---------------------------------------------------------------------------------- trim
+def _trim_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--to",
+        metavar="SIZE",
+        help="trim to SIZE (e.g. 5GiB) instead of 90%% of the bound, as eviction does",
+    )
+
+
+def _trim_run(args: argparse.Namespace) -> int:
+    """remove least recently used entries now until the store is within its bound (ccache -c)"""
+    from .config import format_size, parse_size
+    from .maintenance import close_store
+    from .maintenance.bound import bound_of
+    from .store import tunables
+
+    target = None
+    if args.to is not None:
+        try:
+            target = parse_size(args.to)
+        except ValueError as e:
+            raise UsageError(f"--to: {e}") from None
+    settings = load_settings(args)
+    b = bound_of(settings)
+    store = open_for(args, write=True)
+    try:
+        bound = store.max_size
+        want = int(bound * 0.9) if target is None else target
+        before = store.index().total_bytes()
+        removed, freed = store.evict(want)
+        after = store.index().total_bytes()
+    finally:
+        close_store(store)
+    res = {
+        "dir": str(settings.dir),
+        "bound": bound,
+        "bound_source": b["env_source"] if b["env"] is not None else b["store_source"],
+        "target": want,
+        "before": before,
+        "removed": removed,
+        "freed": freed,
+        "bytes": after,
+        "kept_recent": after > want,
+    }
+    if wants_json(args):
+        print_json(res)
+        return 0
+    print(
+        f"removed {removed} entr{'y' if removed == 1 else 'ies'} ({format_size(freed)}); the store holds "
+        f"{format_size(after)}, bound {format_size(bound)} ({res['bound_source']})"
+    )
+    if after > want:
+        print(
+            f"still over {format_size(want)}: entries used in the last {tunables.GRACE_S:.0f} s, and prewarmed "
+            "entries not used yet, are kept (or another process is evicting now)"
+        )
+    return 0
+
+
+# ---------------------------------------------------------------------------------- fingerprint
+def _fingerprint_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--output", "-o", metavar="FILE", help="write the JSON document to FILE (implies --json)")
+
+
+def _fingerprint_run(args: argparse.Namespace) -> int:
+    """this machine's identity as the keys see it (builds, GPU, KCACHE_KEY_TAG, Triton's variables);
+    --json writes it for `kcache explain --against` on another machine"""
+    from .maintenance.identity import describe, document
+
+    settings = load_settings(args)
+    doc = document(settings.key_tag)
+    if args.output:
+        from .maintenance.against import write_fingerprint
+
+        try:
+            write_fingerprint(args.output, doc)
+        except OSError as e:
+            raise CommandError(f"cannot write {args.output}: {e.strerror or e}") from None
+        if not wants_json(args):
+            print(f"wrote {args.output}")
+        return 0
+    if wants_json(args):
+        print_json(doc)
+        return 0
+    rows = [[k, describe(k), "-" if v is None else fmt_value(v, 50)] for k, v in doc["parts"].items()]
+    print(table(["part", "what", "value"], rows))
+    return 0
+
+
 # ---------------------------------------------------------------------------------- registry
 #: Subcommands: name -> (add_arguments, run). The help line is the first line of run's docstring.
 COMMANDS: dict[str, tuple[AddArguments, Run]] = {
@@ -834,6 +1161,9 @@ COMMANDS: dict[str, tuple[AddArguments, Run]] = {
     "export": (_export_args, _export_run),
     "import": (_import_args, _import_run),
     "remote": (_remote_args, _remote_run),
+    "dir": (_dir_args, _dir_run),
+    "trim": (_trim_args, _trim_run),
+    "fingerprint": (_fingerprint_args, _fingerprint_run),
     # ---- Other modules register their subcommands here, one line each, e.g.
     #   "prewarm": (prewarm.add_arguments, prewarm.run),   (from . import prewarm, at the top)
     #   "import": (bundle.add_import_arguments, bundle.run_import),
@@ -857,17 +1187,86 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser = _Parser(
         prog="kcache",
-        description="kcache: a persistent on-disk compile cache for GPU kernels.",
+        description=textwrap.fill(
+            "kcache: a persistent on-disk compile cache for GPU kernels (Triton, Triton's autotuner, "
+            "nvFuser, torch.compile). Turn it on for every Python process with KCACHE=1; these commands "
+            "look after the store. Every command takes --dir DIR and --json.",
+            100,
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[common],
         allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"kcache {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (add_arguments, run) in COMMANDS.items():
-        doc = (run.__doc__ or "").strip().splitlines()
-        p = sub.add_parser(name, help=doc[0] if doc else None, parents=[common], allow_abbrev=False)
+        doc = " ".join((run.__doc__ or "").split())
+        examples = EXAMPLES.get(name)
+        p = sub.add_parser(
+            name,
+            help=doc,
+            description=textwrap.fill(doc[:1].upper() + doc[1:] + ".", 100) if doc else None,
+            epilog=("examples:\n" + "\n".join(f"  {e}" for e in examples)) if examples else None,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            aliases=ALIASES.get(name, []),
+            parents=[common],
+            allow_abbrev=False,
+        )
+        p.set_defaults(command=name)
         add_arguments(p)
     return parser
+
+
+#: Short names a ccache user reaches for.
+ALIASES = {"trim": ["cleanup"]}
+
+EPILOG = """\
+the environment (read by every process; `kcache config` shows each setting and where it came from):
+  KCACHE=1                 cache in every Python process, no code change
+  KCACHE_DIR=DIR           the store (default: $XDG_CACHE_HOME/kcache, else ~/.cache/kcache)
+  KCACHE_MAX_SIZE=20GiB    the size bound (default: the store's own, `kcache config --set max_size=...`)
+  KCACHE_REMOTE=redis://.. a shared tier; KCACHE_SECRET signs what crosses machines
+
+exit status: 0 done, 1 failed (one line on stderr says why), 2 bad arguments or settings.
+see docs/usage.md for the whole of it."""
+
+#: Examples shown by `kcache COMMAND --help`.
+EXAMPLES: dict[str, list[str]] = {
+    "stats": ["kcache stats", "kcache stats --json", "kcache stats --zero"],
+    "inspect": [
+        "kcache inspect                      # the 50 most recently used entries",
+        "kcache inspect --group --sort size  # what takes the room, by kernel or model",
+        "kcache inspect add_kernel           # the entries of a kernel (a glob: 'matmul_*')",
+        "kcache inspect 3fa9c1               # the whole record of an entry, by id prefix",
+    ],
+    "clear": [
+        "kcache clear --older-than 30d",
+        "kcache clear --name 'softmax*' --dry-run",
+        "kcache clear 3fa9c1d2e4             # one entry, by id",
+        "kcache clear --stale                # built by other library versions",
+        "kcache clear --all",
+    ],
+    "verify": ["kcache verify", "kcache verify --fix"],
+    "explain": [
+        "kcache explain                      # the latest misses and what differs",
+        "kcache explain --against /mnt/other-node/kcache",
+        "kcache explain --against their.kcb",
+        "kcache fingerprint -o b.json        # on the other machine, then:",
+        "kcache explain --against b.json",
+    ],
+    "config": ["kcache config", "kcache config --set max_size=20GiB", "kcache config --unset max_size"],
+    "prewarm": [
+        "kcache prewarm spec.toml --target cuda:90   # on a machine without that GPU",
+        "kcache prewarm spec.toml --dry-run",
+    ],
+    "export": ["kcache export kernels.kcb.tgz", "KCACHE_SECRET=... kcache export --kind triton all.kcb"],
+    "import": ["kcache import kernels.kcb.tgz -v", "kcache import --triton-cache ~/.triton/cache"],
+    "remote": ["kcache remote", "kcache remote --json"],
+    "dir": ["kcache dir", 'du -sh "$(kcache dir)"'],
+    "trim": ["kcache trim", "kcache trim --to 5GiB"],
+    "fingerprint": ["kcache fingerprint", "kcache fingerprint -o this-machine.json"],
+}
 
 
 def _fail(message: str) -> None:

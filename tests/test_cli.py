@@ -653,3 +653,179 @@ def test_an_unknown_kind_is_a_bad_argument(filled, clean_env, args) -> None:
     one_line_error(r)
     assert "triton-autotune" in r.stderr and "inductor-fx" in r.stderr
     assert len(kjson(clean_env, "inspect", "--dir", str(root))) == len(_ids), "nothing was removed"
+
+
+# ---------------------------------------------------------------------------------- the operator's CLI
+def test_store_settings_file_is_honoured_by_every_process(store_dir, clean_env):
+    """`kcache config --set max_size=...` keeps the bound with the store: a program started without
+    KCACHE_MAX_SIZE uses it, one with the variable uses the variable, and config says which."""
+    fill(store_dir)
+    r = kc(clean_env, "config", "--dir", str(store_dir), "--set", "max_size=3MiB")
+    assert r.returncode == 0 and "max_size: 3.0 MiB" in r.stdout, r.stderr
+    assert (store_dir / "kcache.conf").read_text().count("max_size = 3MiB") == 1
+    probe = "import kcache; kcache.enable(); s = kcache.active_store(); print(s.max_size, s.max_size_source)"
+    env = {**clean_env, "KCACHE_DIR": str(store_dir)}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == [str(3 << 20), "store"], out.stderr
+    out = subprocess.run([sys.executable, "-c", probe], env={**env, "KCACHE_MAX_SIZE": "5MiB"},
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.stdout.split() == [str(5 << 20), "argument"], out.stderr
+    rows = {r["name"]: r for r in kjson(clean_env, "config", "--dir", str(store_dir))["settings"]}
+    assert rows["max_size"]["value"] == 3 << 20 and rows["max_size"]["source"] == "store kcache.conf"
+    rows = {
+        r["name"]: r
+        for r in kjson({**clean_env, "KCACHE_MAX_SIZE": "5MiB"}, "config", "--dir", str(store_dir))[
+            "settings"
+        ]
+    }
+    assert rows["max_size"]["value"] == 5 << 20
+    assert rows["max_size"]["source"] == "env KCACHE_MAX_SIZE (over the store's kcache.conf: 3.0 MiB)"
+    # stats: the store's bound, whatever this shell says
+    data = kjson({**clean_env, "KCACHE_MAX_SIZE": "5MiB"}, "stats", "--dir", str(store_dir))
+    assert data["max_size"] == 3 << 20 and data["bound"]["env"] == 5 << 20
+    assert data["bound"]["store_source"] == "the store's kcache.conf"
+    human = kc({**clean_env, "KCACHE_MAX_SIZE": "5MiB"}, "stats", "--dir", str(store_dir)).stdout
+    assert "of 3.0 MiB" in human and "KCACHE_MAX_SIZE=5.0 MiB wins" in human, human
+    r = kc(clean_env, "config", "--dir", str(store_dir), "--unset", "max_size")
+    assert r.returncode == 0 and "max_size = " not in (store_dir / "kcache.conf").read_text()
+    assert kjson(clean_env, "stats", "--dir", str(store_dir))["max_size"] == 10 << 30
+
+
+def test_store_settings_bad_names_values_and_files(store_dir, clean_env, kcache_warnings):
+    fill(store_dir)
+    for bad in ("max_size=lots", "colour=blue", "max_size"):
+        r = kc(clean_env, "config", "--dir", str(store_dir), "--set", bad)
+        assert r.returncode == 2, bad
+        one_line_error(r)
+    assert not (store_dir / "kcache.conf").exists()
+    (store_dir / "kcache.conf").write_text("max_size = 1MiB\n")
+    os.chmod(store_dir / "kcache.conf", 0o666)  # anyone could choose this store's bound: not used
+    s = Store.open(store_dir)
+    try:
+        assert s.max_size == 10 << 30 and s.max_size_source == "default"
+    finally:
+        s.close()
+    assert any("kcache.conf" in m for m in kcache_warnings), kcache_warnings
+
+
+def test_trim_removes_least_recently_used_down_to_the_bound(store_dir, clean_env, monkeypatch, capsys):
+    from kcache.store import tunables
+
+    s = Store.open(store_dir)
+    for i in range(20):
+        assert s.put("triton", f"T{i}", {"k.cubin": bytes([i]) * 10_000}) is not None
+    s.close()
+    assert kc(clean_env, "config", "--dir", str(store_dir), "--set", "max_size=100000").returncode == 0
+    monkeypatch.setattr(tunables, "GRACE_S", 0.0)  # the entries were written a moment ago
+    monkeypatch.setattr(os, "environ", {**clean_env})
+    assert cli.main(["trim", "--dir", str(store_dir), "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["bound"] == 100_000 and res["bound_source"] == "the store's kcache.conf"
+    assert res["before"] == 200_000 and res["bytes"] <= 90_000 and res["removed"] == 11, res
+    left = Store.open(store_dir)
+    try:
+        keys = sorted(left.read_any(i)[0].record.key for i in left.iter_entry_ids())
+    finally:
+        left.close()
+    assert len(keys) == 9 and "T0" not in keys and "T19" in keys  # the oldest went first
+
+
+def test_dir_prints_the_store_folder(tmp_path, clean_env):
+    r = kc(clean_env, "dir")
+    assert r.returncode == 0 and r.stdout.strip() == str(Path(clean_env["XDG_CACHE_HOME"]) / "kcache")
+    r = kc({**clean_env, "KCACHE_DIR": str(tmp_path / "s")}, "dir", "--json")
+    assert json.loads(r.stdout) == {"dir": str(tmp_path / "s"), "source": "env KCACHE_DIR", "exists": False}
+    rows = {r["name"]: r for r in kjson(clean_env, "config")["settings"]}
+    assert rows["dir"]["source"] == "env XDG_CACHE_HOME"  # where the folder came from, not "default"
+
+
+def test_inspect_by_name_sort_and_group(filled, clean_env):
+    root, ids = filled
+    d = ["--dir", str(root)]
+    named = kjson(clean_env, "inspect", "kern1", *d)
+    assert sorted(e["kind"] for e in named) == ["nvfuser", "triton"] and {e["name"] for e in named} == {
+        "kern1"
+    }
+    assert {e["name"] for e in kjson(clean_env, "inspect", "--name", "kern[02]", *d)} == {"kern0", "kern2"}
+    r = kc(clean_env, "inspect", "add_kernel", *d)
+    assert r.returncode == 1 and "no entry id, key or name matches 'add_kernel'" in r.stderr
+    by_size = kjson(clean_env, "inspect", "--sort", "size", *d)
+    assert [e["size"] for e in by_size] == sorted((e["size"] for e in by_size), reverse=True)
+    assert kjson(clean_env, "inspect", "--sort", "hits", *d)[0]["id"] == ids["TRITONKEY0"]  # the one hit
+    groups = {g["name"]: g for g in kjson(clean_env, "inspect", "--group", *d)}
+    assert groups["kern0"]["entries"] == 2 and groups["kern0"]["kinds"] == {"triton": 1, "nvfuser": 1}
+    assert groups["kern2"]["entries"] == 1 and groups["kern0"]["hits"] == 1
+    table_ = kc(clean_env, "inspect", "--group", *d).stdout
+    assert table_.splitlines()[0].split()[:3] == ["name", "entries", "size"] and "kern0" in table_
+
+
+def test_clear_by_id_and_by_name(filled, clean_env):
+    root, ids = filled
+    d = ["--dir", str(root)]
+    one = ids["TRITONKEY1"]
+    r = kc(clean_env, "clear", one[:10], *d)
+    assert r.returncode == 0 and "removed 1 entry" in r.stdout, r.stderr
+    assert not (root / "entries" / one[:2] / one).exists()
+    r = kc(clean_env, "clear", "--id", "ffffffffff", *d)
+    assert r.returncode == 2 and "no entry has it" in r.stderr
+    res = kjson(clean_env, "clear", "--name", "kern0", *d)
+    assert res["count"] == 2 and {e["name"] for e in res["entries"]} == {"kern0"}
+    left = {e["name"] for e in kjson(clean_env, "inspect", *d)}
+    assert left == {"kern1", "kern2"}  # the nvfuser kern1 and the triton kern2
+
+
+def _pty_run(env: dict[str, str], *args: str) -> tuple[int, str, bytes]:
+    """Run kcache with stderr on a terminal (a pty); (exit status, stdout, what the terminal got)."""
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "kcache", *args], env=env, stdout=subprocess.PIPE,
+                             stderr=slave, text=True)  # fmt: skip
+        os.close(slave)
+        got = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            got += chunk
+        out = p.stdout.read() if p.stdout else ""
+        return p.wait(timeout=120), out, got
+    finally:
+        os.close(master)
+
+
+def test_progress_only_on_a_terminal_and_never_with_json(store_dir, clean_env):
+    s = Store.open(store_dir)
+    for i in range(1200):  # a large store: progress from the start
+        assert s.put("triton", f"P{i}", {"k.cubin": b"x" * 64}) is not None
+    s.close()
+    d = ["--dir", str(store_dir)]
+    rc, out, term = _pty_run(clean_env, "verify", *d)
+    assert rc == 0 and b"verify: " in term and b"of 1,200 entries" in term, term[-300:]
+    assert out.startswith("checked 1200 entries") and "verify:" not in out
+    rc, out, term = _pty_run(clean_env, "verify", "--json", *d)
+    assert rc == 0 and term == b"" and json.loads(out)["ok"]
+    rc, out, term = _pty_run(clean_env, "export", str(store_dir.parent / "b.kcb"), *d)
+    assert rc == 0 and b"export: read" in term and out.startswith("exported 1200 entries")
+    r = kc(clean_env, "verify", *d)  # not a terminal: nothing but the result
+    assert r.returncode == 0 and r.stderr == ""
+    rc, out, term = _pty_run(clean_env, "clear", "--all", *d)
+    assert rc == 0 and b"clear: " in term and "removed 1200 entries" in out
+
+
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+def test_every_command_has_complete_help(command, clean_env):
+    r = kc(clean_env, command, "--help")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"usage: kcache {command}"), r.stdout
+    body = r.stdout.split("\n\n", 1)[1]
+    assert len(body.strip().splitlines()[0]) > 20, "a description of what the command does"
+    for action in cli.build_parser()._subparsers._group_actions[0].choices[command]._actions:  # type: ignore[union-attr]
+        if action.option_strings and action.dest != "help":
+            assert action.help, f"{command} {action.option_strings} has no help"
+    top = kc(clean_env, "--help").stdout
+    assert f"    {command}" in top

@@ -123,6 +123,20 @@ def test_a_new_process_with_an_empty_inductor_folder_starts_warm(
     assert not (fresh / "fxgraph").exists(), "served from kcache, not from a local copy"
 
 
+def test_graph_entries_name_the_compiled_function(warm: dict[str, Any]) -> None:
+    """inspect's rows of FX graph and AOTAutograd entries say what they hold: the function Dynamo
+    compiled (the frame's qualified name, and its file's base name), also to select and group by."""
+    env = env_for(warm["base"], warm["store"], warm["base"] / "unused")
+    for kind in (INDUCTOR_FX, INDUCTOR_AOT):
+        listed = kc(env, "inspect", "--kind", kind)
+        assert listed and all(e["summary"].get("name") == "MLP.forward" for e in listed), listed
+        assert all(e["summary"]["file"].startswith("child.py:") for e in listed)
+    by_name = kc(env, "inspect", "MLP.forward")
+    assert {e["kind"] for e in by_name} >= {INDUCTOR_FX, INDUCTOR_AOT}
+    groups = {g["name"]: g for g in kc(env, "inspect", "--group")}
+    assert groups["MLP.forward"]["kinds"].get(INDUCTOR_FX, 0) >= 2
+
+
 def test_without_kcache_an_empty_folder_is_cold(warm: dict[str, Any], tmp_path: Path) -> None:
     """The control for the test above: the same child with KCACHE unset compiles everything."""
     out = run_child(env_for(warm["base"], None, tmp_path / "ind-plain"), 8)

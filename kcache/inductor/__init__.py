@@ -340,6 +340,10 @@ def put(kind: str, key: str, data: Any) -> None:
         blob = bytes(data)
         skey, comps = store_key(kind, key)
         summary = {k: v for k, v in comps.items() if k in ("cache", "gpu_name", "torch_version")}
+        if kind in (_kinds.INDUCTOR_FX, _kinds.INDUCTOR_AOT):
+            from .naming import graph_summary
+
+            summary.update(graph_summary())  # the compiled function's name, for inspect
         t0 = time.perf_counter()
         store.replace(
             kind, skey, {MEMBER: blob}, components=comps, summary=summary, compile_s=_compile_s(blob)

@@ -78,16 +78,27 @@ def clear(
     dry_run: bool = False,
     current: Callable[[str], str | None] | None = None,
     now: float | None = None,
+    name: str | None = None,
+    ids: Iterable[str] | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Remove the entries that match every selector given (``everything``: all of them).
+
+    ``name`` selects entries whose name (kernel, model, graph) matches the pattern (see
+    :mod:`.select`); ``ids``, the entries with these ids. ``progress(n)`` is called as entries
+    are removed.
 
     ``older_than`` (seconds) selects entries not used (nor created) for that long: the later of
     the index's last use and the record file's mtime, which a hit refreshes, both by the store's
     clock. ``stale`` selects entries whose library versions differ from this machine's (see
     :func:`stale_reasons`). Unreadable entries and rows go only with ``everything``. With
     ``dry_run`` nothing changes. The result says whether the index could be updated."""
-    if not (kind or older_than is not None or stale or everything):
-        raise ValueError("no selector: pass --kind, --older-than, --stale or --all")
+    from .select import entry_name, name_matches
+
+    wanted = set(ids) if ids is not None else None
+    selective = bool(kind or older_than is not None or stale or name is not None or wanted is not None)
+    if not (selective or everything):
+        raise ValueError("no selector: pass --kind, --older-than, --stale, a name, an id or --all")
     now = store.now() if now is None else now
     if stale and current is None:
         from .. import fingerprint
@@ -105,7 +116,7 @@ def clear(
                     bad_rows = True
                     continue
                 cands[ident] = _Candidate(ident, k, size or 0, at or created, None, False, True)
-            if stale:
+            if stale or name is not None:
                 for row in idx.rows():
                     if row.record is not None and row.id in cands:
                         cands[row.id].rec = row.record
@@ -114,7 +125,7 @@ def clear(
             cands.clear()
     for ident in store.iter_entry_ids():
         c = cands.get(ident)
-        if c is None or (stale and c.rec is None) or c.kind is None:
+        if c is None or ((stale or name is not None) and c.rec is None) or c.kind is None:
             rec, _why = store.read_record(ident)
             if c is None:
                 c = cands[ident] = _Candidate(
@@ -125,13 +136,22 @@ def clear(
         c.on_disk = True
     chosen = []
     for c in cands.values():
+        if wanted is not None and c.ident not in wanted:
+            continue
         if c.kind is None:  # an entry folder without a readable record
-            if everything and not (kind or older_than is not None or stale):
+            if (everything and not selective) or (wanted is not None and name is None and not kind):
                 c.why.append("unreadable")
                 chosen.append(c)
             continue
         if kind and c.kind != kind:
             continue
+        if name is not None:
+            n = entry_name(c.rec)
+            if not name_matches(n, name):
+                continue
+            c.why.append(f"name {n}")
+        if wanted is not None:
+            c.why.append("id")
         if older_than is not None:
             if c.on_disk and (c.last_used is None or now - c.last_used > older_than):
                 # the index says old (or does not know): a hit since refreshed the record's mtime
@@ -156,6 +176,7 @@ def clear(
             "size": c.size,
             "last_used": c.last_used,
             "why": "; ".join(c.why) or (f"kind {kind}" if kind else "all"),
+            "name": entry_name(c.rec) if c.rec is not None else None,
         }
         for c in chosen
     ]
@@ -164,11 +185,14 @@ def clear(
     if not dry_run and not store.readonly:
         # Folders first: that frees the space, and works when the disk is full.
         on_disk = [c.ident for c in chosen if c.on_disk]
-        if on_disk:
-            store.remove(on_disk, index=False)
+        for i in range(0, len(on_disk), 256):
+            chunk = on_disk[i : i + 256]
+            store.remove(chunk, index=False)
+            if progress is not None:
+                progress(len(chunk))
         leftovers = store.clean_tmp()
         drop = [c.ident for c in chosen if c.in_index]
-        if drop or (bad_rows and everything and not (kind or older_than is not None or stale)):
+        if drop or (bad_rows and everything and not selective):
             try:
                 w = store.index()
                 w.remove(drop)

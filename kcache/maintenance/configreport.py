@@ -20,6 +20,7 @@ def config_report(settings: Settings) -> dict[str, Any]:
         {"name": name, "env": var, "value": values.get(name), "source": settings.sources.get(name, "default")}
         for name, var in ENV.items()
     ]
+    _where_from(settings, rows)
     for row in rows:
         if row["name"] in RANGES:  # what a value may be; outside it, the setting is a problem
             _unit, low, high = RANGES[row["name"]]
@@ -61,3 +62,22 @@ def config_report(settings: Settings) -> dict[str, Any]:
         "remote_problems": list(getattr(settings, "remote_problems", [])),
         "store": store,
     }
+
+
+def _where_from(settings: Settings, rows: list[dict[str, Any]]) -> None:
+    """Sources that "default" would hide: the folder from ``XDG_CACHE_HOME``, and the bound kept
+    in the store's ``kcache.conf`` (which the environment overrides, as the row then says)."""
+    import os
+
+    from ..config import format_size
+    from ..store.conf import NAME, read_path
+
+    kept = read_path(settings.dir)
+    for row in rows:
+        if row["name"] == "dir" and row["source"] == "default":
+            row["source"] = "env XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else "default (~/.cache)"
+        if row["name"] == "max_size" and "max_size" in kept:
+            if row["source"] == "default":
+                row["value"], row["source"] = kept["max_size"], f"store {NAME}"
+            else:
+                row["source"] += f" (over the store's {NAME}: {format_size(kept['max_size'])})"

@@ -25,10 +25,31 @@ def _escape(c: str) -> str:
     return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
 
 
-def list_entries(store: Store, *, kind: str | None = None, limit: int | None = 50) -> list[dict[str, Any]]:
-    """Entries, most recently used first, from the index alone (no entry file is read)."""
+#: ``inspect --sort``: the index's order for each.
+SORTS = {"used": "last_used DESC", "size": "size DESC", "hits": "hits DESC"}
+
+
+def list_entries(
+    store: Store,
+    *,
+    kind: str | None = None,
+    limit: int | None = 50,
+    sort: str = "used",
+    name: str | None = None,
+) -> list[dict[str, Any]]:
+    """Entries from the index alone (no entry file is read): most recently used first, or the
+    largest (``sort="size"``) or most hit (``"hits"``) first; with ``name``, only entries whose
+    name matches it (see :mod:`.select`)."""
+    from .select import entry_name, name_matches
+
     out = []
-    for row in store.index().rows(kind=kind, limit=limit or None):
+    rows = store.index().rows(kind=kind, order=SORTS[sort], limit=None if name else (limit or None))
+    for row in rows:
+        if name is not None:
+            if row.record is None or not name_matches(entry_name(row.record), name):
+                continue
+            if limit and len(out) >= limit:
+                break
         if row.record is None:
             out.append(
                 {
@@ -44,8 +65,49 @@ def list_entries(store: Store, *, kind: str | None = None, limit: int | None = 5
                 }
             )
         else:
-            out.append(entry_dict(row.record, last_used=row.last_used, hits=row.hits, size=row.size))
+            d = entry_dict(row.record, last_used=row.last_used, hits=row.hits, size=row.size)
+            d["name"] = entry_name(row.record)
+            out.append(d)
     return out
+
+
+def group_entries(
+    store: Store,
+    *,
+    kind: str | None = None,
+    name: str | None = None,
+    sort: str = "size",
+    limit: int | None = 50,
+) -> list[dict[str, Any]]:
+    """Entries grouped by what they hold (kernel, model or graph name; else kind), as
+    ``huggingface-cli scan-cache`` groups by repository: per group the entries, bytes, kinds,
+    last use and hits; the largest first (``sort``: size, used, hits)."""
+    from .select import entry_name, group_key, name_matches
+
+    groups: dict[str, dict[str, Any]] = {}
+    for row in store.index().rows(kind=kind):
+        if name is not None and (row.record is None or not name_matches(entry_name(row.record), name)):
+            continue
+        key = group_key(row.record, row.kind)
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = {
+                "name": key,
+                "entries": 0,
+                "bytes": 0,
+                "kinds": {},
+                "last_used": None,
+                "hits": 0,
+            }
+        g["entries"] += 1
+        g["bytes"] += row.size
+        g["kinds"][row.kind] = g["kinds"].get(row.kind, 0) + 1
+        if row.last_used and (g["last_used"] is None or row.last_used > g["last_used"]):
+            g["last_used"] = row.last_used
+        g["hits"] += row.hits or 0
+    order = {"size": "bytes", "used": "last_used", "hits": "hits"}[sort]
+    out = sorted(groups.values(), key=lambda g: (-(g[order] or 0), g["name"]))
+    return out[: limit or None]
 
 
 def find_entries(

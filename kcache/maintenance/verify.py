@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..store import Record, Store, StoreError
@@ -50,7 +50,7 @@ def _read_index(store: Store) -> tuple[list[Any] | None, str | None]:
 
 
 def _check(
-    store: Store, known_good: dict[str, Record] | None = None
+    store: Store, known_good: dict[str, Record] | None = None, progress: Callable[[int], None] | None = None
 ) -> tuple[list[dict[str, Any]], dict[str, Record], int]:
     """(problems, good records by id, entries checked). Reads only. Entries in ``known_good``
     (checked a moment ago) are not read again."""
@@ -63,6 +63,8 @@ def _check(
             problems.append(_problem("stray_path", name or shard, f"{why}: {where}", shard=shard, name=name))
             continue
         checked += 1
+        if progress is not None:
+            progress(1)
         rec = (known_good or {}).get(name)
         if rec is None:
             hit, problem = store.read_any(name, full=True)
@@ -147,7 +149,9 @@ def _triton_version() -> str | None:
     return _TRITON[0]
 
 
-def verify(store: Store, *, fix: bool = False) -> dict[str, Any]:
+def verify(
+    store: Store, *, fix: bool = False, progress: Callable[[int], None] | None = None
+) -> dict[str, Any]:
     """Check every entry (sha256 of every member; a Triton group's metadata too), the index
     rows and stray files.
 
@@ -158,7 +162,7 @@ def verify(store: Store, *, fix: bool = False) -> dict[str, Any]:
     if fix and store.readonly:
         raise StoreError(f"{store.root} is read-only: nothing can be fixed")
     leftovers = store.clean_tmp() if fix else 0  # first: on a full disk, that frees space
-    problems, good, checked = _check(store)
+    problems, good, checked = _check(store, progress=progress)
     fixed: list[dict[str, Any]] = []
     index_problem = None
     if fix and problems:

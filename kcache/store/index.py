@@ -51,6 +51,8 @@ _ORDERS = {
     "last_used DESC": "last_used DESC",
     "last_used ASC": "last_used ASC",
     "created DESC": "created DESC",
+    "size DESC": "size DESC, last_used DESC",
+    "hits DESC": "hits DESC, last_used DESC",
     # the names of the first index's columns, still used by callers
     "access_time DESC": "last_used DESC",
     "access_time ASC": "last_used ASC",

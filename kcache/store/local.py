@@ -60,11 +60,13 @@ from pathlib import Path
 from typing import Any
 
 from .. import counters as _counters
+from ..config import DEFAULT_MAX_SIZE
 from ..kinds import valid_id
 from ..log import logger, warn_once
 from . import fs
 from . import tunables as T
 from .catalogue import CatalogueMixin
+from .conf import read_at as read_conf
 from .errors import CorruptEntry, RefusedEntry, StoreError
 from .housekeeping import HousekeepingMixin
 from .index import Index
@@ -203,7 +205,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
         cls,
         root: Path | str,
         *,
-        max_size: int = 10 * 1024**3,
+        max_size: int | None = None,
         readonly: bool = False,
         key_tag: str = "",
         allow_insecure: bool = False,
@@ -218,7 +220,8 @@ class Store(CatalogueMixin, HousekeepingMixin):
         is not empty and holds no store; a store of another schema; a root, internal folder or
         parent folder that another user could change (unless ``allow_insecure``: then used, but
         :attr:`trust_host_code` is False). A missing folder is created 0700 unless ``readonly``
-        or not ``create``; an empty one becomes a store only with ``create``."""
+        or not ``create``; an empty one becomes a store only with ``create``. ``max_size`` None:
+        the store's own setting (``kcache.conf``, see :mod:`.conf`), else the default."""
         path = os.path.abspath(os.fspath(root))
         try:
             return cls._open(
@@ -246,7 +249,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
         cls,
         path: str,
         *,
-        max_size: int,
+        max_size: int | None,
         readonly: bool,
         key_tag: str,
         allow_insecure: bool,
@@ -334,10 +337,12 @@ class Store(CatalogueMixin, HousekeepingMixin):
                 if fd is not None:
                     os.close(fd)
             raise
+        # The store's own settings file (kcache.conf) gives the bound unless the caller did.
+        kept = read_conf(fds["root"], owners)[0] if max_size is None else {}
         store = cls(
             Path(path),
             fds,
-            max_size=max_size,
+            max_size=max_size or kept.get("max_size") or DEFAULT_MAX_SIZE,
             readonly=readonly,
             key_tag=key_tag,
             trust_host_code=trust,
@@ -347,6 +352,8 @@ class Store(CatalogueMixin, HousekeepingMixin):
             drain_global=drain_global,
             index_timeout=index_timeout,
         )
+        #: Where the bound came from: "argument" (the caller), "store" (kcache.conf), "default".
+        store.max_size_source = "argument" if max_size else "store" if "max_size" in kept else "default"
         if not readonly:
             store._refresh_clock()
             # Private folders that dead processes left (killed, or ended by os._exit): nobody
@@ -375,7 +382,10 @@ class Store(CatalogueMixin, HousekeepingMixin):
         ``drain_global``), never to a maintenance command's."""
         store = cls.open(
             settings.dir,
-            max_size=settings.max_size,
+            # a bound from the environment or an argument wins over the store's kcache.conf
+            max_size=None
+            if (getattr(settings, "sources", None) or {}).get("max_size") == "default"
+            else settings.max_size,
             readonly=settings.readonly or not write,
             key_tag=settings.key_tag,
             allow_insecure=settings.allow_insecure,
