@@ -823,7 +823,9 @@ def test_every_command_has_complete_help(command, clean_env):
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(f"usage: kcache {command}"), r.stdout
     body = r.stdout.split("\n\n", 1)[1]
+    assert not body.startswith(("positional arguments", "options")), "a description of what it does"
     assert len(body.strip().splitlines()[0]) > 20, "a description of what the command does"
+    assert "\nexamples:\n  kcache " in r.stdout
     for action in cli.build_parser()._subparsers._group_actions[0].choices[command]._actions:  # type: ignore[union-attr]
         if action.option_strings and action.dest != "help":
             assert action.help, f"{command} {action.option_strings} has no help"
