@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
                 jobs=args.jobs,
                 dry_run=args.dry_run,
                 dir=getattr(args, "dir", None),
-                progress=False if args.no_progress else None,
+                progress=False if args.no_progress or as_json else None,
                 protect_s=protect,
                 paths=args.path,
                 in_process=True,
