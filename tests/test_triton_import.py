@@ -45,7 +45,10 @@ def triton_cache(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     (built / FAKE_KEY).mkdir()
     (built / FAKE_KEY / "matmul_kernel.autotune.json").write_text(
         json.dumps(
-            {"key": [512, 512, "torch.float16"], "configs_timings": [[{"num_warps": 4}, [0.1, 0.1, 0.1]]]}
+            {
+                "key": [512, 512, "torch.float16"],
+                "configs_timings": [[{"kwargs": {"BLOCK": 64}, "num_warps": 4}, [0.1, 0.1, 0.1]]],
+            }
         )
     )
     (built / FAKE_KEY / "__grp__ghost.json").write_text(

@@ -91,7 +91,9 @@ print(json.dumps(out))
 def test_autotune_timings_only_for_the_gpu_model_that_measured_them(tmp_path: Path) -> None:
     store = tmp_path / "store"
     env = kenv(tmp_path, store)
-    blob = json.dumps({"key": [1024], "configs_timings": [[{"BLOCK": 128}, [0.011]]]})
+    blob = json.dumps(
+        {"key": [1024], "configs_timings": [[{"kwargs": {"BLOCK": 128}, "num_warps": 4}, [0.011]]]}
+    )
 
     def child(model: str | None, put: bool) -> bool:
         r = run_py(AUTOTUNE_CHILD.format(model=model, blob=blob, put=put), env)
