@@ -258,7 +258,12 @@ def _print_remote_counts(data: dict[str, Any]) -> None:
                 ["refused", r["refused"]],
                 ["dropped", r["dropped"]],
                 ["too large", r["too_large"]],
-                ["waited", r["waited"]],
+                [
+                    "waited",
+                    f"{r['waited']} entries, {r['wait_s']:.3f} s ({r['fruitless_s']:.3f} s for nothing)",
+                ],
+                ["locks ignored", r["ignored"]],
+                ["marked bad", r["marked_bad"]],
                 ["time", f"{r['s']:.3f} s in Redis calls"],
             ],
         ).split("\n", 1)[1]
@@ -684,6 +689,8 @@ def _config_run(args: argparse.Namespace) -> int:
             ],
         ).split("\n", 1)[1]
     )
+    if res.get("shared_tier"):
+        print(f"\n{res['shared_tier']['trust']}")
     if res["problems"]:
         print("\nproblems (caching is off until they are fixed):")
         for p in res["problems"]:
@@ -745,6 +752,7 @@ def _remote_run(args: argparse.Namespace) -> int:
     if "error" in res:
         rows.append(["error", res["error"]])
     print(table(["", ""], rows).split("\n", 1)[1])
+    print(f"\n{res['trust']}")
     if res.get("by_kind"):
         print()
         krows = [[k, v["entries"], format_size(v["bytes"]), v["gone"]] for k, v in res["by_kind"].items()]

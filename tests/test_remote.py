@@ -492,19 +492,29 @@ def test_single_flight_holder_that_fails_lets_the_others_go(redis_server, stores
     assert got["hit"] is None and time.monotonic() - t0 < 1.0  # b compiles now, without waiting on
 
 
-def test_single_flight_lost_holder_never_blocks_past_the_lease(
+def test_single_flight_lost_holder_is_waited_for_only_until_its_lock_expires(
     redis_server, stores, prefix, kcache_warnings
 ) -> None:
-    b = stores("b", redis_server.url, prefix, KCACHE_REMOTE_LOCK_LEASE="1s")
+    from kcache.store import remote_lock as rl
+
+    b = stores("b", redis_server.url, prefix, KCACHE_REMOTE_LOCK_LEASE="60s")
     ident = b.entry_id("triton", "L")
     r = redis_server.client()
-    r.set(f"{prefix}l:{ident}", "a-holder-that-died", px=600)  # expires on its own
+    # a kcache holder that died: its last heartbeat, expiring on its own
+    r.set(f"{prefix}l:{ident}", rl.encode_lock(ident, rl.new_holder(), 3, None), px=400)
     hit, dt = _timed(lambda: b.remote_flight("triton", "L"))
-    assert hit is None and 0.4 < dt < 1.0, dt
-    r.set(f"{prefix}l:{ident}", "a-holder-that-hangs", px=60_000)  # longer than b's lease
+    assert hit is None and 0.3 < dt < rl.FRUITLESS_BUDGET_S + 0.5, dt
+    value = r.get(f"{prefix}l:{ident}")  # then b took the lock: the others wait on b's compile
+    assert value is not None and value.startswith(rl.FORMAT) and 0 < r.pttl(f"{prefix}l:{ident}") <= 3000
+    b.remote_unlock("triton", "L")
+    assert b.remote_tier().flush(5.0) and r.get(f"{prefix}l:{ident}") is None
+    # a lock that is not kcache's, with no expiry: not waited on, and replaced by b's
+    r.set(f"{prefix}l:{ident}", "a-holder-that-hangs")
     hit, dt = _timed(lambda: b.remote_flight("triton", "L"))
-    assert hit is None and 0.9 < dt < 1.5, dt
-    assert any("KCACHE_REMOTE_LOCK_LEASE" in m for m in kcache_warnings)
+    assert hit is None and dt < 0.5, dt
+    assert r.get(f"{prefix}l:{ident}").startswith(rl.FORMAT)
+    assert counts(b)["remote_ignored"] == 1
+    assert any("with no expiry" in m for m in kcache_warnings), kcache_warnings
 
 
 # ------------------------------------------------------------------------------------ settings, CLI
@@ -613,6 +623,16 @@ def test_cli_stats_config_and_remote(redis_private, tmp_path, clean_env, prefix)
     assert data["reachable"] and data["entries"] == 3 and data["by_kind"]["triton"]["entries"] == 3
     assert "urlpass" not in rep.stdout
     assert "entries" in kcache_cli(env, "remote").stdout
+    # the trust model, said plainly, in words and for scripts
+    plain = "shared tier: not authenticated (set KCACHE_SECRET)"
+    assert plain in kcache_cli(env, "config").stdout and plain in kcache_cli(env, "remote").stdout
+    assert json.loads(cfg.stdout)["shared_tier"] == {"authenticated": False, "trust": plain}
+    assert data["authenticated"] is False and data["trust"] == plain
+    signed = dict(env, KCACHE_SECRET="s")
+    for cmd in ("config", "remote"):
+        out = kcache_cli(signed, cmd).stdout
+        assert "shared tier: authenticated (KCACHE_SECRET)" in out and plain not in out, out
+    assert "shared tier" not in kcache_cli(dict(clean_env), "config").stdout
     # the password from KCACHE_REMOTE_PASSWORD when the URL has none
     env_pw = dict(env, KCACHE_REMOTE=server.url, KCACHE_REMOTE_PASSWORD="urlpass")
     assert json.loads(kcache_cli(env_pw, "remote", "--json").stdout)["entries"] == 3

@@ -46,6 +46,12 @@ links
 inputs
     (tools/chaos_inputs.py) poisoned machine-local answers in bundles and the shared tier, inputs
     that are FIFOs or devices, memory bombs, a process whose clock runs an hour ahead, a full disk.
+hostile
+    (tools/chaos_redis.py) a hostile Redis against concurrent real compiles on several "machines",
+    with and without ``KCACHE_SECRET``: planted locks, faked heartbeats, huge values, bad records,
+    ``CLIENT PAUSE``, ``DEBUG SLEEP``, SIGSTOP, ``FLUSHALL`` storms, restarts, ``noeviction``, a
+    link that trickles bytes, a worker SIGKILLed: 0 crashes, 0 wrong bytes, 0 stalls beyond the
+    bound (kcache's own time in Redis calls and fruitless waits, per process).
 
 Exit status: 0 when every invariant held, 1 otherwise (the report says which).
 """
@@ -1681,6 +1687,11 @@ def run(phases: list[str], size: str, seed: int, base: Path, log: Callable[[str]
             from chaos_inputs import phase_inputs
 
             report["phases"][ph] = phase_inputs(d, seed, log)
+        elif ph == "hostile":  # issue 24: a hostile or failing Redis under concurrent compiles
+            sys.path.insert(0, str(HERE.parent))
+            from chaos_redis import phase_hostile
+
+            report["phases"][ph] = phase_hostile(d, seed, log, size)
         else:
             raise SystemExit(f"unknown phase {ph!r}")
     report["seconds"] = round(time.perf_counter() - t0, 1)
@@ -1690,7 +1701,9 @@ def run(phases: list[str], size: str, seed: int, base: Path, log: Callable[[str]
 
 def summarize(report: dict[str, Any]) -> dict[str, Any]:
     p = report["phases"]
-    cr, co, cc, tr, fa = (p.get(k, {}) for k in ("crash", "corrupt", "concurrency", "triton", "faults"))
+    cr, co, cc, tr, fa, ho = (
+        p.get(k, {}) for k in ("crash", "corrupt", "concurrency", "triton", "faults", "hostile")
+    )
     faults = {
         "sigkill_after_random_delay": cr.get("kills", 0) - cr.get("kills_at_write_point", 0),
         "sigkill_at_write_point": cr.get("kills_at_write_point", 0),
@@ -1698,6 +1711,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "index_damage": co.get("index_damage", 0),
         "writes_into_full_disk": fa.get("full_disk", {}).get("puts_refused_full", 0),
         "operations_on_locked_index": fa.get("locked_index", {}).get("operations", 0),
+        "hostile_redis_acts": sum(r.get("acts", 0) for r in ho.get("rounds", [])),
     }
     recovery = {
         "verify_fix_after_crashes_s": max(
@@ -1726,12 +1740,14 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         + cc.get("wrong_bytes", 0)
         + tr.get("kernel_mismatches", 0)
         + fa.get("full_disk", {}).get("wrong", 0)
-        + fa.get("locked_index", {}).get("wrong_or_missed", 0),
+        + fa.get("locked_index", {}).get("wrong_or_missed", 0)
+        + ho.get("wrong_bytes", 0),
         "errors_to_caller": cc.get("errors_to_caller", 0)
         + fa.get("full_disk", {}).get("errors", 0)
         + fa.get("locked_index", {}).get("errors", 0)
         + len(crashed),
         "acked_entries_lost": cr.get("read_acked_lost", 0),
+        "stalls_beyond_bound": ho.get("stalls", 0),
         "worst_recovery_s": round(max(recovery.values()), 3),
         "recovery": {k: round(v, 3) for k, v in recovery.items()},
         "failures": failures,
@@ -1766,7 +1782,8 @@ def main(argv: list[str] | None = None) -> int:
         "--full", action="store_true", help="the long run whose figures docs/reliability.md reports"
     )
     ap.add_argument(
-        "--only", help="comma-separated phases: crash,corrupt,concurrency,triton,faults,links,inputs"
+        "--only",
+        help="comma-separated phases: crash,corrupt,concurrency,triton,faults,links,inputs,hostile",
     )
     ap.add_argument("--seed", type=int, default=20261202)
     ap.add_argument("--dir", help="work directory (default: a fresh temporary one, removed after)")
@@ -1780,7 +1797,7 @@ def main(argv: list[str] | None = None) -> int:
     phases = (
         a.only.split(",")
         if a.only
-        else ["crash", "corrupt", "concurrency", "triton", "faults", "links", "inputs"]
+        else ["crash", "corrupt", "concurrency", "triton", "faults", "links", "inputs", "hostile"]
     )
     base = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="kcache-chaos-"))
     base.mkdir(parents=True, exist_ok=True)

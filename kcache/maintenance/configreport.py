@@ -60,6 +60,7 @@ def config_report(settings: Settings) -> dict[str, Any]:
         "settings": rows,
         "problems": list(settings.problems),
         "remote_problems": list(getattr(settings, "remote_problems", [])),
+        "shared_tier": _shared_tier(settings),
         "store": store,
     }
 
@@ -81,3 +82,12 @@ def _where_from(settings: Settings, rows: list[dict[str, Any]]) -> None:
                 row["value"], row["source"] = kept["max_size"], f"store {NAME}"
             else:
                 row["source"] += f" (over the store's {NAME}: {format_size(kept['max_size'])})"
+
+
+def _shared_tier(settings: Settings) -> dict[str, Any] | None:
+    """Whether what the shared tier hands out is authenticated (None: no shared tier)."""
+    if not getattr(settings, "remote", None):
+        return None
+    from ..store.remote import trust_line
+
+    return {"authenticated": bool(settings.secret), "trust": trust_line(settings.secret)}

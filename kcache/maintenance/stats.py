@@ -67,9 +67,13 @@ REMOTE_FIELDS = (
     "too_large",
     "bypassed",
     "waited",
+    "ignored",
+    "wait_s",
+    "fruitless_s",
     "marked_bad",
     "s",
 )
+_SECONDS = ("s", "wait_s", "fruitless_s")
 
 
 def _remote_counts(c: dict[str, float]) -> dict[str, float]:
@@ -77,7 +81,7 @@ def _remote_counts(c: dict[str, float]) -> dict[str, float]:
     got = {name[len("remote_") :]: v for name, v in c.items() if name.startswith("remote_")}
     if not got:
         return {}
-    return {f: (round(got.get(f, 0.0), 3) if f == "s" else int(got.get(f, 0))) for f in REMOTE_FIELDS}
+    return {f: (round(got.get(f, 0.0), 3) if f in _SECONDS else int(got.get(f, 0))) for f in REMOTE_FIELDS}
 
 
 def _remote_totals(by_kind: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
@@ -86,7 +90,8 @@ def _remote_totals(by_kind: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     if not parts:
         return None
     out: dict[str, Any] = {f: sum(p[f] for p in parts) for f in REMOTE_FIELDS}
-    out["s"] = round(out["s"], 3)
+    for f in _SECONDS:
+        out[f] = round(out[f], 3)
     asked = out["hits"] + out["misses"]
     out["hit_rate"] = out["hits"] / asked if asked else None
     return out

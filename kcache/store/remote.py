@@ -1,11 +1,12 @@
-"""The shared tier: a Redis (or Valkey) server that the stores of many machines share (issue 15).
+"""The shared tier: a Redis (or Valkey) server that the stores of many machines share.
 
-How it sits beside the local store (:class:`kcache.store.local.Store` calls into this module and
-nothing else does):
+How it sits beside the local store (:class:`kcache.store.local.Store` calls into this module; so
+does ``kcache remote`` through :func:`connect`):
 
-- A local hit never touches Redis. A local miss asks Redis (one ``GET``); a remote hit is checked
-  (see below), committed to the local store through the store's own ``put`` and served from
-  there, so the next lookup on this machine is a local hit.
+- A local hit never touches Redis. A local miss asks Redis for the entry's size (``STRLEN``), and
+  only if it is within bounds for its bytes (``GETRANGE``, never more than the bound); a remote
+  hit is checked (see below), committed to the local store through the store's own ``put`` and
+  served from there, so the next lookup on this machine is a local hit.
 - A local put is also sent to Redis by a background thread (a bounded queue: what does not fit
   is dropped and counted; batches go in one pipeline); the compile never waits for it. At exit
   the queue is flushed for at most :data:`EXIT_FLUSH_S`.
@@ -13,18 +14,27 @@ nothing else does):
   record (:meth:`Record.encode`, with every member's size, crc32 and sha256), its members
   ``{name: bytes}`` and, with ``KCACHE_SECRET``, an HMAC-SHA256 over the record. Members are
   checked against the record's sha256 before anything is committed, so the signature over the
-  record covers them. Never pickle. ``<prefix>index`` is a sorted set (``"<kind> <id>"`` by put
-  time, the newest :data:`INDEX_MAX` kept) for ``kcache remote``.
+  record covers them; the record's own fields are validated (:func:`records.validate`).
+  Never pickle. ``<prefix>index`` is a sorted set (``"<kind> <id>"`` by put time, the newest
+  :data:`INDEX_MAX` kept) for ``kcache remote``.
 - Trust: machine-local kinds never go to or come from Redis. Kinds that are host code or
   pickles (``kinds.needs_signature``) go and come only signed; without a secret they stay local.
   With a secret, every entry read must carry a valid signature: unsigned or wrongly signed
-  entries are refused and counted (``remote_refused``), and the caller compiles.
-- Fail open: connect and read timeouts of ``KCACHE_REMOTE_TIMEOUT`` (100 ms), no retries, and a
-  circuit breaker: after :data:`BREAKER_FAILURES` failures in a row the tier is skipped for
-  :data:`BREAKER_COOLDOWN_S`, then one call probes it. No error ever reaches the caller.
-- Single flight across machines (:meth:`RemoteTier.flight`): ``SET <prefix>l:<id> NX PX lease``
-  after the local lock; the others poll for the entry until it appears, the lock goes, or the
-  lease runs out. The writer releases the lock right after the entry's ``SET``, in one pipeline.
+  entries are refused and counted (``remote_refused``), and the caller compiles. Without a
+  secret the tier trusts its writers for data (as Triton's and Inductor's Redis tiers do), but
+  nothing it reads can stall the caller or exhaust its memory beyond the bounds below.
+- Bounds (each call, however the server or the link behaves; :mod:`.remote_io`): a call ends
+  within ``KCACHE_REMOTE_TIMEOUT`` (100 ms), a value's read within that plus
+  :data:`TRANSFER_S_PER_MIB` per MiB of its size; no call reads more than it asked for, and a
+  value over ``KCACHE_REMOTE_MAX_ENTRY`` (plus :data:`VALUE_OVERHEAD` for its record) is never
+  read. No retries, and a circuit breaker: after :data:`BREAKER_FAILURES` failures in a row the
+  tier is skipped for :data:`BREAKER_COOLDOWN_S`, then one call probes it. No error ever reaches
+  the caller.
+- Single flight across machines (:meth:`RemoteTier.flight`, the lock in :mod:`.remote_lock`): the
+  first machine takes ``<prefix>l:<id>`` and keeps it alive with heartbeats; the others wait only
+  while it shows progress, within the lease and a per-process budget of fruitless waiting.
+- An entry whose use raised (:meth:`RemoteTier.mark_bad`) is deleted from Redis if it is still
+  the value this process was served, and never taken again by this process.
 
 Counters go to the store's counters under each entry's kind, named ``remote_*`` (see
 :data:`COUNTERS`), so ``kcache stats`` shows them. ``redis`` is imported on first use only.
@@ -38,12 +48,15 @@ import hmac
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
 
 from .. import kinds as _kinds
 from ..log import logger, warn_once
+from . import remote_io
+from . import remote_lock as rl
 from .records import CorruptRecord, Record, crc32, validate
 
 FORMAT = 1
@@ -54,10 +67,15 @@ QUEUE_ITEMS = 1024  # entries waiting for the writer, at most
 QUEUE_BYTES = 64 << 20  # and their bytes, at most (or one entry of KCACHE_REMOTE_MAX_ENTRY)
 BATCH_ITEMS, BATCH_BYTES = 64, 8 << 20  # one pipeline
 EXIT_FLUSH_S = 2.0  # at exit (and close), the writer gets this long to empty its queue
-WRITE_TIMEOUT_MIN_S = 1.0  # the writer's socket timeout, at least (a large SET takes a while)
+WRITE_TIMEOUT_MIN_S = 1.0  # the writer's deadline, at least (plus its bytes' transfer time)
+TRANSFER_S_PER_MIB = 1 / 32  # a value's read or write may take this much longer per MiB (32 MiB/s)
 INDEX_MAX = 100_000  # entries kept in the listing index
-POLL_MIN_S, POLL_MAX_S = 0.01, 0.1  # a single-flight waiter polls Redis this often
+POLL_MIN_S, POLL_MAX_S = 0.01, 0.1  # a single-flight waiter looks at Redis this often
 RECORD_MAX = 1 << 20
+VALUE_OVERHEAD = 64 << 10  # a value may exceed KCACHE_REMOTE_MAX_ENTRY by this (record, framing)
+SMALL_REPLY = 64 << 10  # the most a call that reads no value may read
+BAD_REMEMBERED = 4096  # (entry, value digest) pairs this process refuses after mark_bad
+SERVED_REMEMBERED = 4096  # digests of values taken from Redis, kept for mark_bad
 
 #: Counter names, per kind (in the store's counters, so ``kcache stats`` shows them).
 COUNTERS = (
@@ -66,17 +84,19 @@ COUNTERS = (
     "remote_puts",  # entries written to Redis (confirmed)
     "remote_bytes_in",
     "remote_bytes_out",
-    "remote_errors",  # calls that failed (timeouts, connection, Redis full, ...)
-    "remote_refused",  # entries read but refused: checksum, record, signature
+    "remote_errors",  # calls that failed (timeouts, deadlines, connection, Redis full, ...)
+    "remote_refused",  # entries read but refused: checksum, record, signature, marked bad
     "remote_dropped",  # entries not written: queue full, tier off, exit bound reached
-    "remote_too_large",  # entries over KCACHE_REMOTE_MAX_ENTRY: kept local
+    "remote_too_large",  # entries over KCACHE_REMOTE_MAX_ENTRY: kept local, or never read
     "remote_bypassed",  # lookups skipped while the circuit breaker is open
     "remote_waited",  # single flight: entries another machine compiled while this one waited
+    "remote_ignored",  # single flight: locks not waited on (foreign, no expiry, forged, ...)
+    "remote_wait_s",  # single flight: seconds waited on other machines' locks
+    "remote_fruitless_s",  # of which charged as fruitless (see remote_lock.FruitlessBudget)
+    "remote_marked_bad",  # entries whose use raised, deleted from Redis
     "remote_s",  # seconds spent on Redis calls on the caller's thread (not waits)
-    "remote_marked_bad",  # entries dropped from Redis because they failed when used here
 )
 
-_UNLOCK = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
 _FAIL = object()
 
 
@@ -131,6 +151,15 @@ class RemoteConfig:
 
         return redact_url(self.url)
 
+    @property
+    def value_limit(self) -> int:
+        """The most bytes of one entry's value that are ever read (or written)."""
+        return self.max_entry + VALUE_OVERHEAD
+
+    def transfer_s(self, nbytes: int, floor: float | None = None) -> float:
+        """The deadline of a call that moves ``nbytes`` of values."""
+        return max(self.timeout_s, floor or 0.0) + nbytes / (1 << 20) * TRANSFER_S_PER_MIB
+
     def entry_key(self, ident: str) -> str:
         return f"{self.prefix}e:{ident}"
 
@@ -142,32 +171,17 @@ class RemoteConfig:
         return f"{self.prefix}index"
 
 
-def connect(cfg: RemoteConfig, timeout_s: float | None = None) -> Any:
-    """A redis-py client for ``cfg``: its timeouts (they win over any in the URL's query), no
-    health checks, no HELLO or CLIENT SETINFO round trips, and one retry, at once, only of a command
-    that met a dead connection (a pooled socket from before a server restart); never of a
-    timeout (redis-py's default is 10 retries with backoff). Raises ImportError without redis."""
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.connection import parse_url
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.retry import Retry
+def trust_line(secret: bytes | None) -> str:
+    """What ``kcache config`` and ``kcache remote`` say of the shared tier's trust."""
+    if secret:
+        return "shared tier: authenticated (KCACHE_SECRET): unsigned entries and locks are refused"
+    return "shared tier: not authenticated (set KCACHE_SECRET)"
 
-    t = cfg.timeout_s if timeout_s is None else timeout_s
-    kw = parse_url(cfg.url)
-    if cfg.password and not kw.get("password"):
-        kw["password"] = cfg.password
-    kw.update(
-        socket_timeout=t,
-        socket_connect_timeout=t,
-        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-        retry_on_error=[],
-        health_check_interval=0,
-        driver_info=None,
-    )
-    kw.setdefault("protocol", 2)  # RESP2: no HELLO round trip on connect; any Redis or Valkey
-    kw.pop("retry_on_timeout", None)
-    return redis.Redis(connection_pool=redis.ConnectionPool(**kw))
+
+def connect(cfg: RemoteConfig, timeout_s: float | None = None) -> Any:
+    """A redis-py client for ``cfg`` whose calls honour :func:`remote_io.bounded` (see
+    :func:`remote_io.connect`). Raises ImportError without redis."""
+    return remote_io.connect(cfg.url, cfg.password, cfg.timeout_s if timeout_s is None else timeout_s)
 
 
 def eligible(kind: str, secret: bytes | None) -> bool:
@@ -194,9 +208,10 @@ def unpack_entry(
     raw: bytes, *, kind: str, key: str, ident: str, secret: bytes | None, max_entry: int
 ) -> tuple[Record, dict[str, bytes]]:
     """The record and members of a remote value, checked: format, signature (with ``secret``:
-    required), the record (its own crc32; kind, key and id are the ones asked for), the member
-    set, and each member's size, crc32 and sha256. Raises :class:`Refused`."""
-    if len(raw) > max_entry + RECORD_MAX + 4096:
+    required), the record (its own crc32; kind, key and id are the ones asked for; every field
+    within bounds), the member set, and each member's size, crc32 and sha256. Raises
+    :class:`Refused`."""
+    if len(raw) > max_entry + VALUE_OVERHEAD:
         raise Refused("too large", f"{len(raw)} bytes")
     try:
         d = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_str_len=1 << 16, max_map_len=4096)
@@ -216,11 +231,14 @@ def unpack_entry(
         raise Refused("unsigned", "host code and pickles are taken only when signed")
     try:
         rec = Record.decode(rec_bytes)
-        validate(rec)  # numbers in range, bounded printable text: before any of it is used
     except CorruptRecord as e:
         raise Refused("corrupt", f"record: {e}") from None
     if rec.id != ident or rec.kind != kind or rec.key != key:
         raise Refused("corrupt", "the record is not the one asked for")
+    try:
+        validate(rec)  # numbers in range, bounded printable text: before any of it is used
+    except CorruptRecord as e:
+        raise Refused("bad record", str(e)) from None
     if set(members) != {f.name for f in rec.files}:
         raise Refused("corrupt", "members differ from the record")
     out: dict[str, bytes] = {}
@@ -232,6 +250,13 @@ def unpack_entry(
             raise Refused("corrupt", f"member {f.name}: checksum mismatch")
         out[f.name] = b
     return rec, out
+
+
+def _error_reply(e: BaseException) -> bool:
+    """An error Redis answered (WRONGTYPE on a key someone else set, ...), as opposed to a call
+    that failed: it says nothing about the server's health."""
+    names = {c.__name__ for c in type(e).__mro__}
+    return "ResponseError" in names and "OutOfMemoryError" not in names and "maxmemory" not in str(e)
 
 
 class _Breaker:
@@ -272,9 +297,25 @@ class _Breaker:
                 return self.failures == BREAKER_FAILURES
             return False
 
-    @property
-    def is_open(self) -> bool:
-        return self.failures >= BREAKER_FAILURES
+
+class _Digests:
+    """A bounded set (or map) of recent keys, oldest dropped first."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._d: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, k: Any, v: Any = True) -> None:
+        with self._lock:
+            self._d[k] = v
+            self._d.move_to_end(k)
+            while len(self._d) > self.limit:
+                self._d.popitem(last=False)
+
+    def get(self, k: Any) -> Any:
+        with self._lock:
+            return self._d.get(k)
 
 
 class RemoteTier:
@@ -297,8 +338,13 @@ class RemoteTier:
         self._busy = False
         self._thread: threading.Thread | None = None
         self._closing = False
-        self._held: dict[str, str] = {}  # entry id -> token of a single-flight lock we hold
         self._breaker = _Breaker()
+        self.budget = rl.FruitlessBudget()
+        self.keeper = rl.LockKeeper(
+            self.cfg.lock_key, self.cfg.secret, self.cfg.lease_s, lambda fn: self._call("", fn), _FAIL
+        )
+        self._served = _Digests(SERVED_REMEMBERED)  # entry id -> digest of the value taken
+        self._bad = _Digests(BAD_REMEMBERED)  # (entry id, digest) refused from now on
 
     def _mine(self) -> None:
         if self._pid != os.getpid():
@@ -330,30 +376,52 @@ class RemoteTier:
                 return None
         return self._clients_
 
-    def _call(self, kind: str, fn: Any) -> Any:
-        """``fn(client)`` on the caller's thread, bounded by the timeouts; :data:`_FAIL` when it
-        fails or the breaker is open (counted; one warning)."""
+    def _call(
+        self,
+        kind: str,
+        fn: Callable[[Any], Any],
+        seconds: float | None = None,
+        max_bytes: int = SMALL_REPLY,
+        timed: bool = True,
+    ) -> Any:
+        """``fn(client)`` on the caller's thread, ending within ``seconds`` (default: the
+        timeout) and reading at most ``max_bytes``; :data:`_FAIL` when it fails or the breaker
+        is open (counted; one warning). An error reply (a key of the wrong type) fails the call
+        without counting against the server. ``timed``: its time counts as ``remote_s`` (not
+        the looks of a single-flight wait, which count as waiting)."""
         self._mine()
         if not self._breaker.allow():
-            self.counts.add(kind, remote_bypassed=1)
+            self._count(kind, remote_bypassed=1)
             return _FAIL
         clients = self._clients()
         if clients is None:
             return _FAIL
         t0 = time.perf_counter()
         try:
-            out = fn(clients[0])
+            with remote_io.bounded(self.cfg.timeout_s if seconds is None else seconds, max_bytes):
+                out = fn(clients[0])
         except Exception as e:
-            self.counts.add(kind, remote_s=time.perf_counter() - t0)
+            if timed:
+                self._count(kind, remote_s=time.perf_counter() - t0)
+            if _error_reply(e):
+                self._count(kind, remote_refused=1)
+                logger.info("kcache: the shared tier answered an error: %s", e)
+                self._breaker.ok()
+                return _FAIL
             self._failed(kind, e)
             return _FAIL
-        self.counts.add(kind, remote_s=time.perf_counter() - t0)
+        if timed:
+            self._count(kind, remote_s=time.perf_counter() - t0)
         self._breaker.ok()
         return out
 
+    def _count(self, kind: str, **deltas: float) -> None:
+        if kind:  # the lock keeper's calls belong to no kind
+            self.counts.add(kind, **deltas)
+
     def _failed(self, kind: str, e: BaseException, n: int = 1) -> None:
         if n:
-            self.counts.add(kind, remote_errors=n)
+            self._count(kind, remote_errors=n)
         name = type(e).__name__
         if "OutOfMemory" in name or "maxmemory" in str(e):
             warn_once(
@@ -376,18 +444,51 @@ class RemoteTier:
     def fetch(self, store: Any, kind: str, key: str, ident: str) -> Any:
         """On a local miss: the entry from Redis, checked and committed to ``store``, as a
         :class:`~kcache.store.local.Hit`; None when Redis lacks it, refuses, or fails."""
+        got = self.fetch_entry(kind, key, ident)
+        return None if got is None else self._commit(store, kind, key, got)
+
+    def fetch_entry(self, kind: str, key: str, ident: str) -> tuple[Record, dict[str, bytes]] | None:
+        """The entry from Redis, checked (record, members), or None: missing, refused, too
+        large (never read), or the call failed."""
         if self.off or not eligible(kind, self.cfg.secret):
             return None
-        raw = self._call(kind, lambda r: r.get(self.cfg.entry_key(ident)))
-        if raw is _FAIL:
+        size = self._call(kind, lambda r: r.strlen(self.cfg.entry_key(ident)))
+        if size is _FAIL:
             return None
-        if raw is None:
+        if not size:
             self.counts.add(kind, remote_misses=1)
             return None
-        return self._accept(store, kind, key, ident, raw)
+        return self._read_value(kind, key, ident, int(size))
 
-    def _accept(self, store: Any, kind: str, key: str, ident: str, raw: bytes) -> Any:
+    def _read_value(
+        self, kind: str, key: str, ident: str, size: int
+    ) -> tuple[Record, dict[str, bytes]] | None:
+        """Read a value Redis says is ``size`` bytes (no more than the bound, whatever it holds
+        by then) and check it."""
+        limit = self.cfg.value_limit
+        if size > limit:
+            self.counts.add(kind, remote_too_large=1)
+            warn_once(
+                "remote-too-large",
+                f"not reading a {kind} entry of {size} bytes from the shared tier at "
+                f"{self.cfg.shown_url} (over KCACHE_REMOTE_MAX_ENTRY); compiling instead",
+            )
+            return None
+        raw = self._call(
+            kind,
+            lambda r: r.getrange(self.cfg.entry_key(ident), 0, limit - 1),
+            seconds=self.cfg.transfer_s(size),
+            max_bytes=limit + 4096,
+        )
+        if raw is _FAIL or not raw:
+            return None
+        return self._check(kind, key, ident, raw)
+
+    def _check(self, kind: str, key: str, ident: str, raw: bytes) -> tuple[Record, dict[str, bytes]] | None:
+        digest = hashlib.sha1(raw).hexdigest()  # what Redis's Lua can compute too (mark_bad)
         try:
+            if self._bad.get((ident, digest)):
+                raise Refused("marked bad", "its use raised in this process before")
             rec, blobs = unpack_entry(
                 raw, kind=kind, key=key, ident=ident, secret=self.cfg.secret, max_entry=self.cfg.max_entry
             )
@@ -399,7 +500,12 @@ class RemoteTier:
                 f"({e}); compiling instead",
             )
             return None
+        self._served.put(ident, digest)
         self.counts.add(kind, remote_hits=1, remote_bytes_in=len(raw))
+        return rec, blobs
+
+    def _commit(self, store: Any, kind: str, key: str, got: tuple[Record, dict[str, bytes]]) -> Any:
+        rec, blobs = got
         hit = store.put(
             kind,
             key,
@@ -415,23 +521,22 @@ class RemoteTier:
             hit = Hit(rec, blobs, store, time.time())
         return hit
 
+    # ------------------------------------------------------------------ bad entries
     def mark_bad(self, kind: str, ident: str) -> bool:
-        """An entry that failed when used here (see :mod:`kcache.store.quarantine`): drop it
-        from the shared tier, so that no other machine is served it. One call on the caller's
-        thread, bounded like any other (a rare path: a quarantine). True when dropped."""
+        """An entry whose use raised (:mod:`kcache.store.quarantine` calls this): never take it
+        again in this process, and delete it from Redis if Redis still holds the value this
+        process was served (or, for an entry this process did not take from Redis, whatever it
+        holds: it was published from a store whose copy failed). Queued for the writer, ahead of
+        the entry compiled instead; never waits, never raises. True when queued."""
+        self._mine()
+        digest = self._served.get(ident)
+        if digest is not None:
+            self._bad.put((ident, digest))
         if self.off or not eligible(kind, self.cfg.secret):
             return False
-
-        def drop(r: Any) -> Any:
-            p = r.pipeline(transaction=False)
-            p.delete(self.cfg.entry_key(ident))
-            p.zrem(self.cfg.index_key, f"{kind} {ident}")
-            return p.execute()
-
-        res = self._call(kind, drop)
-        if res is _FAIL:
+        if self._clients_ is None and self._clients() is None:
             return False
-        self.counts.add(kind, remote_marked_bad=1)
+        self._enqueue(("bad", kind, ident, None, digest), 0)
         return True
 
     # ------------------------------------------------------------------ writing
@@ -444,20 +549,20 @@ class RemoteTier:
             return
         if self._clients_ is None and self._clients() is None:
             return  # made here, not in the writer: importing redis there can race the exit
-        token = self._held.pop(rec.id, None)
+        prefix = self.keeper.releasing(rec.id)
         if rec.size > self.cfg.max_entry:
             self.counts.add(rec.kind, remote_too_large=1)
-            if token:
-                self._enqueue(("unlock", rec.kind, rec.id, token), 0)
+            if prefix:
+                self._enqueue(("unlock", rec.kind, rec.id, prefix), 0)
             return
-        self._enqueue(("put", rec.kind, rec.id, token, rec, blobs), rec.size)
+        self._enqueue(("put", rec.kind, rec.id, prefix, rec, blobs), rec.size)
 
     def unlock(self, ident: str) -> None:
         """Release the single-flight lock this process holds for ``ident`` (if any), soon."""
         self._mine()
-        token = self._held.pop(ident, None)
-        if token:
-            self._enqueue(("unlock", "", ident, token), 0)
+        prefix = self.keeper.releasing(ident)
+        if prefix:
+            self._enqueue(("unlock", "", ident, prefix), 0)
 
     def _enqueue(self, item: tuple[Any, ...], size: int) -> None:
         with self._cond:
@@ -507,6 +612,9 @@ class RemoteTier:
             except Exception as e:  # never let the thread die loudly
                 logger.info("kcache: shared tier writer: %s", e)
             finally:
+                for it in batch:
+                    if it[0] in ("put", "unlock") and it[3]:
+                        self.keeper.forget(it[2])
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
@@ -516,7 +624,7 @@ class RemoteTier:
         if not self._breaker.allow():
             for it in puts:
                 self.counts.add(it[1], remote_dropped=1)
-            return  # locks: their lease ends them
+            return  # locks: they expire on their own
         clients = self._clients()
         if clients is None:
             return
@@ -524,41 +632,62 @@ class RemoteTier:
         pipe = r.pipeline(transaction=False)
         plan: list[tuple[str, tuple[Any, ...], int]] = []  # what each command's reply belongs to
         now = time.time()
+        nbytes = 0
         for it in batch:
-            if it[0] == "put":
-                _op, kind, ident, token, rec, blobs = it
-                value = pack_entry(rec.encode(), blobs, self.cfg.secret)
-                pipe.set(self.cfg.entry_key(ident), value)
-                plan.append(("set", it, len(value)))
-                pipe.zadd(self.cfg.index_key, {f"{kind} {ident}": now})
+            op, kind, ident = it[0], it[1], it[2]
+            if op == "bad":
+                digest = it[4]
+                if digest is not None:  # only the value this process was served
+                    pipe.eval(_DELETE_IF_SAME, 1, self.cfg.entry_key(ident), digest)
+                else:
+                    pipe.delete(self.cfg.entry_key(ident))
+                plan.append(("bad", it, 0))
+                pipe.zrem(self.cfg.index_key, f"{kind} {ident}")
                 plan.append(("index", it, 0))
-            else:
-                _op, kind, ident, token = it
-            if token:
-                pipe.eval(_UNLOCK, 1, self.cfg.lock_key(ident), token)
+                continue
+            prefix = it[3]
+            if op == "put":
+                rec, blobs = it[4], it[5]
+                value = pack_entry(rec.encode(), blobs, self.cfg.secret)
+                if len(value) > self.cfg.value_limit:  # nobody would read it
+                    self.counts.add(kind, remote_too_large=1)
+                else:
+                    nbytes += len(value)
+                    pipe.set(self.cfg.entry_key(ident), value)
+                    plan.append(("set", it, len(value)))
+                    pipe.zadd(self.cfg.index_key, {f"{kind} {ident}": now})
+                    plan.append(("index", it, 0))
+            if prefix:
+                pipe.eval(rl.UNLOCK_LUA, 1, self.cfg.lock_key(ident), prefix)
                 plan.append(("unlock", it, 0))
         if puts:
             pipe.zremrangebyrank(self.cfg.index_key, 0, -INDEX_MAX - 1)
             plan.append(("trim", batch[0], 0))
+        if not plan:
+            return
         try:
-            replies = pipe.execute(raise_on_error=False)
+            with remote_io.bounded(self.cfg.transfer_s(nbytes, WRITE_TIMEOUT_MIN_S), SMALL_REPLY):
+                replies = pipe.execute(raise_on_error=False)
         except Exception as e:
             if puts:
                 for it in puts[1:]:
                     self.counts.add(it[1], remote_errors=1)
                 self._failed(puts[0][1], e)  # one failure for the breaker; an error per entry
             else:
-                self._failed("", e, n=0)  # only lock releases: their lease ends them
+                self._failed("", e, n=0)  # only lock releases: their expiry ends them
             return
         failure: BaseException | None = None
         for (what, it, n), reply in zip(plan, replies):
             if isinstance(reply, BaseException):
-                failure = reply
+                if not _error_reply(reply):
+                    failure = reply
                 if what == "set":
                     self.counts.add(it[1], remote_errors=1)
                 continue
             if what == "set":
                 self.counts.add(it[1], remote_puts=1, remote_bytes_out=n)
+            elif what == "bad" and reply:
+                self.counts.add(it[1], remote_marked_bad=1)
         if failure is not None:
             self._failed("", failure, n=0)  # counted per entry above
         else:
@@ -581,6 +710,7 @@ class RemoteTier:
         if self._pid != os.getpid():
             return  # a forked child's inherited tier: the parent writes its own queue
         self.flush(timeout)
+        self.keeper.close()
         with self._cond:
             self._closing = True
             for it in self._queue:
@@ -599,62 +729,195 @@ class RemoteTier:
     def flight(self, store: Any, kind: str, key: str, ident: str) -> Any:
         """Single flight across machines, after this process took the local lock and the entry
         is in neither tier. Returns the entry (another machine compiled it meanwhile) or None:
-        compile here, holding the remote lock when it could be taken (released when the entry
-        is written to Redis, or by :meth:`unlock`, or by its lease ending).
+        compile here, holding the remote lock when it could be taken (kept alive by heartbeats;
+        released when the entry is written to Redis, or by :meth:`unlock`, or when this process
+        stops renewing it).
 
-        Waits at most the lease: for the entry to appear, or the holder's lock to go (a holder
-        that failed or died: then compile here, without the lock)."""
-        lease = self.cfg.lease_s
-        if self.off or lease <= 0 or not eligible(kind, self.cfg.secret):
+        Waits only while the holder's lock shows progress (:class:`remote_lock.Watch`): never
+        on a lock that is not kcache's, has no expiry or (with a secret) is not signed; at most
+        the lease; and within this process's budget of fruitless waiting."""
+        if self.off or self.cfg.lease_s <= 0 or not eligible(kind, self.cfg.secret):
             return None
-        token = os.urandom(16).hex()
-        ekey, lkey = self.cfg.entry_key(ident), self.cfg.lock_key(ident)
+        got = self._flight(kind, key, ident)
+        if isinstance(got, tuple):
+            return self._commit(store, kind, key, got)
+        return None
 
-        def first(r: Any) -> Any:
+    def _take(self, kind: str, ident: str, holder: str, timed: bool = True) -> Any:
+        """SET the lock NX (ours if free), then what is there now: (taken, lock value, its PTTL,
+        the entry's size)."""
+        lkey, ekey = self.cfg.lock_key(ident), self.cfg.entry_key(ident)
+        value = self.keeper.value(ident, holder)
+        ttl = max(1, int(rl.LOCK_TTL_S * 1000))
+
+        def take(r: Any) -> Any:
             p = r.pipeline(transaction=False)
-            p.set(lkey, token, nx=True, px=max(1, int(lease * 1000)))
-            p.get(ekey)
-            return p.execute()
+            p.set(lkey, value, nx=True, px=ttl)
+            p.getrange(lkey, 0, rl.VALUE_MAX)
+            p.pttl(lkey)
+            p.strlen(ekey)
+            return p.execute(raise_on_error=False)
 
-        res = self._call(kind, first)
+        res = self._call(kind, take, timed=timed)
+        if res is _FAIL:
+            return _FAIL
+        got, raw, pttl, size = res
+        got = got is True
+        if got:
+            self.keeper.hold(ident, holder)
+        return got, _value(raw), _int(pttl, -2), _int(size, 0)
+
+    def _look(self, kind: str, ident: str) -> Any:
+        """(lock value, its PTTL, the entry's size) now."""
+        lkey, ekey = self.cfg.lock_key(ident), self.cfg.entry_key(ident)
+
+        def look(r: Any) -> Any:
+            p = r.pipeline(transaction=False)
+            p.getrange(lkey, 0, rl.VALUE_MAX)
+            p.pttl(lkey)
+            p.strlen(ekey)
+            return p.execute(raise_on_error=False)
+
+        res = self._call(kind, look, timed=False)
+        if res is _FAIL:
+            return _FAIL
+        raw, pttl, size = res
+        return _value(raw), _int(pttl, -2), _int(size, 0)
+
+    def _flight(self, kind: str, key: str, ident: str) -> Any:
+        """The entry (record, members) another machine compiled, or None (compile here)."""
+        holder = rl.new_holder()
+        res = self._take(kind, ident, holder)
         if res is _FAIL:
             return None
-        got, raw = res
-        if got:
-            self._held[ident] = token
-        if raw is not None:  # it landed between our lookup and the lock
-            hit = self._accept(store, kind, key, ident, raw)
-            if hit is not None:
+        got, raw, pttl, size = res
+        if size:  # it landed between our lookup and the lock
+            entry = self._read_value(kind, key, ident, size)
+            if entry is not None:
                 self.unlock(ident)
-            return hit
+                return entry
         if got:
             return None  # ours: compile here
-        deadline = time.monotonic() + lease
+        watch = rl.Watch(ident, self.cfg.secret, self.cfg.lease_s, self.budget, time.monotonic())
         delay = POLL_MIN_S
-
-        def poll(r: Any) -> Any:
-            p = r.pipeline(transaction=False)
-            p.get(ekey)
-            p.exists(lkey)
-            return p.execute()
-
-        while time.monotonic() < deadline:
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        while True:
+            now = time.monotonic()
+            why = watch.see(raw, pttl, now, int(time.time() * 1000))
+            if why == "gone":  # the holder let go, or its lock expired: take it, or wait on the next
+                why = watch.over(now)  # the lease and the budget bound a wait, lock or no lock
+                if why is not None:
+                    break
+                res = self._take(kind, ident, holder, timed=False)
+                if res is _FAIL:
+                    why = "error"
+                    break
+                got, raw, pttl, size = res
+                if size:
+                    entry = self._read_value(kind, key, ident, size)
+                    if entry is not None:
+                        self.unlock(ident)
+                        self._waited(kind, watch, entry=True)
+                        return entry
+                if got:
+                    why = "taken"
+                    break
+                if raw is None:  # free, and not ours: Redis refuses the write (full, a replica)
+                    why = "refused"
+                    break
+                continue  # someone else took it: judge that lock
+            if why is not None:
+                break
+            time.sleep(max(0.0, min(delay, watch.time_left(time.monotonic()))))
             delay = min(delay * 1.5, POLL_MAX_S)
-            res = self._call(kind, poll)
+            res = self._look(kind, ident)
             if res is _FAIL:
-                return None
-            raw, locked = res
-            if raw is not None:
-                hit = self._accept(store, kind, key, ident, raw)
-                if hit is not None:
-                    self.counts.add(kind, remote_waited=1)
-                return hit
-            if not locked:
-                return None  # the holder let go without an entry (failed, too large) or died
-        warn_once(
-            "remote-lock-lease",
-            f"waited {lease:.0f} s (KCACHE_REMOTE_LOCK_LEASE) for another machine compiling the same "
-            "kernel; compiling here",
-        )
+                why = "error"
+                break
+            raw, pttl, size = res
+            if size:
+                entry = self._read_value(kind, key, ident, size)
+                if entry is not None:
+                    self._waited(kind, watch, entry=True)
+                    return entry
+                why = "refused"
+                break
+        self._waited(kind, watch, entry=False, why=why)
+        if why in rl.TAKEN_OVER and raw is not None:
+            self._take_over(kind, ident, holder, raw)
         return None
+
+    def _waited(self, kind: str, watch: rl.Watch, *, entry: bool, why: str | None = None) -> None:
+        """Count a wait that ended (with the entry, or why not), and charge a fruitless one."""
+        now = time.monotonic()
+        waited = watch.elapsed(now)
+        if entry:
+            self.counts.add(kind, remote_waited=1, remote_wait_s=waited)
+            return
+        fruitless = watch.fruitless(now)
+        self.budget.charge(fruitless)
+        self.counts.add(kind, remote_wait_s=waited, remote_fruitless_s=fruitless)
+        if why in rl.NOT_WAITED:
+            self.counts.add(kind, remote_ignored=1)
+            warn_once(
+                f"remote-lock-{why}",
+                f"not waiting on a single-flight lock {_WHY[why]} in the shared tier at "
+                f"{self.cfg.shown_url}; compiling here",
+            )
+        elif why == "lease":
+            warn_once(
+                "remote-lock-lease",
+                f"waited {self.cfg.lease_s:.0f} s (KCACHE_REMOTE_LOCK_LEASE) for another machine "
+                "compiling the same kernel; compiling here",
+            )
+        elif why == "budget" and self.budget.left() <= 0:
+            warn_once(
+                "remote-lock-budget",
+                f"waits on other machines' locks that brought nothing have cost this process "
+                f"{self.budget.spent:.1f} s; not waiting on unproven locks any more "
+                "(set KCACHE_SECRET to follow signed heartbeats)",
+            )
+
+    def _take_over(self, kind: str, ident: str, holder: str, seen: bytes) -> None:
+        """Replace a lock that was not waited on (still exactly ``seen``) by ours, so that other
+        machines wait on this compile instead of each compiling too."""
+        if seen == _WRONG_TYPE:
+            return
+        value = self.keeper.value(ident, holder)
+        ttl = str(int(rl.LOCK_TTL_S * 1000))
+        res = self._call(
+            kind, lambda r: r.eval(rl.TAKEOVER_LUA, 1, self.cfg.lock_key(ident), seen, value, ttl)
+        )
+        if res is not _FAIL and _int(res, 0) == 1:
+            self.keeper.hold(ident, holder)
+
+
+#: Delete an entry if its value is still the one this process was served (sha1 hex ARGV[1]).
+_DELETE_IF_SAME = (
+    "local v = redis.call('get', KEYS[1]) "
+    "if v and redis.sha1hex(v) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0"
+)
+
+
+#: How a warning names a lock that is not waited on.
+_WHY = {
+    "foreign": "that is not kcache's",
+    "no-expiry": "with no expiry",
+    "long-expiry": "with an expiry longer than any kcache lock's",
+    "unsigned": "without a signature (KCACHE_SECRET is set)",
+    "forged": "whose signature does not match KCACHE_SECRET",
+    "replayed": f"signed more than {rl.FRESH_S:.0f} s from this clock's time (replayed, or a clock off)",
+}
+_WRONG_TYPE = b"\0wrong type"  # what a lock key of another type reads as (never a lock)
+
+
+def _value(raw: Any) -> bytes | None:
+    """A lock value as read (None: no lock; an error reply reads as a value no lock has)."""
+    if raw is None or raw == b"":
+        return None
+    if isinstance(raw, BaseException):
+        return _WRONG_TYPE
+    return raw if isinstance(raw, bytes) else None
+
+
+def _int(v: Any, default: int) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else default

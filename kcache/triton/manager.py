@@ -346,7 +346,9 @@ class KcacheCacheManager(CacheManager):
             ]
             stale_locks = [_held.pop(k) for k in stale]
             busy = skey in _held
-        for lk, _, p, _ in stale_locks:
+        for k, (lk, _, p, _) in zip(stale, stale_locks):
+            if p == pid:  # and its lock in the shared tier, which heartbeats would keep alive
+                store.remote_unlock(KIND_GROUP, k)
             _release_lock(lk, p)
         if busy:  # another thread of this process compiles it (or failed to): do not wait on ourselves
             return False, None

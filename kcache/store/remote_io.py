@@ -1,0 +1,170 @@
+"""Calls to Redis that end on time and read a bounded number of bytes, whatever the server does.
+
+redis-py's ``socket_timeout`` bounds each socket read, not a call: a server (or a link) that sends
+one byte every 90 ms keeps a 100 ms timeout from ever firing while a 32 MiB reply takes minutes
+(``redis/_parsers/socket.py``: ``sock.settimeout(socket_timeout)`` and then ``sock.recv`` in a
+loop). Here every socket a client of :func:`connect` makes is wrapped so that, inside
+:func:`bounded`, each operation on it gets only the time left until the call's deadline, and the
+bytes it receives are counted against the call's byte bound:
+
+    with bounded(0.1, max_bytes=64 << 10):
+        r.strlen(key)
+
+Past the deadline or over the bound, the next socket operation raises ``socket.timeout``, which
+redis-py reports as its ``TimeoutError`` after dropping the connection (so no half-read reply is
+ever left on a pooled socket); connecting counts too (the connect timeout is cut to what is left).
+Outside :func:`bounded` a socket behaves as redis-py set it (``kcache remote``'s listing). Not
+bounded: resolving the host name (the system resolver has its own timeouts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+_local = threading.local()  # this thread's call: .until (monotonic deadline) and .left (bytes)
+
+
+class CallBound(socket.timeout):
+    """A call passed its deadline or its byte bound (a ``socket.timeout``, so that redis-py drops
+    the connection and raises its TimeoutError)."""
+
+
+@contextlib.contextmanager
+def bounded(seconds: float, max_bytes: int | None = None) -> Iterator[None]:
+    """Every Redis call of this thread inside the block ends within ``seconds`` in all (connect,
+    send, every read) and reads at most ``max_bytes`` bytes (None: any number)."""
+    saved = (getattr(_local, "until", None), getattr(_local, "left", None))
+    _local.until = time.monotonic() + max(0.0, seconds)
+    _local.left = max_bytes
+    try:
+        yield
+    finally:
+        _local.until, _local.left = saved
+
+
+def _time_left(base: float | None) -> float | None:
+    """The timeout for the next socket operation: ``base`` (redis-py's own), cut to what is left
+    of the call; raises :class:`CallBound` when nothing is."""
+    until = getattr(_local, "until", None)
+    if until is None:
+        return base
+    left = until - time.monotonic()
+    if left <= 0:
+        raise CallBound("kcache: the call to Redis passed its deadline")
+    return left if base is None or base > left else base
+
+
+class _BoundedSocket:
+    """A connected socket (plain, Unix or TLS) whose blocking operations honour :func:`bounded`.
+    Everything else is the wrapped socket's."""
+
+    __slots__ = ("_sock", "_base")
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self._base = sock.gettimeout()
+
+    def settimeout(self, value: float | None) -> None:  # redis-py's per-read value; armed per op
+        self._base = value
+        self._sock.settimeout(value)
+
+    def gettimeout(self) -> float | None:
+        return self._base
+
+    def _arm(self) -> None:
+        t = _time_left(self._base)
+        if self._sock.gettimeout() != t:
+            self._sock.settimeout(t)
+
+    def _count(self, n: int) -> None:
+        left = getattr(_local, "left", None)
+        if left is None:
+            return
+        left -= n
+        _local.left = left
+        if left < 0:
+            raise CallBound("kcache: the reply from Redis is larger than this call may read")
+
+    def recv(self, bufsize: int, *flags: int) -> bytes:
+        self._arm()
+        data = self._sock.recv(bufsize, *flags)
+        self._count(len(data))
+        return data
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, *flags: int) -> int:
+        self._arm()
+        n = self._sock.recv_into(buffer, nbytes, *flags)
+        self._count(n)
+        return n
+
+    def sendall(self, data: Any, *flags: int) -> None:
+        self._arm()  # since Python 3.5 a timeout bounds the whole sendall
+        self._sock.sendall(data, *flags)
+
+    def send(self, data: Any, *flags: int) -> int:
+        self._arm()
+        return self._sock.send(data, *flags)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+class _BoundedMixin:
+    """Put before a redis-py connection class: its sockets are :class:`_BoundedSocket`, and
+    connecting takes at most what is left of the call."""
+
+    socket_connect_timeout: float | None
+
+    def _connect(self) -> Any:
+        configured = self.socket_connect_timeout
+        self.socket_connect_timeout = _time_left(configured)
+        try:
+            sock = super()._connect()  # type: ignore[misc]
+        finally:
+            self.socket_connect_timeout = configured
+        return _BoundedSocket(sock)
+
+
+_classes: dict[type, type] = {}
+
+
+def bounded_class(cls: type) -> type:
+    """``cls`` (a redis-py connection class) whose sockets honour :func:`bounded`."""
+    out = _classes.get(cls)
+    if out is None:
+        out = _classes[cls] = type(f"Bounded{cls.__name__}", (_BoundedMixin, cls), {})
+    return out
+
+
+def connect(url: str, password: str | None, timeout_s: float) -> Any:
+    """A redis-py client for ``url``: ``timeout_s`` as its connect and per-read timeouts (they win
+    over any in the URL's query), sockets bounded by :func:`bounded`, no health checks, no HELLO
+    or CLIENT SETINFO round trips, and one retry, at once, only of a command that met a dead
+    connection (a pooled socket from before a server restart); never of a timeout (redis-py's
+    default is 10 retries with backoff). Raises ImportError without redis."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.connection import parse_url
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.retry import Retry
+
+    kw = parse_url(url)
+    if password and not kw.get("password"):
+        kw["password"] = password
+    kw.update(
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        retry_on_error=[],
+        health_check_interval=0,
+        driver_info=None,
+    )
+    kw.setdefault("protocol", 2)  # RESP2: no HELLO round trip on connect; any Redis or Valkey
+    kw.pop("retry_on_timeout", None)
+    kw["connection_class"] = bounded_class(kw.get("connection_class", redis.Connection))
+    return redis.Redis(connection_pool=redis.ConnectionPool(**kw))
