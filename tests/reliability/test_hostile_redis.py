@@ -587,11 +587,11 @@ def test_planted_locks_never_stall_real_compiles(redis_server, tmp_path, prefix,
     assert [x["error"] for x in b["results"]] == [None, None]
     assert [x["cache_hit"] for x in b["results"]] == [False, False]  # compiled
     assert [x["cubin_sha256"] for x in b["results"]] == [x["cubin_sha256"] for x in a["results"]]
+    assert b["t_compile_all"] < a["t_compile_all"] + 15, (a["t_compile_all"], b["t_compile_all"])
     c = b["process"].get("triton", {})
     assert c.get("remote_wait_s", 0) <= rl.FRUITLESS_BUDGET_S + 0.3, c
     if secret:
         assert c.get("remote_ignored", 0) == 2 and c.get("remote_wait_s", 0) < 0.5, c
-    assert b["t_compile_all"] < a["t_compile_all"] + 15, (a["t_compile_all"], b["t_compile_all"])
 
 
 # ------------------------------------------------------------------------------------ 8. chaos
