@@ -27,8 +27,9 @@ does ``kcache remote`` through :func:`connect`):
   within ``KCACHE_REMOTE_TIMEOUT`` (100 ms), a value's read within that plus
   :data:`TRANSFER_S_PER_MIB` per MiB of its size; no call reads more than it asked for, and a
   value over ``KCACHE_REMOTE_MAX_ENTRY`` (plus :data:`VALUE_OVERHEAD` for its record) is never
-  read. No retries, and a circuit breaker: after :data:`BREAKER_FAILURES` failures in a row the
-  tier is skipped for :data:`BREAKER_COOLDOWN_S`, then one call probes it. No error ever reaches
+  read. No retries, and a circuit breaker: after :data:`BREAKER_FAILURES` failures within
+  :data:`BREAKER_WINDOW_S` the tier is skipped for :data:`BREAKER_COOLDOWN_S`, then one call
+  probes it. No error ever reaches
   the caller.
 - Single flight across machines (:meth:`RemoteTier.flight`, the lock in :mod:`.remote_lock`): the
   first machine takes ``<prefix>l:<id>`` and keeps it alive with heartbeats; the others wait only
@@ -61,7 +62,8 @@ from .records import CorruptRecord, Record, crc32, validate
 
 FORMAT = 1
 SIG_DOMAIN = b"kcache-remote/1\0"
-BREAKER_FAILURES = 3  # failures in a row that turn the tier off for a while
+BREAKER_FAILURES = 3  # failures within BREAKER_WINDOW_S that turn the tier off for a while
+BREAKER_WINDOW_S = 10.0
 BREAKER_COOLDOWN_S = 30.0  # then one call probes it
 QUEUE_ITEMS = 1024  # entries waiting for the writer, at most
 QUEUE_BYTES = 64 << 20  # and their bytes, at most (or one entry of KCACHE_REMOTE_MAX_ENTRY)
@@ -260,19 +262,22 @@ def _error_reply(e: BaseException) -> bool:
 
 
 class _Breaker:
-    """Closed (calls go through) until :data:`BREAKER_FAILURES` failures in a row; then open for
+    """Closed (calls go through) until :data:`BREAKER_FAILURES` failures within
+    :data:`BREAKER_WINDOW_S` (successes between them do not reset the count: a link that answers
+    small calls but cuts every large one must not be asked forever); then open for
     :data:`BREAKER_COOLDOWN_S`; then one call at a time probes it (success closes it)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.failures = 0
+        self._recent: collections.deque[float] = collections.deque()  # times of recent failures
         self.open_until = 0.0
+        self._open = False
         self._probing = False
         self.trips = 0
 
     def allow(self) -> bool:
         with self._lock:
-            if self.failures < BREAKER_FAILURES:
+            if not self._open:
                 return True
             now = time.monotonic()
             if now < self.open_until or self._probing:
@@ -282,19 +287,25 @@ class _Breaker:
 
     def ok(self) -> None:
         with self._lock:
-            if self.failures >= BREAKER_FAILURES:
+            if self._open:
                 logger.info("kcache: the shared tier answers again")
-            self.failures, self._probing = 0, False
+                self._recent.clear()
+            self._open = self._probing = False
 
     def fail(self) -> bool:
         """Count a failure; True when this one opened the breaker."""
         with self._lock:
-            self.failures += 1
+            now = time.monotonic()
             self._probing = False
-            if self.failures >= BREAKER_FAILURES:
-                self.open_until = time.monotonic() + BREAKER_COOLDOWN_S
-                self.trips += 1
-                return self.failures == BREAKER_FAILURES
+            self._recent.append(now)
+            while self._recent and now - self._recent[0] > BREAKER_WINDOW_S:
+                self._recent.popleft()
+            if self._open or len(self._recent) >= BREAKER_FAILURES:
+                opened = not self._open
+                self._open = True
+                self.open_until = now + BREAKER_COOLDOWN_S
+                self.trips += opened
+                return opened
             return False
 
 

@@ -369,6 +369,14 @@ def test_a_trickling_link_ends_the_call_at_its_deadline(redis_server, stores, pr
         assert c["remote_errors"] >= 1 and c.get("remote_hits", 0) == 0, c
         assert b.put("triton", "BIG", big) is not None  # the compile goes on
         assert b.get("triton", "BIG").read("k.cubin") == big["k.cubin"]
+        # more such lookups, small calls answering between them: three cut calls open the breaker
+        for i in range(6):
+            a.put("triton", f"BIG{i}", group(1 << 20))
+        flushed(a)
+        for i in range(6):
+            assert b.get("triton", f"BIG{i}") is None
+        c = counts(b)
+        assert c["remote_bypassed"] >= 1 and c["remote_s"] < 3.0, c
     finally:
         proxy.close()
 
