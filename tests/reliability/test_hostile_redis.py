@@ -605,7 +605,7 @@ def test_planted_locks_never_stall_real_compiles(redis_server, tmp_path, prefix,
 # ------------------------------------------------------------------------------------ 8. chaos
 def test_the_chaos_tools_hostile_phase(tmp_path) -> None:
     """tools/chaos.py's ``hostile`` phase, CI-sized: real compiles on two machines under faked
-    heartbeats and a server that sleeps, with and without the secret (the full run, every
+    heartbeats, with and without the secret (the full run, every
     attack, is in docs/reliability.md)."""
     pytest.importorskip("triton")
     import importlib.util
@@ -616,8 +616,8 @@ def test_the_chaos_tools_hostile_phase(tmp_path) -> None:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     r = mod.phase_hostile(
-        tmp_path, 7, lambda m: None, attacks=("none", "fake-heartbeats", "debug-sleep"), workers=2, kernels=2
+        tmp_path, 7, lambda m: None, attacks=("none", "fake-heartbeats"), workers=2, kernels=2
     )
     assert r["failures"] == [], r["failures"]
     assert (r["crashes"], r["wrong_bytes"], r["stalls"]) == (0, 0, 0)
-    assert len(r["rounds"]) == 6 and all(x["acts"] > 0 for x in r["rounds"] if x["attack"] != "none")
+    assert len(r["rounds"]) == 4 and all(x["acts"] > 0 for x in r["rounds"] if x["attack"] != "none")
