@@ -222,7 +222,11 @@ def fresh_processes(redis: Redis, tmp: Path, repeats: int) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ 3. at once
-def at_once(redis: Redis | None, tmp: Path, procs: int) -> dict[str, Any]:
+def at_once(redis: Redis | None, tmp: Path, procs: int, secret: str | None = None) -> dict[str, Any]:
+    """``procs`` fresh processes, a store each, released at once on the same kernels; with
+    ``redis`` they share it (and ``secret`` as KCACHE_SECRET). Besides the wall time: where it
+    went, from each kernel's completion time in every process: the compiles on the critical path
+    (per kernel, the first process to finish it) and how long the others took to have it too."""
     tmp.mkdir(parents=True)
     names = ",".join(SPECS)
     barrier = tmp / "go"
@@ -231,6 +235,8 @@ def at_once(redis: Redis | None, tmp: Path, procs: int) -> dict[str, Any]:
     for i in range(procs):
         (tmp / f"m{i}").mkdir()
         extra = {"KCACHE_REMOTE": redis.url, "KCACHE_REMOTE_PREFIX": prefix} if redis else {}
+        if redis and secret:
+            extra["KCACHE_SECRET"] = secret
         env = clean_env(tmp / f"m{i}", kcache_dir=tmp / f"m{i}" / "store", **extra)
         ps.append(start_kernels(env, tmp / f"m{i}" / "r.json", specs=names, barrier=barrier))
     release_barrier(barrier, ps)
@@ -242,12 +248,25 @@ def at_once(redis: Redis | None, tmp: Path, procs: int) -> dict[str, Any]:
     results = [json.loads((tmp / f"m{i}" / "r.json").read_text()) for i in range(procs)]
     end = max(r["t_go_wall"] + r["t_compile_all"] for r in results)
     tri = [r["process"].get("triton", {}) for r in results]
+    first_done, spread = [], []
+    for k in range(len(results[0]["results"])):
+        done = sorted(r["results"][k]["t_done_wall"] - t_release for r in results)
+        first_done.append(done[0])
+        spread.append(done[-1] - done[0])
+    steps = [b - a for a, b in zip([0.0, *first_done[:-1]], first_done)]
     return {
         "wall_s": end - t_release,
+        "first_kernel_s": first_done[0],  # includes each process's first Redis call (import, connect)
+        "critical_path_s": first_done[-1],  # when the last kernel was first done somewhere
+        "kernel_steps_s": [round(x, 3) for x in steps],
+        "last_spread_s": spread[-1],  # from there to the last process having it
+        "median_spread_s": statistics.median(spread),
         "triton_compiles": sum(x["cache_hit"] is False for r in results for x in r["results"]),
         "kcache_puts": int(sum(c.get("puts", 0) for c in tri)),
         "remote_hits": int(sum(c.get("remote_hits", 0) for c in tri)),
         "remote_waited": int(sum(c.get("remote_waited", 0) for c in tri)),
+        "remote_wait_s": round(sum(c.get("remote_wait_s", 0.0) for c in tri), 3),
+        "remote_fruitless_s": round(sum(c.get("remote_fruitless_s", 0.0) for c in tri), 3),
         "errors": sum(x["error"] is not None for r in results for x in r["results"]),
         "distinct_binaries": len({(x["label"], x["cubin_sha256"]) for r in results for x in r["results"]}),
     }
@@ -260,55 +279,74 @@ def main() -> int:
     ap.add_argument("--procs", type=int, default=8)
     ap.add_argument("--json", default=None)
     ap.add_argument("--redis-server", default=shutil.which("redis-server") or "/usr/bin/redis-server")
+    ap.add_argument("--fleet-only", action="store_true", help="only part 3 (processes at once)")
+    ap.add_argument(
+        "--conditions",
+        default="redis,redis-secret,no-redis,alone",
+        help="part 3's conditions, interleaved in each round (default: %(default)s)",
+    )
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="kcache-bench-remote-"))
     redis = Redis(a.redis_server, root / "redis")
     res: dict[str, Any] = {}
     try:
-        print(f"1. hit latency (ms, median of {a.iters} lookups; get + served files)", flush=True)
-        res["latency"] = {}
-        for size in (4096, 100 * 1024):
-            for secret in (None, "bench-secret"):
-                r = hit_latency(redis, root, size, a.iters, secret)
-                tag = f"{size // 1024}KB" + ("-signed" if secret else "")
-                res["latency"][tag] = r
+        if not a.fleet_only:
+            print(f"1. hit latency (ms, median of {a.iters} lookups; get + served files)", flush=True)
+            res["latency"] = {}
+            for size in (4096, 100 * 1024):
+                for secret in (None, "bench-secret"):
+                    r = hit_latency(redis, root, size, a.iters, secret)
+                    tag = f"{size // 1024}KB" + ("-signed" if secret else "")
+                    res["latency"][tag] = r
+                    print(
+                        f"  {tag:<13} local {r['local_ms']:.3f}  remote {r['remote_ms']:.3f}  "
+                        f"({r['remote_ms'] / r['local_ms']:.1f}x; value {r['value_bytes']} B)",
+                        flush=True,
+                    )
+            res["first_lookup_ms"] = first_lookup(redis, root, a.repeats)
+            print(f"  first remote lookup in a fresh process: {res['first_lookup_ms']:.1f} ms", flush=True)
+            print(f"2. fresh processes, {len(SPECS)} kernels, median of {a.repeats}", flush=True)
+            res["processes"] = fresh_processes(redis, root, a.repeats)
+            for label, r in res["processes"].items():
                 print(
-                    f"  {tag:<13} local {r['local_ms']:.3f}  remote {r['remote_ms']:.3f}  "
-                    f"({r['remote_ms'] / r['local_ms']:.1f}x; value {r['value_bytes']} B)",
+                    f"  {label:<7} kernels {r['kernels_ms']:8.1f} ms  first {r['first_kernel_ms']:7.1f} ms  "
+                    f"add {r['per_kernel_ms']['add']:7.1f}  matmul {r['per_kernel_ms']['matmul_64x64x32']:7.1f}  "
+                    f"compiled {r['compiled']}",
                     flush=True,
                 )
-        res["first_lookup_ms"] = first_lookup(redis, root, a.repeats)
-        print(f"  first remote lookup in a fresh process: {res['first_lookup_ms']:.1f} ms", flush=True)
-        print(f"2. fresh processes, {len(SPECS)} kernels, median of {a.repeats}", flush=True)
-        res["processes"] = fresh_processes(redis, root, a.repeats)
-        for label, r in res["processes"].items():
-            print(
-                f"  {label:<7} kernels {r['kernels_ms']:8.1f} ms  first {r['first_kernel_ms']:7.1f} ms  "
-                f"add {r['per_kernel_ms']['add']:7.1f}  matmul {r['per_kernel_ms']['matmul_64x64x32']:7.1f}  "
-                f"compiled {r['compiled']}",
-                flush=True,
-            )
         print(f"3. {a.procs} processes, a store each, cold at once; median of {a.repeats}", flush=True)
-        rounds: dict[str, list[dict[str, Any]]] = {"redis": [], "no-redis": [], "alone": []}
+        conditions = [c for c in a.conditions.split(",") if c]
+        rounds: dict[str, list[dict[str, Any]]] = {c: [] for c in conditions}
         for rep in range(a.repeats):
             redis.flush()
-            for name, red, n in (("redis", redis, a.procs), ("no-redis", None, a.procs), ("alone", None, 1)):
-                r = at_once(red, root / f"{name}-{rep}", n)
+            for name in conditions:
+                red = redis if name.startswith("redis") else None
+                n = 1 if name == "alone" else a.procs
+                r = at_once(
+                    red, root / f"{name}-{rep}", n, "bench-secret" if name == "redis-secret" else None
+                )
                 rounds[name].append(r)
                 print(
-                    f"  round {rep + 1} {name:<9} wall {r['wall_s']:6.2f} s  Triton compiles "
+                    f"  round {rep + 1} {name:<12} wall {r['wall_s']:6.2f} s  Triton compiles "
                     f"{r['triton_compiles']:3d}  kcache puts {r['kcache_puts']:3d}  from Redis "
-                    f"{r['remote_hits']:3d} (waited {r['remote_waited']})  errors {r['errors']}",
+                    f"{r['remote_hits']:3d} (waited {r['remote_waited']}, {r['remote_wait_s']:.1f} s, "
+                    f"{r['remote_fruitless_s']:.1f} s for nothing)  first kernel {r['first_kernel_s']:.2f} s  "
+                    f"last one's spread {r['last_spread_s']:.3f} s  errors {r['errors']}",
                     flush=True,
                 )
         res["at_once"] = {
             name: {
                 "wall_s_median": statistics.median(r["wall_s"] for r in rs),
                 "wall_s_all": [round(r["wall_s"], 3) for r in rs],
+                "first_kernel_s_median": statistics.median(r["first_kernel_s"] for r in rs),
+                "last_spread_s_median": statistics.median(r["last_spread_s"] for r in rs),
+                "median_spread_s_median": statistics.median(r["median_spread_s"] for r in rs),
+                "kernel_steps_s": [r["kernel_steps_s"] for r in rs],
                 "triton_compiles": [r["triton_compiles"] for r in rs],
                 "kcache_puts": [r["kcache_puts"] for r in rs],
                 "remote_hits": [r["remote_hits"] for r in rs],
                 "remote_waited": [r["remote_waited"] for r in rs],
+                "remote_fruitless_s": [r["remote_fruitless_s"] for r in rs],
                 "errors": sum(r["errors"] for r in rs),
             }
             for name, rs in rounds.items()
@@ -316,10 +354,11 @@ def main() -> int:
     finally:
         redis.stop()
         shutil.rmtree(root, ignore_errors=True)
-    alone = res["at_once"]["alone"]["wall_s_median"]
+    alone = res["at_once"]["alone"]["wall_s_median"] if "alone" in res["at_once"] else None
     for name, s in res["at_once"].items():
-        s["ratio_vs_alone"] = s["wall_s_median"] / alone
-        print(f"  {name:<9} wall {s['wall_s_median']:.2f} s ({s['ratio_vs_alone']:.2f}x alone)")
+        s["ratio_vs_alone"] = s["wall_s_median"] / alone if alone else None
+        ratio = f" ({s['ratio_vs_alone']:.2f}x alone)" if alone else ""
+        print(f"  {name:<12} wall {s['wall_s_median']:.2f} s{ratio}")
     import redis as redis_py
     import triton
 
@@ -336,7 +375,8 @@ def main() -> int:
     )
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
-    exact = all(c == len(SPECS) for c in res["at_once"]["redis"]["triton_compiles"])
+    shared = [n for n in res["at_once"] if n.startswith("redis")]
+    exact = all(c == len(SPECS) for n in shared for c in res["at_once"][n]["triton_compiles"])
     print(f"\nexactly {len(SPECS)} compiles in every round with Redis: {'yes' if exact else 'NO'}")
     return 0 if exact else 1
 
