@@ -70,28 +70,21 @@ def _kcache(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 def test_a_planted_group_from_the_shared_tier_is_quarantined_and_compiled(redis_private, tmp_path) -> None:
     server = redis_private()
     prefix = f"q{uuid.uuid4().hex[:8]}:"
-    a = run_kernels(
-        _env(tmp_path, "a", KCACHE_REMOTE=server.url, KCACHE_REMOTE_PREFIX=prefix),
-        tmp_path / "a" / "r.json",
-        specs="add",
-    )
-    assert a["results"][0]["cache_hit"] is False and _triton_counts(a)["remote_puts"] >= 1
+    a = run_kernels(_env(tmp_path, "a"), tmp_path / "a" / "r.json", specs="add")
+    assert a["results"][0]["cache_hit"] is False
     good_sha = a["results"][0]["cubin_sha256"]
 
-    # The attacker: the group's value in Redis, its metadata changed, record and checksums redone.
+    # The attacker: a valid group (the one machine a compiled) published with its metadata
+    # changed, record and checksums redone, as any writer of the shared tier can.
+    ((_entry, rec),) = entries_of_kind(tmp_path / "a" / "store", "triton")
+    files = _poison({f.name: (_entry / f.name).read_bytes() for f in rec.files}, _planted=1)
     r = server.client()
-    planted = 0
-    for k in r.scan_iter(f"{prefix}e:*"):
-        d = msgpack.unpackb(r.get(k), raw=False)
-        rec = Record.decode(d["r"])
-        if rec.kind != "triton":
-            continue
-        files = _poison(d["m"], _planted=1)
-        r.set(k, rt.pack_entry(_replant(rec, files).encode(), files, None))
-        planted += 1
-    assert planted == 1
+    r.set(f"{prefix}e:{rec.id}", rt.pack_entry(_replant(rec, files).encode(), files, None))
 
-    env_b = _env(tmp_path, "b", KCACHE_REMOTE=server.url, KCACHE_REMOTE_PREFIX=prefix)
+    # (a timeout far above Redis's answer on a loaded box: the test is about trust, not time)
+    env_b = _env(
+        tmp_path, "b", KCACHE_REMOTE=server.url, KCACHE_REMOTE_PREFIX=prefix, KCACHE_REMOTE_TIMEOUT="5s"
+    )
     b = run_kernels(env_b, tmp_path / "b" / "r.json", specs="add")
     res = b["results"][0]
     assert res["error"] is None, res  # was: ValueError: Field names cannot start with an underscore
