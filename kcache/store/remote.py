@@ -343,6 +343,7 @@ class RemoteTier:
         locks, thread and sockets are the parent's)."""
         self._pid = os.getpid()
         self._clients_: tuple[Any, Any] | None = None  # (the callers' client, the writer's)
+        self._clients_lock = threading.Lock()
         self._cond = threading.Condition(threading.Lock())
         self._queue: collections.deque[tuple[Any, ...]] = collections.deque()
         self._queued_bytes = 0
@@ -362,30 +363,48 @@ class RemoteTier:
             self._reset()
 
     # ------------------------------------------------------------------ calls
+    def warm_up(self) -> None:
+        """Import redis and make the clients on a thread of its own, now (a store that holds
+        nothing will ask soon); the callers' first call then finds that done. No network call
+        (its failure would count against the server for no caller). Never waits, never raises."""
+        if self.off or self._clients_ is not None:
+            return
+
+        def run() -> None:
+            try:
+                self._clients()
+            except Exception as e:  # only ever a thread's end
+                logger.debug("shared tier warm-up: %s", e)
+
+        threading.Thread(target=run, name="kcache-remote-warm-up", daemon=True).start()
+
     def _clients(self) -> tuple[Any, Any] | None:
         if self.off:
             return None
         if self._clients_ is None:
-            try:
-                self._clients_ = (
-                    connect(self.cfg),
-                    connect(self.cfg, max(self.cfg.timeout_s, WRITE_TIMEOUT_MIN_S)),
-                )
-            except ImportError:
-                self.off = True
-                warn_once(
-                    "remote-no-redis",
-                    "KCACHE_REMOTE is set but the redis package is not installed "
-                    "(pip install 'kcache[redis]'); the shared tier is off, local caching goes on",
-                )
-                return None
-            except Exception as e:  # a URL option redis-py refuses
-                self.off = True
-                warn_once(
-                    "remote-config", f"cannot use KCACHE_REMOTE={self.cfg.shown_url} ({e}); shared tier off"
-                )
-                return None
+            with self._clients_lock:  # the warm-up thread and a caller may both get here
+                if self._clients_ is None and not self.off:
+                    self._make_clients()
         return self._clients_
+
+    def _make_clients(self) -> None:
+        try:
+            self._clients_ = (
+                connect(self.cfg),
+                connect(self.cfg, max(self.cfg.timeout_s, WRITE_TIMEOUT_MIN_S)),
+            )
+        except ImportError:
+            self.off = True
+            warn_once(
+                "remote-no-redis",
+                "KCACHE_REMOTE is set but the redis package is not installed "
+                "(pip install 'kcache[redis]'); the shared tier is off, local caching goes on",
+            )
+        except Exception as e:  # a URL option redis-py refuses
+            self.off = True
+            warn_once(
+                "remote-config", f"cannot use KCACHE_REMOTE={self.cfg.shown_url} ({e}); shared tier off"
+            )
 
     def _call(
         self,
