@@ -12,7 +12,8 @@ persistence, and stops it at the end. Each store path stands for one machine.
    * the local store (a hit; its served files made anew each time, as a new process would),
    * Redis (the entry removed locally before each lookup: a local miss, ``GET``, checks,
      commit to the local store, served files), with and without ``KCACHE_SECRET`` (HMAC),
-   * and the first lookup in a fresh process (importing redis and connecting included).
+   * and the first lookup in a fresh process, attaching the tier, importing redis and
+     connecting included.
 2. Fresh processes (``python -m kernels.run``, tests/kernels, 10 kernels for ``cuda:90``, no GPU):
    the time to get every kernel when Triton compiles them (cold), from the local store (warm),
    and from Redis into an empty local store (remote); medians of ``--repeats``.
@@ -153,8 +154,9 @@ t0 = time.perf_counter()
 from kcache import config
 from kcache.store import Store
 s = Store.open(sys.argv[1])
-s.attach_remote(config.load({"KCACHE_REMOTE": sys.argv[2], "KCACHE_REMOTE_PREFIX": sys.argv[3]}))
+settings = config.load({"KCACHE_REMOTE": sys.argv[2], "KCACHE_REMOTE_PREFIX": sys.argv[3]})
 t = time.perf_counter()
+s.attach_remote(settings)  # an empty store: redis is imported here (or, before, at the lookup)
 h = s.get("triton", sys.argv[4]); h.paths
 print((time.perf_counter() - t) * 1000, "redis" in sys.modules)
 """

@@ -364,25 +364,20 @@ class RemoteTier:
 
     # ------------------------------------------------------------------ calls
     def warm_up(self) -> None:
-        """Import redis and make the clients on a thread of its own, now (a store that holds
-        nothing will ask soon); the callers' first call then finds that done. No network call
-        (its failure would count against the server for no caller). Never waits, never raises."""
-        if self.off or self._clients_ is not None:
-            return
-
-        def run() -> None:
-            try:
-                self._clients()
-            except Exception as e:  # only ever a thread's end
-                logger.debug("shared tier warm-up: %s", e)
-
-        threading.Thread(target=run, name="kcache-remote-warm-up", daemon=True).start()
+        """Import redis and make the clients now, at attach, for a store that holds nothing (it
+        will ask the tier at once): part of the process's start, not of its first compile. On
+        the caller's thread: a thread importing while the program forks could leave the child
+        an import lock no one will release. No network call. Never raises."""
+        try:
+            self._clients()
+        except Exception as e:
+            logger.debug("shared tier warm-up: %s", e)
 
     def _clients(self) -> tuple[Any, Any] | None:
         if self.off:
             return None
         if self._clients_ is None:
-            with self._clients_lock:  # the warm-up thread and a caller may both get here
+            with self._clients_lock:  # the writer and lock threads may get here at once
                 if self._clients_ is None and not self.off:
                     self._make_clients()
         return self._clients_
