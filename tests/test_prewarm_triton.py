@@ -498,3 +498,37 @@ def test_triton_debug_is_applied_before_triton_is_imported(tmp_path: Path) -> No
     body = "import kernels\nx = meta((4096,))\nkernels.add_kernel.warmup(x, x, x, 4096, BLOCK_SIZE=1024, grid=(1,))\ncontrol = None\n"
     r = _program(body, tmp_path, store, EXAMPLE_DIR, TRITON_DEBUG="1")
     assert r["compiled"] == [] and r["store_hits"] == 1
+
+
+def test_progress_bar_on_a_terminal_never_with_json(tmp_path: Path) -> None:
+    """The bar goes to stderr when it is a terminal; with --json nothing but the summary."""
+    import pty
+
+    def run(*extra: str) -> tuple[int, bytes]:
+        master, slave = pty.openpty()
+        try:
+            p = subprocess.Popen(
+                [PY, "-m", "kcache", "prewarm", str(EXAMPLE_DIR / "spec.toml"), "--target", "cuda:90",
+                 "--dir", str(tmp_path / "store"), *extra],
+                env=_env(tmp_path, None), cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=slave,
+            )  # fmt: skip
+            os.close(slave)
+            got = b""
+            while True:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                got += chunk
+            assert p.stdout is not None
+            p.stdout.read()
+            return p.wait(timeout=400), got
+        finally:
+            os.close(master)
+
+    rc, term = run("--json")
+    assert rc == 0 and b"/6 ok " not in term, term[-500:]
+    rc, term = run()
+    assert rc == 0 and b"6/6 ok " in term, term[-500:]

@@ -1,0 +1,97 @@
+"""Wheels of installed distributions, made from the installed files (no network, no pip cache).
+
+tests/test_examples.py builds a fresh virtual environment and installs into it what the docs say,
+with pip, from a folder of wheels (``PIP_NO_INDEX=1``, ``PIP_FIND_LINKS``): pip resolves the
+documented commands' requirements as it would from an index, and a requirement the project
+forgot to declare is missing there, as on a user's machine. The wheels are packed again from the
+running environment's own installed files (its RECORD, less what pip writes at install time and
+files outside site-packages, such as console scripts, which pip makes again from
+``entry_points.txt``): what this machine has is what the fresh environment gets, whichever index
+or cache it first came from.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.metadata as md
+import re
+import zipfile
+from collections.abc import Iterable
+from pathlib import Path
+
+#: Files of a dist-info folder that pip writes at install time: not part of a wheel.
+_INSTALL_TIME = {"INSTALLER", "REQUESTED", "direct_url.json", "RECORD"}
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def closure(roots: Iterable[str], extras: dict[str, set[str]] | None = None) -> list[md.Distribution]:
+    """The installed distributions ``roots`` need, and theirs, transitively (markers evaluated for
+    this interpreter; extras only as asked in ``extras``)."""
+    from packaging.requirements import Requirement
+
+    extras = extras or {}
+    seen: dict[str, md.Distribution] = {}
+    todo = list(roots)
+    while todo:
+        name = _norm(todo.pop())
+        if name in seen:
+            continue
+        dist = md.distribution(name)
+        seen[name] = dist
+        for text in dist.requires or []:
+            req = Requirement(text)
+            asked = extras.get(name, set())
+            if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in (asked or {""})):
+                continue
+            todo.append(req.name)
+    return list(seen.values())
+
+
+def _sha(path: Path) -> tuple[str, int]:
+    h = hashlib.sha256()
+    n = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            n += len(chunk)
+    return "sha256=" + base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode(), n
+
+
+def repack(dist: md.Distribution, out: Path) -> Path:
+    """A wheel of ``dist`` from its installed files, in ``out``."""
+    wheel_meta = dist.read_text("WHEEL") or ""
+    tags = [ln.split(":", 1)[1].strip() for ln in wheel_meta.splitlines() if ln.startswith("Tag:")]
+    if not tags:
+        raise RuntimeError(f"{dist.metadata['Name']}: no wheel tag in its WHEEL file")
+    name = re.sub(r"[-_.]+", "_", dist.metadata["Name"])
+    info_dir = f"{name}-{dist.version}.dist-info"
+    whl = out / f"{name}-{dist.version}-{tags[0]}.whl"
+    rows = []
+    with zipfile.ZipFile(whl, "w", zipfile.ZIP_STORED) as z:
+        for f in dist.files or []:
+            rel = str(f).replace("\\", "/")
+            if rel.startswith("../") or "/__pycache__/" in f"/{rel}" or rel.endswith(".pyc"):
+                continue
+            top, _, base = rel.partition("/")
+            if top.endswith(".dist-info") and base in _INSTALL_TIME:
+                continue
+            path = Path(str(dist.locate_file(f)))
+            if not path.is_file():
+                continue
+            arc = f"{info_dir}/{base}" if top.endswith(".dist-info") else rel
+            z.write(path, arc)
+            digest, size = _sha(path)
+            rows.append(f"{arc},{digest},{size}")
+        rows.append(f"{info_dir}/RECORD,,")
+        z.writestr(f"{info_dir}/RECORD", "\n".join(rows) + "\n")
+    return whl
+
+
+def build(roots: Iterable[str], out: Path, extras: dict[str, set[str]] | None = None) -> list[Path]:
+    """Wheels of ``roots`` and everything they need, in ``out`` (made if missing)."""
+    out.mkdir(parents=True, exist_ok=True)
+    return [repack(d, out) for d in closure(roots, extras)]
