@@ -549,10 +549,22 @@ def _clear_run(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------- verify
+def _jobs_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--jobs",
+        "-j",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="read N entries at a time (default: the CPUs, at most 4; 1: one after another)",
+    )
+
+
 def _verify_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fix", action="store_true", help="remove bad entries and rows, re-index, rebuild a corrupt index"
     )
+    _jobs_arg(p)
 
 
 def _verify_run(args: argparse.Namespace) -> int:
@@ -564,7 +576,7 @@ def _verify_run(args: argparse.Namespace) -> int:
     try:
         total = sum(1 for _ in store.iter_entry_ids())
         with Progress("verify", total, enabled=not wants_json(args)) as prog:
-            res = verify(store, fix=args.fix, progress=prog)
+            res = verify(store, fix=args.fix, progress=prog, jobs=args.jobs or None)
     finally:
         close_store(store)
     if wants_json(args):
@@ -872,6 +884,7 @@ def _export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", metavar="FILE", help="the bundle to write (.tgz/.gz: compressed)")
     p.add_argument("--kind", type=_kind, action="append", help="only entries of this kind (repeatable)")
     _verbose_arg(p, "skipped")
+    _jobs_arg(p)
 
 
 def _skipped_lines(res: dict[str, Any], verbose: bool) -> None:
@@ -902,7 +915,14 @@ def _export_run(args: argparse.Namespace) -> int:
     try:
         total = sum(1 for _ in store.iter_entry_ids())
         with Progress("export: read", total, enabled=not wants_json(args)) as prog:
-            res = export_bundle(store, args.file, kinds=args.kind, secret=settings.secret, progress=prog)
+            res = export_bundle(
+                store,
+                args.file,
+                kinds=args.kind,
+                secret=settings.secret,
+                progress=prog,
+                jobs=args.jobs or None,
+            )
     except (BundleError, OSError) as e:
         raise CommandError(str(e)) from None
     finally:
@@ -1092,6 +1112,13 @@ def _trim_run(args: argparse.Namespace) -> int:
     settings = load_settings(args)
     b = bound_of(settings)
     store = open_for(args, write=True)
+    if not hasattr(store, "evict"):  # a missing folder: nothing to trim, and nothing is made
+        close_store(store)
+        if wants_json(args):
+            print_json({"dir": str(settings.dir), "removed": 0, "freed": 0, "bytes": 0})
+        else:
+            print(f"no store at {settings.dir}: nothing to trim")
+        return 0
     try:
         bound = store.max_size
         want = int(bound * 0.9) if target is None else target

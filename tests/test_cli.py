@@ -517,11 +517,17 @@ def test_not_a_store_exits_1(tmp_path, clean_env):
         ["clear", "--all"],
         ["verify", "--fix"],
         ["stats", "--zero"],
+        ["trim"],
+        ["dir"],
+        ["inspect", "--group"],
+        ["inspect", "add_kernel"],
+        ["clear", "--name", "add_kernel"],
+        ["export", "{tmp}/out.kcb"],
     ],
 )
 def test_missing_store_is_not_created(argv, tmp_path, clean_env):
     missing = tmp_path / "missing" / "store"
-    r = kc(clean_env, *argv, "--dir", str(missing))
+    r = kc(clean_env, *(a.format(tmp=tmp_path) for a in argv), "--dir", str(missing))
     assert r.returncode in (0, 1), r.stderr  # inspect PREFIX: nothing matches
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "missing").exists()
@@ -532,7 +538,8 @@ def test_readonly_setting_refuses_changes(filled, clean_env):
     root, _ = filled
     before = snapshot(root)
     env = dict(clean_env, KCACHE_READONLY="1")
-    for argv in (["clear", "--all"], ["verify", "--fix"], ["stats", "--zero"]):
+    for argv in (["clear", "--all"], ["verify", "--fix"], ["stats", "--zero"], ["trim"],
+                 ["config", "--set", "max_size=1GiB"]):  # fmt: skip
         r = kc(env, *argv, "--dir", str(root))
         assert r.returncode == 1 and "read-only" in r.stderr
         one_line_error(r)
@@ -577,6 +584,8 @@ OPTIONS = {
         st.tuples(st.just("--nearest"), COUNTS),
     ],
     "config": [],
+    "trim": [st.tuples(st.just("--to"), st.sampled_from(["5GiB", "1", "x", "0"]))],
+    "dir": [],
     "bogus": [],
 }
 ANY_TOKEN = st.sampled_from(
@@ -629,6 +638,7 @@ def test_any_argv_exits_cleanly_and_reads_never_write(template, tmp_path_factory
         (command == "clear" and "--dry-run" not in rest)
         or (command == "verify" and "--fix" in rest)
         or (command == "stats" and "--zero" in rest)
+        or command == "trim"
     )
     if not writes:
         assert snapshot(root) == before, argv

@@ -7,7 +7,9 @@ so that the machine's state is shared, each as a subprocess (interpreter start-u
 
 - ``kcache verify --json`` with ``--jobs 1`` (one reader: the anchor, what the command did before)
   and with the default (several readers);
-- ``kcache export FILE`` likewise.
+- ``kcache export FILE`` likewise;
+- with ``--baseline CHECKOUT``, both commands as another checkout has them (the anchor: the code
+  before, e.g. ``git worktree add /tmp/base <commit>``), run by the same interpreter.
 
 The store is filled once through ``Store.put`` in parallel processes (tools/bench_store.py's
 groups) and kept with ``--dir`` for later runs. Variants alternate in each run (rotating order);
@@ -23,6 +25,7 @@ import concurrent.futures
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,7 +40,7 @@ import bench_store  # noqa: E402
 
 def filled(root: Path, n: int) -> None:
     """A store of ``n`` entries at ``root`` (kept: a second run reuses it)."""
-    mark = root / f".bench-{n}"
+    mark = root.parent / f".{root.name}.bench-{n}"  # beside the store: nothing of ours inside it
     if mark.exists():
         return
     workers = max(1, os.cpu_count() or 1)
@@ -52,9 +55,9 @@ def filled(root: Path, n: int) -> None:
     mark.write_text("")
 
 
-def timed(cmd: list[str]) -> float:
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
     t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     dt = time.perf_counter() - t
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr[-500:]}")
@@ -67,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--dir", help="the store to fill (and keep); default: a temporary folder")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--baseline",
+        metavar="CHECKOUT",
+        help="also run the commands of another kcache checkout (PYTHONPATH=CHECKOUT), side by side: "
+        "the anchor (e.g. a worktree of the commit before)",
+    )
     args = ap.parse_args(argv)
     tmp = None
     if args.dir:
@@ -83,17 +92,24 @@ def main(argv: list[str] | None = None) -> int:
         "export --jobs 1": kc + ["export", str(out / "a.kcb"), "--jobs", "1", "--dir", str(root)],
         "export": kc + ["export", str(out / "b.kcb"), "--dir", str(root)],
     }
+    env = None
+    if args.baseline:
+        env = {**os.environ, "PYTHONPATH": os.path.abspath(args.baseline)}
+        variants["verify (baseline)"] = kc + ["verify", "--json", "--dir", str(root)]
+        variants["export (baseline)"] = kc + ["export", str(out / "c.kcb"), "--dir", str(root)]
     names = list(variants)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(args.runs):
         order = names[r % len(names) :] + names[: r % len(names)]
         for n in order:
-            times[n].append(timed(variants[n]))
+            times[n].append(timed(variants[n], env if n.endswith("(baseline)") else None))
     med = {n: statistics.median(v) for n, v in times.items()}
+    anchor = " (baseline)" if args.baseline else " --jobs 1"
     ratios = {
-        cmd: statistics.median(a / b for a, b in zip(times[cmd], times[f"{cmd} --jobs 1"]))
+        cmd: statistics.median(a / b for a, b in zip(times[cmd], times[f"{cmd}{anchor}"]))
         for cmd in ("verify", "export")
     }
+    shutil.rmtree(out, ignore_errors=True)
     import kcache
 
     res: dict[str, Any] = {
@@ -104,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         "entries": args.entries,
         "runs": times,
         "median_s": med,
-        "ratio_to_one_reader": ratios,
+        "anchor": "baseline checkout" if args.baseline else "--jobs 1",
+        "ratio_to_anchor": ratios,
     }
     if args.json:
         print(json.dumps(res, indent=1))
@@ -112,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in names:
             print(f"{n:18s} {med[n]:7.2f} s  ({', '.join(f'{t:.2f}' for t in times[n])})")
         for cmd, x in ratios.items():
-            print(f"{cmd}: {x:.2f}x the one-reader time")
+            print(f"{cmd}: {x:.2f}x the anchor's time ({anchor.strip()})")
     if tmp is not None:
         tmp.cleanup()
     return 0

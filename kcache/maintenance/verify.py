@@ -50,35 +50,50 @@ def _read_index(store: Store) -> tuple[list[Any] | None, str | None]:
 
 
 def _check(
-    store: Store, known_good: dict[str, Record] | None = None, progress: Callable[[int], None] | None = None
+    store: Store,
+    known_good: dict[str, Record] | None = None,
+    progress: Callable[[int], None] | None = None,
+    jobs: int = 1,
 ) -> tuple[list[dict[str, Any]], dict[str, Record], int]:
-    """(problems, good records by id, entries checked). Reads only. Entries in ``known_good``
-    (checked a moment ago) are not read again."""
+    """(problems, good records by id, entries checked). Reads only, ``jobs`` entries at a time.
+    Entries in ``known_good`` (checked a moment ago) are not read again."""
+    from .readers import ordered_map
+
     problems: list[dict[str, Any]] = []
     good: dict[str, Record] = {}
     checked = 0
+    known = known_good or {}
+    entries: list[tuple[str, str]] = []
     for shard, name, why in store.scan():
-        where = f"entries/{shard}/{name}" if name else f"entries/{shard}"
         if why is not None:
+            where = f"entries/{shard}/{name}" if name else f"entries/{shard}"
             problems.append(_problem("stray_path", name or shard, f"{why}: {where}", shard=shard, name=name))
-            continue
-        checked += 1
-        if progress is not None:
-            progress(1)
-        rec = (known_good or {}).get(name)
+        else:
+            entries.append((shard, name))
+    _triton_version()  # asked once, before the readers start
+
+    def one(item: tuple[str, str]) -> tuple[str, str, Record | None, str | None, str, list[str]]:
+        shard, name = item
+        rec = known.get(name)
         if rec is None:
             hit, problem = store.read_any(name, full=True)
             if hit is None:
-                problem = "no record file" if problem == "missing" else problem
-                problems.append(_problem("corrupt_entry", name, str(problem)))
-                continue
+                return shard, name, None, "no record file" if problem == "missing" else str(problem), "", []
             rec = hit.record
             unusable = _unusable(hit)
             if unusable:
-                problems.append(_problem("bad_metadata", name, unusable))
-                continue
+                return shard, name, None, unusable, "bad_metadata", []
+        return shard, name, rec, None, "", list(store.entry_extras(name, rec))
+
+    for shard, name, rec, problem, ptype, extras in ordered_map(one, entries, jobs):
+        checked += 1
+        if progress is not None:
+            progress(1)
+        if rec is None:
+            problems.append(_problem(ptype or "corrupt_entry", name, str(problem)))
+            continue
         good[name] = rec
-        for x in store.entry_extras(name, rec):
+        for x in extras:
             problems.append(
                 _problem(
                     "stray_file", name, f"{x} is not a member of the entry", shard=shard, name=name, member=x
@@ -150,7 +165,7 @@ def _triton_version() -> str | None:
 
 
 def verify(
-    store: Store, *, fix: bool = False, progress: Callable[[int], None] | None = None
+    store: Store, *, fix: bool = False, progress: Callable[[int], None] | None = None, jobs: int | None = None
 ) -> dict[str, Any]:
     """Check every entry (sha256 of every member; a Triton group's metadata too), the index
     rows and stray files.
@@ -162,12 +177,15 @@ def verify(
     if fix and store.readonly:
         raise StoreError(f"{store.root} is read-only: nothing can be fixed")
     leftovers = store.clean_tmp() if fix else 0  # first: on a full disk, that frees space
-    problems, good, checked = _check(store, progress=progress)
+    from .readers import default_jobs
+
+    jobs = default_jobs() if jobs is None else max(1, jobs)
+    problems, good, checked = _check(store, progress=progress, jobs=jobs)
     fixed: list[dict[str, Any]] = []
     index_problem = None
     if fix and problems:
         fixed, index_problem = _fix(store, problems, good)
-        remaining, _good, _checked = _check(store, known_good=good)
+        remaining, _good, _checked = _check(store, known_good=good, jobs=jobs)
     else:
         remaining = problems
     return {
