@@ -55,9 +55,9 @@ def filled(root: Path, n: int) -> None:
     mark.write_text("")
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> float:
+def timed(cmd: list[str], cwd: str | None = None) -> float:
     t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
     dt = time.perf_counter() - t
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr[-500:]}")
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--baseline",
         metavar="CHECKOUT",
-        help="also run the commands of another kcache checkout (PYTHONPATH=CHECKOUT), side by side: "
+        help="also run the commands of another kcache checkout (run from its folder), side by side: "
         "the anchor (e.g. a worktree of the commit before)",
     )
     args = ap.parse_args(argv)
@@ -92,17 +92,21 @@ def main(argv: list[str] | None = None) -> int:
         "export --jobs 1": kc + ["export", str(out / "a.kcb"), "--jobs", "1", "--dir", str(root)],
         "export": kc + ["export", str(out / "b.kcb"), "--dir", str(root)],
     }
-    env = None
-    if args.baseline:
-        env = {**os.environ, "PYTHONPATH": os.path.abspath(args.baseline)}
-        variants["verify (baseline)"] = kc + ["verify", "--json", "--dir", str(root)]
-        variants["export (baseline)"] = kc + ["export", str(out / "c.kcb"), "--dir", str(root)]
+    base = os.path.abspath(args.baseline) if args.baseline else None
+    if base:  # this checkout's commands against the baseline's, as they run by default
+        variants = {
+            "verify": variants["verify"],
+            "export": variants["export"],
+            "verify (baseline)": kc + ["verify", "--json", "--dir", str(root)],
+            "export (baseline)": kc + ["export", str(out / "c.kcb"), "--dir", str(root)],
+        }
     names = list(variants)
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(args.runs):
         order = names[r % len(names) :] + names[: r % len(names)]
         for n in order:
-            times[n].append(timed(variants[n], env if n.endswith("(baseline)") else None))
+            # run from the baseline's folder: `python -m kcache` takes its package before the install
+            times[n].append(timed(variants[n], base if n.endswith("(baseline)") else None))
     med = {n: statistics.median(v) for n, v in times.items()}
     anchor = " (baseline)" if args.baseline else " --jobs 1"
     ratios = {
