@@ -162,9 +162,27 @@ def connect(url: str, password: str | None, timeout_s: float) -> Any:
         retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         retry_on_error=[],
         health_check_interval=0,
-        driver_info=None,
     )
+    cls = kw.get("connection_class", redis.Connection)
+    kw.update(_no_setinfo(cls))
     kw.setdefault("protocol", 2)  # RESP2: no HELLO round trip on connect; any Redis or Valkey
     kw.pop("retry_on_timeout", None)
-    kw["connection_class"] = bounded_class(kw.get("connection_class", redis.Connection))
+    kw["connection_class"] = bounded_class(cls)
     return redis.Redis(connection_pool=redis.ConnectionPool(**kw))
+
+
+def _no_setinfo(cls: type) -> dict[str, Any]:
+    """The keyword that turns off the CLIENT SETINFO round trips on connect, in this redis-py:
+    ``driver_info=None`` (8.x) or ``lib_name=None`` (5.x to 7.x, deprecated in 8)."""
+    import inspect
+
+    params: set[str] = set()
+    for c in cls.__mro__:
+        init = c.__dict__.get("__init__")
+        if init is not None:
+            params |= set(inspect.signature(init).parameters)
+    if "driver_info" in params:
+        return {"driver_info": None}
+    if "lib_name" in params:
+        return {"lib_name": None, "lib_version": None}
+    return {}
