@@ -145,8 +145,8 @@ def test_planted_locks_on_every_kernel_cost_a_process_at_most_the_budget(
         assert c.get("remote_wait_s", 0) < 0.5, c
     else:
         assert c["remote_ignored"] == 3, c  # no expiry, or a long one; the others are waited on...
-        assert c["remote_fruitless_s"] <= rl.FRUITLESS_BUDGET_S + 0.2, c  # ...within the budget
-        assert c["remote_wait_s"] <= rl.FRUITLESS_BUDGET_S + 0.2, c
+        assert c["remote_fruitless_s"] <= rl.FRUITLESS_BUDGET_S + 0.5, c  # ...within the budget
+        assert c["remote_wait_s"] <= rl.FRUITLESS_BUDGET_S + 0.5, c  # (+ one look, on a busy box)
         assert any("not waiting on unproven locks" in m for m in kcache_warnings), kcache_warnings
     assert c.get("remote_waited", 0) == 0 and c.get("remote_errors", 0) == 0, c
 
@@ -180,7 +180,7 @@ def test_without_a_secret_a_long_holder_is_waited_for_at_most_the_budget(
     t0 = time.monotonic()
     assert b.remote_flight("triton", "LONG") is None  # b compiles too: duplicate work, no stall
     assert time.monotonic() - t0 < rl.FRUITLESS_BUDGET_S + 2
-    assert counts(b)["remote_fruitless_s"] == pytest.approx(rl.FRUITLESS_BUDGET_S, abs=0.3)
+    assert counts(b)["remote_fruitless_s"] == pytest.approx(rl.FRUITLESS_BUDGET_S, abs=0.5)
     t0 = time.monotonic()
     assert b.remote_flight("triton", "LONG") is None  # the budget is spent: not waited on again
     assert time.monotonic() - t0 < 0.5
@@ -597,7 +597,7 @@ def test_planted_locks_never_stall_real_compiles(redis_server, tmp_path, prefix,
     assert [x["cubin_sha256"] for x in b["results"]] == [x["cubin_sha256"] for x in a["results"]]
     assert b["t_compile_all"] < a["t_compile_all"] + 15, (a["t_compile_all"], b["t_compile_all"])
     c = b["process"].get("triton", {})
-    assert c.get("remote_wait_s", 0) <= rl.FRUITLESS_BUDGET_S + 0.3, c
+    assert c.get("remote_wait_s", 0) <= rl.FRUITLESS_BUDGET_S + 0.5, c
     if secret:
         assert c.get("remote_ignored", 0) == 2 and c.get("remote_wait_s", 0) < 0.5, c
 
