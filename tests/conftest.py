@@ -187,3 +187,156 @@ def redis_private(tmp_path: Path):
     yield make
     for s in servers:
         s.stop()
+
+
+# ------------------------------------------------------------------------------ Redis Cluster
+# A real Redis Cluster of redis-server processes on free ports of 127.0.0.1, joined with
+# `redis-cli --cluster create` (both from the distribution's package). As with the single
+# server: without one the tests skip, unless KCACHE_TEST_REQUIRE_REDIS=1 (CI): then they fail.
+class RedisCluster:
+    """``masters`` masters (and ``replicas`` replicas of each): ``url`` (redis+cluster://...),
+    ``nodes`` (RedisServer of each), ``client()``, ``master_ports()``, ``kill(port)``,
+    ``wait_ok()``, ``stop()``."""
+
+    def __init__(self, workdir: Path, masters: int = 3, replicas: int = 0, node_timeout_ms: int = 1000):
+        self.workdir, self.masters, self.replicas = workdir, masters, replicas
+        self.node_timeout_ms = node_timeout_ms
+        self.nodes: list[RedisServer] = []
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes if n.proc is not None)
+        return f"redis+cluster://{hosts}"
+
+    def start(self) -> RedisCluster:
+        import shutil
+        import subprocess
+
+        cli = shutil.which("redis-cli") or ("/usr/bin/redis-cli" if os.path.exists("/usr/bin/redis-cli") else None)
+        if cli is None:
+            raise RuntimeError("redis-cli is not installed (apt-get install -y redis-tools)")
+        for i in range(self.masters * (1 + self.replicas)):
+            d = self.workdir / f"node{i}"
+            extra = (
+                "--cluster-enabled", "yes",
+                "--cluster-config-file", str(d / "nodes.conf"),
+                "--cluster-node-timeout", str(self.node_timeout_ms),
+                "--repl-diskless-sync-delay", "0",
+            )  # fmt: skip
+            self.nodes.append(RedisServer(d, extra).start())
+        cmd = [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes)]
+        cmd += ["--cluster-replicas", str(self.replicas), "--cluster-yes"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            self.stop()
+            raise RuntimeError(f"redis-cli --cluster create failed: {(r.stdout + r.stderr)[-500:]}")
+        self.wait_ok()
+        return self
+
+    def wait_ok(self, timeout: float = 30.0) -> None:
+        """Until every live node says the cluster is ok and knows every slot."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            states = []
+            for n in self.nodes:
+                if n.proc is None:
+                    continue
+                try:
+                    info = n.client().execute_command("CLUSTER", "INFO")
+                    if isinstance(info, bytes):
+                        info = info.decode()
+                    ok = "cluster_state:ok" in str(info) and "cluster_slots_ok:16384" in str(info)
+                    repl = n.client().info("replication")
+                    # A replica that has not synced cannot take over its master: wait for it too.
+                    if repl.get("role") == "slave" and repl.get("master_link_status") != "up":
+                        ok = ok and not any(
+                            m.proc is not None and m.port == int(repl.get("master_port", 0)) for m in self.nodes
+                        )
+                    states.append(ok)
+                except Exception:
+                    states.append(False)
+            if states and all(states) and self._slots_on_live_masters():
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster did not come up: {states}")
+            time.sleep(0.1)
+
+    def _slots_on_live_masters(self) -> bool:
+        """Every slot's master is a live node (after a kill: the failover has happened)."""
+        live = {n.port for n in self.nodes if n.proc is not None}
+        for n in self.nodes:
+            if n.proc is None:
+                continue
+            try:
+                for rng in n.client().execute_command("CLUSTER", "SLOTS"):
+                    if int(rng[2][1]) not in live:
+                        return False
+            except Exception:
+                return False
+        return True
+
+    def client(self):
+        from redis.cluster import ClusterNode, RedisCluster as _RC
+
+        live = [ClusterNode("127.0.0.1", n.port) for n in self.nodes if n.proc is not None]
+        return _RC(startup_nodes=live, socket_timeout=10)
+
+    def master_ports(self) -> list[int]:
+        out = []
+        for n in self.nodes:
+            if n.proc is None:
+                continue
+            role = n.client().execute_command("ROLE")
+            if role and (role[0] in (b"master", "master")):
+                out.append(n.port)
+        return out
+
+    def kill(self, port: int) -> None:
+        """SIGKILL the node on ``port`` (a master failing, not a clean shutdown)."""
+        for n in self.nodes:
+            if n.port == port and n.proc is not None:
+                n.proc.kill()
+                n.proc.wait()
+                n.proc = None
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
+
+
+def _cluster_or_skip(workdir: Path, **kw) -> RedisCluster:
+    need = os.environ.get("KCACHE_TEST_REQUIRE_REDIS") == "1"
+    try:
+        import redis  # noqa: F401
+
+        return RedisCluster(workdir, **kw).start()
+    except Exception as e:
+        if need:
+            pytest.fail(f"KCACHE_TEST_REQUIRE_REDIS=1 and no Redis Cluster: {e}")
+        pytest.skip(f"no Redis Cluster for the shared-tier tests: {e}")
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """One 3-master Redis Cluster for the test session (tests keep apart by key prefix)."""
+    cluster = _cluster_or_skip(tmp_path_factory.mktemp("cluster"))
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster_private(tmp_path: Path):
+    """A factory of clusters of this test alone (to kill a master): ``make(masters=3,
+    replicas=1)`` -> :class:`RedisCluster`; all stopped at the end."""
+    clusters: list[RedisCluster] = []
+
+    def make(**kw) -> RedisCluster:
+        c = _cluster_or_skip(tmp_path / f"cluster{len(clusters)}", **kw)
+        clusters.append(c)
+        return c
+
+    yield make
+    for c in clusters:
+        c.stop()

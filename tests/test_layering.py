@@ -1,0 +1,202 @@
+"""The house's layers, read from the code: every import of every module of ``kcache/`` (at module
+level, inside functions, under ``TYPE_CHECKING``) is resolved to a file, and the graph must have
+no cycle between files and no import that runs up against the declared layers.
+
+The layers, from the top (see docs/design.md, "The layers"):
+
+    cli          the command line
+    prewarm      prewarm(spec) and the recorder
+    facade       enable()/disable()/stats(); the integration registry (names integrations by string)
+    users        integrations (triton, nvfuser, inductor) and maintenance/bundles: peers that never
+                 import each other (each gets the store's face it needs)
+    store        the store: faces, tiers, the composed cache
+    ground       settings, logging, kinds, identity, counters, safe filesystem, patching
+
+A module may import its own layer and those below it. Within ``users``, each group (one
+integration, or maintenance) may import only itself and ``memo`` (the machine-local memos that
+integrations share). Nothing parses or imports the package: the test reads source text only.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "kcache"
+
+#: (layer, group, patterns relative to the repository root), from the top layer down.
+LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
+    ("cli", "cli", ("kcache/cli.py", "kcache/__main__.py")),
+    ("prewarm", "prewarm", ("kcache/prewarm/*",)),
+    ("facade", "facade", ("kcache/__init__.py", "kcache/integrations.py", "kcache/_autoload.py")),
+    ("facade", "facade", ("kcache/descriptors.py",)),  # public re-export of nvfuser's descriptors
+    ("users", "triton", ("kcache/triton/*",)),
+    ("users", "nvfuser", ("kcache/nvfuser/*",)),
+    ("users", "inductor", ("kcache/inductor/*",)),
+    ("users", "memo", ("kcache/memo.py",)),
+    ("users", "maintenance", ("kcache/maintenance/*", "kcache/bundle.py")),
+    ("store", "store", ("kcache/store/*",)),
+    (
+        "ground",
+        "ground",
+        (
+            "kcache/config.py",
+            "kcache/log.py",
+            "kcache/kinds.py",
+            "kcache/fingerprint.py",
+            "kcache/counters.py",
+            "kcache/_imports.py",
+            "kcache/patch.py",
+            "kcache/safefs/*",
+        ),
+    ),
+]
+ORDER = ["ground", "store", "users", "facade", "prewarm", "cli"]
+#: groups every group of ``users`` may import besides itself
+SHARED_USERS = {"memo"}
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def _place(rel: str) -> tuple[str, str] | None:
+    for layer, group, patterns in LAYERS:
+        for pat in patterns:
+            if fnmatch.fnmatch(rel, pat) or (pat.endswith("/*") and rel.startswith(pat[:-1])):
+                return layer, group
+    return None
+
+
+def _module_file(dotted: str) -> Path | None:
+    """The file of module ``dotted`` inside kcache (a package's ``__init__.py``), or None."""
+    parts = dotted.split(".")
+    if parts[0] != "kcache":
+        return None
+    base = ROOT.joinpath(*parts)
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py"
+    if base.with_suffix(".py").is_file():
+        return base.with_suffix(".py")
+    return None
+
+
+def _package_of(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        return ".".join(parts[:-1])
+    return ".".join(parts[:-1])
+
+
+def imports_of(path: Path) -> set[Path]:
+    """Every kcache file that ``path`` imports, anywhere in its body."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    pkg = _package_of(path)
+    out: set[Path] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                f = _module_file(a.name)
+                if f is not None:
+                    out.add(f)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = pkg.split(".")
+                base_parts = base_parts[: len(base_parts) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            for a in node.names:
+                # ``from X import name``: the submodule X.name when there is one, else X itself.
+                f = _module_file(f"{base}.{a.name}") if a.name != "*" else None
+                if f is None:
+                    f = _module_file(base)
+                if f is not None:
+                    out.add(f)
+    out.discard(path)
+    return out
+
+
+def graph() -> dict[Path, set[Path]]:
+    return {p: imports_of(p) for p in sorted(PKG.rglob("*.py"))}
+
+
+def cycles(g: dict[Path, set[Path]]) -> list[list[str]]:
+    """The strongly connected components of more than one file (Tarjan's algorithm)."""
+    index: dict[Path, int] = {}
+    low: dict[Path, int] = {}
+    stack: list[Path] = []
+    on: set[Path] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: Path) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in g.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(_rel(w))
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in g:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def violations(g: dict[Path, set[Path]]) -> list[str]:
+    bad = []
+    for src, dsts in g.items():
+        ps = _place(_rel(src))
+        if ps is None:
+            bad.append(f"{_rel(src)}: in no layer (add it to LAYERS)")
+            continue
+        for dst in sorted(dsts):
+            pd = _place(_rel(dst))
+            if pd is None:
+                continue  # reported as its own file
+            ls, gs = ps
+            ld, gd = pd
+            if ORDER.index(ld) > ORDER.index(ls):
+                bad.append(f"{_rel(src)} -> {_rel(dst)}: {ls} imports {ld}, a layer above it")
+            elif ld == ls == "users" and gd != gs and gd not in SHARED_USERS:
+                bad.append(f"{_rel(src)} -> {_rel(dst)}: {gs} imports {gd}, a peer")
+    return bad
+
+
+def test_the_reader_sees_imports_of_every_form(tmp_path: Path) -> None:
+    """The parser itself: relative, absolute, submodule and in-function imports all resolve."""
+    g = graph()
+    local = PKG / "cli.py"
+    assert local in g and g[local], "cli.py imports kcache modules"
+    everything = set().union(*g.values())
+    assert PKG / "config.py" in everything
+    assert PKG / "store" / "__init__.py" in everything or any(
+        p.parent == PKG / "store" for p in everything
+    )
+
+
+def test_no_import_cycle_between_files() -> None:
+    found = cycles(graph())
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_imports_run_down_the_layers() -> None:
+    bad = violations(graph())
+    assert not bad, "imports against the layers:\n" + "\n".join(bad)
