@@ -212,7 +212,9 @@ class RedisCluster:
         import shutil
         import subprocess
 
-        cli = shutil.which("redis-cli") or ("/usr/bin/redis-cli" if os.path.exists("/usr/bin/redis-cli") else None)
+        cli = shutil.which("redis-cli") or (
+            "/usr/bin/redis-cli" if os.path.exists("/usr/bin/redis-cli") else None
+        )
         if cli is None:
             raise RuntimeError("redis-cli is not installed (apt-get install -y redis-tools)")
         for i in range(self.masters * (1 + self.replicas)):
@@ -252,7 +254,8 @@ class RedisCluster:
                     # A replica that has not synced cannot take over its master: wait for it too.
                     if repl.get("role") == "slave" and repl.get("master_link_status") != "up":
                         ok = ok and not any(
-                            m.proc is not None and m.port == int(repl.get("master_port", 0)) for m in self.nodes
+                            m.proc is not None and m.port == int(repl.get("master_port", 0))
+                            for m in self.nodes
                         )
                     states.append(ok)
                 except Exception:
@@ -278,7 +281,8 @@ class RedisCluster:
         return True
 
     def client(self):
-        from redis.cluster import ClusterNode, RedisCluster as _RC
+        from redis.cluster import ClusterNode
+        from redis.cluster import RedisCluster as _RC
 
         live = [ClusterNode("127.0.0.1", n.port) for n in self.nodes if n.proc is not None]
         return _RC(startup_nodes=live, socket_timeout=10)

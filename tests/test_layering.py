@@ -187,9 +187,7 @@ def test_the_reader_sees_imports_of_every_form(tmp_path: Path) -> None:
     assert local in g and g[local], "cli.py imports kcache modules"
     everything = set().union(*g.values())
     assert PKG / "config.py" in everything
-    assert PKG / "store" / "__init__.py" in everything or any(
-        p.parent == PKG / "store" for p in everything
-    )
+    assert PKG / "store" / "__init__.py" in everything or any(p.parent == PKG / "store" for p in everything)
 
 
 def test_no_import_cycle_between_files() -> None:
