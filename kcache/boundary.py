@@ -1,0 +1,70 @@
+"""The one place where a failure inside kcache becomes a miss for the library that called it.
+
+Triton, torch and nvFuser call kcache at a few edges (a cache manager's methods, Inductor's
+remote-cache backend, nvFuser's execute wrapper, import hooks). The store and its tiers handle
+the failures they expect themselves (a corrupt entry, a full disk, a server that does not answer:
+each a counted miss with one warning) and raise anything else. At each edge, :func:`fail_open`
+(or :func:`guarded`) turns what is left, which is a bug, into one warning per topic, an
+``errors`` count, and the edge's fallback (compile as if kcache were not there), as JAX's
+``_cache_read`` does and sccache's ``CacheReadError`` does.
+
+``KCACHE_STRICT=1`` makes every edge re-raise instead (JAX's ``raise_persistent_cache_errors``):
+the test suite runs strict, so a bug that production would swallow fails a test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from . import counters
+from .log import warn_once
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def strict() -> bool:
+    """Whether edges raise (``KCACHE_STRICT=1``); read at each failure, so tests can set it."""
+    return os.environ.get("KCACHE_STRICT", "").strip() == "1"
+
+
+def failed(topic: str, what: str, e: BaseException, kind: str = "") -> None:
+    """Record a failure at an edge: raise it under ``KCACHE_STRICT=1``, else count it and warn
+    once per topic."""
+    if strict():
+        raise e
+    counters.add(kind or "kcache", errors=1)
+    warn_once(f"edge:{topic}", f"{what} failed ({type(e).__name__}: {e}); compiling without kcache")
+
+
+def fail_open(
+    topic: str, what: str, fallback: Callable[..., Any] | Any = None, kind: str = ""
+) -> Callable[[F], F]:
+    """Decorate an edge: an exception from it is :func:`failed` and the call returns
+    ``fallback`` (called with the edge's arguments when callable)."""
+
+    def deco(fn: F) -> F:
+        @functools.wraps(fn)
+        def edge(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:  # the edge: anything left here is a bug, reported once
+                failed(topic, what, e, kind)
+                return fallback(*args, **kwargs) if callable(fallback) else fallback
+
+        return edge  # type: ignore[return-value]
+
+    return deco
+
+
+@contextlib.contextmanager
+def guarded(topic: str, what: str, kind: str = "") -> Iterator[None]:
+    """The same rule for a block: ``with guarded("topic", "..."):`` swallows (and reports) an
+    exception from the block, or re-raises it under ``KCACHE_STRICT=1``."""
+    try:
+        yield
+    except Exception as e:  # the edge: see fail_open
+        failed(topic, what, e, kind)
