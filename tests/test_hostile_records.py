@@ -24,8 +24,8 @@ import pytest
 from kcache import config
 from kcache.bundle import export_bundle, import_bundle
 from kcache.store import Store
-from kcache.store import remote as rt
 from kcache.store.records import Record
+from kcache.store.tiers import redis as rt
 
 PYTHON = sys.executable
 ESC = "\x1b]0;owned\x07\x1b[2J\x1b[31m"  # set the title, clear the screen, turn red

@@ -23,8 +23,8 @@ import pytest
 
 from kcache import config
 from kcache.store import Store
-from kcache.store import remote as rt
 from kcache.store.records import Record
+from kcache.store.tiers import redis as rt
 
 PYTHON = sys.executable
 SECRET = "s3cret-for-tests"
@@ -495,7 +495,7 @@ def test_single_flight_holder_that_fails_lets_the_others_go(redis_server, stores
 def test_single_flight_lost_holder_is_waited_for_only_until_its_lock_expires(
     redis_server, stores, prefix, kcache_warnings
 ) -> None:
-    from kcache.store import remote_lock as rl
+    from kcache.store.tiers import redis_lock as rl
 
     b = stores("b", redis_server.url, prefix, KCACHE_REMOTE_LOCK_LEASE="60s")
     ident = b.entry_id("triton", "L")

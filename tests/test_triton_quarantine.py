@@ -24,8 +24,8 @@ pytest.importorskip("triton")
 
 from kernels.harness import PYTHON, REPO, clean_env, entries_of_kind, run_kernels  # noqa: E402
 
-from kcache.store import remote as rt  # noqa: E402
 from kcache.store.records import Record, file_info  # noqa: E402
+from kcache.store.tiers import redis as rt  # noqa: E402
 
 
 def _env(tmp: Path, machine: str, **extra: str) -> dict[str, str]:

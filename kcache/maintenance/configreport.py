@@ -88,6 +88,6 @@ def _shared_tier(settings: Settings) -> dict[str, Any] | None:
     """Whether what the shared tier hands out is authenticated (None: no shared tier)."""
     if not getattr(settings, "remote", None):
         return None
-    from ..store.remote import trust_line
+    from ..store.tiers.redis import trust_line
 
     return {"authenticated": bool(settings.secret), "trust": trust_line(settings.secret)}

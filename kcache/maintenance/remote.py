@@ -29,7 +29,7 @@ _INFO = (
 def remote_report(settings: Settings, *, limit: int = 10_000, timeout_s: float = 2.0) -> dict[str, Any]:
     """What ``kcache remote`` prints. ``reachable`` is False (with ``error``) when the server does
     not answer within ``timeout_s``; ``limit`` bounds the entries checked (newest first; 0: all)."""
-    from ..store.remote import RemoteConfig, connect, trust_line
+    from ..store.tiers.redis import RemoteConfig, connect, trust_line
 
     cfg = RemoteConfig.from_settings(settings)
     if cfg is None:

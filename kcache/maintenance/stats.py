@@ -52,7 +52,7 @@ def store_stats(store: Store) -> dict[str, Any]:
     }
 
 
-#: The shared tier's counters (``remote_*`` in the index, per kind; see kcache/store/remote.py),
+#: The shared tier's counters (``remote_*`` in the index, per kind; see kcache/store/tiers/redis.py),
 #: as ``kcache stats`` shows them.
 REMOTE_FIELDS = (
     "hits",

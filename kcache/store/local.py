@@ -399,7 +399,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
             store.attach_remote(settings)  # a bad shared-tier setting: one warning, tier off
         return store
 
-    # --- shared tier (issue 15): the wiring. The tier itself is kcache/store/remote.py; it is
+    # --- shared tier (issue 15): the wiring. The tier itself is kcache/store/tiers/redis.py; it is
     # imported (and redis with it) at the first local miss or put, never on the hit path.
     def attach_remote(self, settings: Any) -> bool:
         """Use the shared tier named by ``settings`` (:class:`kcache.config.Settings`) from now
@@ -409,7 +409,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
         if problems:
             warn_once("remote-settings", "the shared tier is off: " + "; ".join(problems))
             return False
-        from .remote import RemoteConfig
+        from .tiers.redis import RemoteConfig
 
         cfg = RemoteConfig.from_settings(settings)
         if cfg is not None:
@@ -430,12 +430,12 @@ class Store(CatalogueMixin, HousekeepingMixin):
             return False
 
     def remote_tier(self) -> Any:
-        """The shared tier (:class:`kcache.store.remote.RemoteTier`), made on first use; None
+        """The shared tier (:class:`kcache.store.tiers.redis.RemoteTier`), made on first use; None
         when none is attached."""
         if self._remote is None and self._remote_cfg is not None and not self._closed:
             with self._lock:
                 if self._remote is None:
-                    from .remote import RemoteTier
+                    from .tiers.redis import RemoteTier
 
                     self._remote = RemoteTier(self._remote_cfg, self.counts)
         return self._remote

@@ -27,9 +27,9 @@ import pytest
 
 from kcache import config
 from kcache.store import Store
-from kcache.store import remote as rt
-from kcache.store import remote_lock as rl
 from kcache.store.records import Record, file_info
+from kcache.store.tiers import redis as rt
+from kcache.store.tiers import redis_lock as rl
 
 PYTHON = sys.executable
 SECRET = "hostile-redis-tests"

@@ -23,7 +23,7 @@ does ``kcache remote`` through :func:`connect`):
   entries are refused and counted (``remote_refused``), and the caller compiles. Without a
   secret the tier trusts its writers for data (as Triton's and Inductor's Redis tiers do), but
   nothing it reads can stall the caller or exhaust its memory beyond the bounds below.
-- Bounds (each call, however the server or the link behaves; :mod:`.remote_io`): a call ends
+- Bounds (each call, however the server or the link behaves; :mod:`.redis_io`): a call ends
   within ``KCACHE_REMOTE_TIMEOUT`` (100 ms), a value's read within that plus
   :data:`TRANSFER_S_PER_MIB` per MiB of its size; no call reads more than it asked for, and a
   value over ``KCACHE_REMOTE_MAX_ENTRY`` (plus :data:`VALUE_OVERHEAD` for its record) is never
@@ -31,7 +31,7 @@ does ``kcache remote`` through :func:`connect`):
   :data:`BREAKER_WINDOW_S` the tier is skipped for :data:`BREAKER_COOLDOWN_S`, then one call
   probes it. No error ever reaches
   the caller.
-- Single flight across machines (:meth:`RemoteTier.flight`, the lock in :mod:`.remote_lock`): the
+- Single flight across machines (:meth:`RemoteTier.flight`, the lock in :mod:`.redis_lock`): the
   first machine takes ``<prefix>l:<id>`` and keeps it alive with heartbeats; the others wait only
   while it shows progress, within the lease and a per-process budget of fruitless waiting.
 - An entry whose use raised (:meth:`RemoteTier.mark_bad`) is deleted from Redis if it is still
@@ -54,11 +54,11 @@ from typing import Any
 
 import msgpack
 
-from .. import kinds as _kinds
-from ..log import logger, warn_once
-from . import remote_io
-from . import remote_lock as rl
-from .records import CorruptRecord, Record, crc32, validate
+from ... import kinds as _kinds
+from ...log import logger, warn_once
+from ..records import CorruptRecord, Record, crc32, validate
+from . import redis_io
+from . import redis_lock as rl
 
 FORMAT = 1
 SIG_DOMAIN = b"kcache-remote/1\0"
@@ -94,7 +94,7 @@ COUNTERS = (
     "remote_waited",  # single flight: entries another machine compiled while this one waited
     "remote_ignored",  # single flight: locks not waited on (foreign, no expiry, forged, ...)
     "remote_wait_s",  # single flight: seconds waited on other machines' locks
-    "remote_fruitless_s",  # of which charged as fruitless (see remote_lock.FruitlessBudget)
+    "remote_fruitless_s",  # of which charged as fruitless (see redis_lock.FruitlessBudget)
     "remote_marked_bad",  # entries whose use raised, deleted from Redis
     "remote_s",  # seconds spent on Redis calls on the caller's thread (not waits)
 )
@@ -149,7 +149,7 @@ class RemoteConfig:
 
     @property
     def shown_url(self) -> str:
-        from ..config import redact_url
+        from ...config import redact_url
 
         return redact_url(self.url)
 
@@ -181,9 +181,9 @@ def trust_line(secret: bytes | None) -> str:
 
 
 def connect(cfg: RemoteConfig, timeout_s: float | None = None) -> Any:
-    """A redis-py client for ``cfg`` whose calls honour :func:`remote_io.bounded` (see
-    :func:`remote_io.connect`). Raises ImportError without redis."""
-    return remote_io.connect(cfg.url, cfg.password, cfg.timeout_s if timeout_s is None else timeout_s)
+    """A redis-py client for ``cfg`` whose calls honour :func:`redis_io.bounded` (see
+    :func:`redis_io.connect`). Raises ImportError without redis."""
+    return redis_io.connect(cfg.url, cfg.password, cfg.timeout_s if timeout_s is None else timeout_s)
 
 
 def eligible(kind: str, secret: bytes | None) -> bool:
@@ -423,7 +423,7 @@ class RemoteTier:
             return _FAIL
         t0 = time.perf_counter()
         try:
-            with remote_io.bounded(self.cfg.timeout_s if seconds is None else seconds, max_bytes):
+            with redis_io.bounded(self.cfg.timeout_s if seconds is None else seconds, max_bytes):
                 out = fn(clients[0])
         except Exception as e:
             if timed:
@@ -541,7 +541,7 @@ class RemoteTier:
             _origin="remote",
         )
         if hit is None:  # a read-only or full store: served from memory (files: private copies)
-            from .local import Hit
+            from ..local import Hit
 
             hit = Hit(rec, blobs, store, time.time())
         return hit
@@ -691,7 +691,7 @@ class RemoteTier:
         if not plan:
             return
         try:
-            with remote_io.bounded(self.cfg.transfer_s(nbytes, WRITE_TIMEOUT_MIN_S), SMALL_REPLY):
+            with redis_io.bounded(self.cfg.transfer_s(nbytes, WRITE_TIMEOUT_MIN_S), SMALL_REPLY):
                 replies = pipe.execute(raise_on_error=False)
         except Exception as e:
             if puts:
@@ -758,7 +758,7 @@ class RemoteTier:
         released when the entry is written to Redis, or by :meth:`unlock`, or when this process
         stops renewing it).
 
-        Waits only while the holder's lock shows progress (:class:`remote_lock.Watch`): never
+        Waits only while the holder's lock shows progress (:class:`redis_lock.Watch`): never
         on a lock that is not kcache's, has no expiry or (with a secret) is not signed; at most
         the lease; and within this process's budget of fruitless waiting."""
         if self.off or self.cfg.lease_s <= 0 or not eligible(kind, self.cfg.secret):
