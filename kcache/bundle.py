@@ -91,88 +91,76 @@ def export_bundle(
     """Write every verified entry (of ``kinds``, if given) to the bundle ``path``.
 
     Entries are read and checked (sha256 of every member) ``jobs`` at a time (default: a few
-    threads), and their members written as they come to an unnamed temporary file beside
-    ``path``: memory holds a few hundred entries at most, whatever the store's size. The bundle
-    (its manifest first, then the members) is then written through a unique temporary name
-    created exclusively beside ``path`` and renamed into place: a link planted at either name is
-    replaced, never followed. When no entry can be exported (an empty store, no entry of
-    ``kinds``, every one skipped), nothing is written and :class:`BundleError` says why.
-    ``progress(n)`` is called as entries are read."""
-    import tempfile
-
+    threads). The file is written through a unique temporary name created exclusively beside
+    ``path`` and renamed into place: a link planted at either name is replaced, never followed.
+    When no entry can be exported (an empty store, no entry of ``kinds``, every one skipped),
+    nothing is written and :class:`BundleError` says why. ``progress(n)`` is called as entries
+    are read."""
     from .maintenance.readers import default_jobs, ordered_map
 
+    hits = []
     skipped: list[dict[str, str]] = []
-    records: list[bytes] = []
-    by_kind: dict[str, int] = {}
-    nbytes = 0
-    path = Path(path)
 
     def read(ident: str) -> tuple[str, Any, str | None]:
         hit, problem = store.read_any(ident, full=True)  # every member against its sha256
         return ident, hit, problem
 
     ids = sorted(store.iter_entry_ids())
-    try:
-        spool = tempfile.TemporaryFile(dir=os.path.dirname(os.path.abspath(path)))
-    except OSError as e:
-        raise BundleError(f"{path}: cannot write there ({e.strerror or e})") from None
-    try:
-        with tarfile.open(fileobj=spool, mode="w") as members:
-            for ident, hit, problem in ordered_map(read, ids, default_jobs() if jobs is None else jobs):
-                if progress is not None:
-                    progress(1)
-                if hit is None:
-                    skipped.append({"id": ident, "why": f"unreadable: {problem or 'no record'}"})
-                    continue
-                rec = hit.record
-                if kinds and rec.kind not in kinds:
-                    continue
-                if _kinds.machine_local(rec.kind):
-                    skipped.append({"id": ident, "kind": rec.kind, "why": "machine-local: never exported"})
-                    continue
-                for m in rec.files:
-                    data = hit.read(m.name)
-                    _add(members, f"e/{rec.id}/{m.name}", data)
+    for ident, hit, problem in ordered_map(read, ids, default_jobs() if jobs is None else jobs):
+        if progress is not None:
+            progress(1)
+        if hit is None:
+            skipped.append({"id": ident, "why": f"unreadable: {problem or 'no record'}"})
+            continue
+        rec = hit.record
+        if kinds and rec.kind not in kinds:
+            continue
+        if _kinds.machine_local(rec.kind):
+            skipped.append({"id": ident, "kind": rec.kind, "why": "machine-local: never exported"})
+            continue
+        hits.append(hit)
+    if not hits:
+        of = f" of kind {', '.join(kinds)}" if kinds else ""
+        if skipped:
+            raise BundleError(
+                f"nothing exported: {count_text(len(skipped))}{of} skipped ({reasons(skipped)})"
+            )
+        raise BundleError(f"nothing exported: the store at {store.root} holds no entries{of}")
+    body = msgpack.packb(
+        {
+            "format": "kcache-bundle",
+            "schema": SCHEMA,
+            "created": time.time(),
+            "key_tag": store.key_tag,
+            "records": [h.record.encode() for h in hits],
+        },
+        use_bin_type=True,
+    )
+    manifest = msgpack.packb({"body": body, "hmac": _sign(secret, body)}, use_bin_type=True)
+    path = Path(path)
+    mode = "w:gz" if path.name.endswith((".gz", ".tgz")) else "w"
+    nbytes = 0
+
+    def write(f: BinaryIO) -> None:
+        nonlocal nbytes
+        with tarfile.open(fileobj=f, mode=mode) as tar:  # type: ignore[call-overload]
+            _add(tar, MANIFEST, manifest)
+            for h in hits:
+                for m in h.record.files:
+                    data = h.read(m.name)
+                    _add(tar, f"e/{h.record.id}/{m.name}", data)
                     nbytes += len(data)
-                records.append(rec.encode())
-                by_kind[rec.kind] = by_kind.get(rec.kind, 0) + 1
-        if not records:
-            of = f" of kind {', '.join(kinds)}" if kinds else ""
-            if skipped:
-                raise BundleError(
-                    f"nothing exported: {count_text(len(skipped))}{of} skipped ({reasons(skipped)})"
-                )
-            raise BundleError(f"nothing exported: the store at {store.root} holds no entries{of}")
-        body = msgpack.packb(
-            {
-                "format": "kcache-bundle",
-                "schema": SCHEMA,
-                "created": time.time(),
-                "key_tag": store.key_tag,
-                "records": records,
-            },
-            use_bin_type=True,
-        )
-        manifest = msgpack.packb({"body": body, "hmac": _sign(secret, body)}, use_bin_type=True)
-        mode = "w:gz" if path.name.endswith((".gz", ".tgz")) else "w"
 
-        def write(f: BinaryIO) -> None:
-            spool.seek(0)
-            with tarfile.open(fileobj=f, mode=mode) as tar, tarfile.open(fileobj=spool, mode="r:") as src:  # type: ignore[call-overload]
-                _add(tar, MANIFEST, manifest)
-                for info in src:
-                    tar.addfile(info, src.extractfile(info))
-
-        try:
-            atomic_write(str(path), writer=write)
-        except IsADirectoryError:
-            raise BundleError(f"{path} is a folder; not replacing it") from None
-    finally:
-        spool.close()
+    try:
+        atomic_write(str(path), writer=write)
+    except IsADirectoryError:
+        raise BundleError(f"{path} is a folder; not replacing it") from None
+    by_kind: dict[str, int] = {}
+    for h in hits:
+        by_kind[h.record.kind] = by_kind.get(h.record.kind, 0) + 1
     return {
         "file": str(path),
-        "entries": len(records),
+        "entries": len(hits),
         "bytes": nbytes,
         "by_kind": by_kind,
         "signed": secret is not None,
