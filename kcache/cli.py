@@ -556,7 +556,7 @@ def _jobs_arg(p: argparse.ArgumentParser) -> None:
         type=_count,
         default=None,
         metavar="N",
-        help="read N entries at a time (default: the CPUs, at most 4; 1: one after another)",
+        help="read N entries at a time in N threads (default 1; for stores on slow or network disks)",
     )
 
 

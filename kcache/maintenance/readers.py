@@ -8,7 +8,6 @@ those in flight; results come back in the order asked, a bounded number at a tim
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -21,12 +20,10 @@ BATCH = 256
 
 
 def default_jobs() -> int:
-    """Readers by default: the CPUs this process may use, at most 4."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    return max(1, min(4, n))
+    """Readers by default: one. Measured at 100,000 entries on a 2-core box (tools/
+    bench_maintenance.py, docs/benchmarks.md), threads did not help: the work is Python's, under
+    the GIL. ``--jobs N`` is there for stores where reads wait on the disk or the network."""
+    return 1
 
 
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], jobs: int) -> Iterator[R]:
