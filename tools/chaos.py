@@ -21,7 +21,10 @@ crash
     directory is complete, and that every put the worker acknowledged (``put`` returned a hit,
     and the worker logged it) is still there unless a removal of it was started. Every 4th trial
     runs two workers at once on a store with a tiny size bound (eviction on), one killed. At the
-    end ``kcache verify --fix`` must leave a clean store.
+    end ``kcache verify --fix`` must leave a clean store. It runs beside a busy loop and an
+    fsync-heavy writer (a loaded box); an acknowledged entry that reads as a miss is counted as
+    lost when its folder is gone, and as a present entry read as a miss (a lookup that failed
+    open) when it is not: both are failures.
 corrupt
     Random damage to random entries (flipped byte, truncation, deleted member, garbage or
     foreign record, member or record replaced by a symlink, extra file) and to the index
@@ -424,8 +427,12 @@ class Worker:
         self.trace_removals(self.store)
 
     def log(self, line: str) -> None:
+        # The journal is the parent's record of what was acknowledged, not the store under test:
+        # written with the real write (one small O_APPEND write: a SIGKILL cannot tear it), never
+        # through the kill points, which would cut a line in half and let the next trial's first
+        # line run into it (a lost "R" line then made a removed entry look lost).
         if self.journal is not None:
-            os.write(self.journal, (line + "\n").encode())
+            _REAL_WRITE(self.journal, (line + "\n").encode())
 
     def pick(self) -> tuple[str, str]:
         return self.rng.choice(KINDS), key_name(self.rng.randrange(self.keys))
@@ -587,6 +594,18 @@ def worker_main(a: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------- reading back
 
 
+def _end_journal_line(path: str) -> None:
+    """Make sure the journal ends with a whole line before the next trial appends to it (a line
+    left unfinished must not swallow the next one)."""
+    try:
+        with open(path, "rb+") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n":
+                f.write(b"\n")
+    except FileNotFoundError:
+        pass
+
+
 def journal_state(path: str) -> dict[tuple[str, str], str]:
     """(kind, key) -> 'A' (acknowledged, not since removed) or 'R' (a removal was started)."""
     state: dict[tuple[str, str], str] = {}
@@ -603,7 +622,13 @@ def journal_state(path: str) -> dict[tuple[str, str], str]:
 
 def read_back(root: str, keys: int, acked: dict[tuple[str, str], str] | None) -> Counter:
     """Read every key in a fresh store object: count correct hits, misses, wrong bytes, and
-    acknowledged entries missing (when ``acked`` is given)."""
+    acknowledged entries missing (when ``acked`` is given).
+
+    An acknowledged entry that reads as a miss is ``acked_lost`` when its folder is gone from
+    ``entries/`` (a durability bug), ``present_missed`` when the folder is there (a lookup that
+    failed open: a busy lock, index or descriptor limit must never turn a present entry into a
+    miss). ``failed_open`` counts the lookups that failed on an error (the store's ``errors``
+    counter: a read, refused or serve failure), which a warning says once per process."""
     c: Counter = Counter()
     store = open_store(root)
     cap = capture_warnings()
@@ -615,7 +640,9 @@ def read_back(root: str, keys: int, acked: dict[tuple[str, str], str] | None) ->
                 if hit is None:
                     c["misses"] += 1
                     if acked is not None and acked.get((kind, key)) == "A":
-                        c["acked_lost"] += 1
+                        ident = store.entry_id(kind, key)
+                        present = os.path.isdir(os.path.join(root, "entries", ident[:2], ident))
+                        c["present_missed" if present else "acked_lost"] += 1
                     continue
                 bad = check_hit(kind, key, hit)
                 if bad is None:
@@ -624,8 +651,10 @@ def read_back(root: str, keys: int, acked: dict[tuple[str, str], str] | None) ->
                     c["wrong"] += 1
     finally:
         logging.getLogger("kcache").removeHandler(cap)
+        errors = sum(v.get("errors", 0) for v in store.counts.process_totals().values())
         store.close()
     c["corrupt_warnings"] += warning_kinds(cap.messages)["corrupt"]
+    c["failed_open"] += int(errors)
     return c
 
 
@@ -689,7 +718,64 @@ def _wait_ready(p: subprocess.Popen, timeout: float = 60.0) -> bool:
     return line.strip() == "READY"
 
 
-def phase_crash(base: Path, trials: int, seed: int, log: Callable[[str], None]) -> dict[str, Any]:
+# A loaded machine beside the crash phase (CI runs on a shared 2-core box): busy loops and
+# writers that fsync all the time, each ending when its parent goes (never left behind).
+_LOAD_CPU = """
+import os, sys
+parent = int(sys.argv[1])
+while os.getppid() == parent:
+    for _ in range(200_000):
+        pass
+"""
+_LOAD_IO = """
+import os, sys
+parent, path = int(sys.argv[1]), sys.argv[2]
+block = os.urandom(1 << 16)
+while os.getppid() == parent:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, block)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+"""
+
+
+@contextlib.contextmanager
+def machine_load(n: int, where: Path) -> Any:
+    """``n`` busy loops and ``n`` fsync-heavy writers run beside the body of the ``with``."""
+    procs: list[subprocess.Popen] = []
+    try:
+        for i in range(n):
+            for code, extra in ((_LOAD_CPU, []), (_LOAD_IO, [str(where / f"load-{i}.bin")])):
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-c", code, str(os.getpid()), *extra],
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+def phase_crash(
+    base: Path, trials: int, seed: int, log: Callable[[str], None], load: int = 0
+) -> dict[str, Any]:
+    """The crash phase (see the module doc); ``load``: that many busy loops and as many
+    fsync-heavy writers run beside it (what a loaded box does to its timing)."""
+    with machine_load(load, base):
+        out = _phase_crash(base, trials, seed, log)
+    out["load_processes"] = 2 * load
+    return out
+
+
+def _phase_crash(base: Path, trials: int, seed: int, log: Callable[[str], None]) -> dict[str, Any]:
     rng = random.Random(seed)
     keys = 48
     main_root = str(base / "crash-store")
@@ -756,14 +842,23 @@ def phase_crash(base: Path, trials: int, seed: int, log: Callable[[str], None]) 
             p.stdout.close()  # type: ignore[union-attr]
             p.stderr.close()  # type: ignore[union-attr]
         res["trials"] += 1
+        _end_journal_line(journal)
         # Every committed entry complete, every read exact, no acknowledged put lost.
         n, problems = scan_entries(root)
         res["torn_entries_visible"] += len(problems)
         failures += [f"trial {t}: {p}" for p in problems]
         rb = read_back(root, keys, None if evict_trial else journal_state(journal))
-        for k in ("hits", "misses", "wrong", "acked_lost", "corrupt_warnings"):
+        for k in (
+            "hits",
+            "misses",
+            "wrong",
+            "acked_lost",
+            "present_missed",
+            "failed_open",
+            "corrupt_warnings",
+        ):
             res[f"read_{k}"] += rb[k]
-        if rb["wrong"] or rb["acked_lost"]:
+        if rb["wrong"] or rb["acked_lost"] or rb["present_missed"]:
             failures.append(f"trial {t}: {dict(rb)}")
         if t % 25 == 24:
             log(f"crash: {t + 1}/{trials} trials, {dict(res)}")
@@ -1665,7 +1760,7 @@ def run(phases: list[str], size: str, seed: int, base: Path, log: Callable[[str]
         d = base / ph
         d.mkdir(parents=True, exist_ok=True)
         if ph == "crash":
-            report["phases"][ph] = phase_crash(d, ct, seed, log)
+            report["phases"][ph] = phase_crash(d, ct, seed, log, load=1)  # a loaded box, as CI is
         elif ph == "corrupt":
             full = size == "full"
             report["phases"][ph] = phase_corrupt(
@@ -1748,6 +1843,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         + len(crashed),
         "acked_entries_lost": cr.get("read_acked_lost", 0),
         "stalls_beyond_bound": ho.get("stalls", 0),
+        "present_entries_read_as_miss": cr.get("read_present_missed", 0),
         "worst_recovery_s": round(max(recovery.values()), 3),
         "recovery": {k: round(v, 3) for k, v in recovery.items()},
         "failures": failures,

@@ -24,12 +24,19 @@ from .conftest import PYTHON, base_env, compile_in_child, kenv, no_traceback, ru
 def test_random_kills_ci(tmp_path: Path, chaos: Any) -> None:
     """24 trials: half killed after a random delay, half at a random write-side event (a rename,
     a mkdir, half of a file write, an SQLite statement...); every 4th with two writers on a store
-    under a tiny size bound (eviction running)."""
-    r = chaos.phase_crash(tmp_path, 24, seed=10, log=lambda m: None)
+    under a tiny size bound (eviction running). Beside a busy loop and an fsync-heavy writer: CI's
+    box is loaded, and the timing of the workers' flush threads decides where kills land.
+
+    Seed 11 (and seed 10 under load in CI once) failed with one acknowledged entry "lost": the
+    journal of acknowledged puts was written through the kill points, so a kill cut a journal
+    line in half, and the next trial's first line (a removal started) ran into it. The test's own
+    record, not the store, lost it (see test_every_write_point_of_the_first_operations)."""
+    r = chaos.phase_crash(tmp_path, 24, seed=10, log=lambda m: None, load=1)
     assert r["failures"] == []
-    assert r["trials"] == 24 and r["kills"] >= 24
+    assert r["trials"] == 24 and r["kills"] >= 24 and r["load_processes"] == 2
     assert r["kills_at_write_point"] >= 10, r  # the point kills landed inside writes
     assert r["read_wrong"] == 0 and r["read_acked_lost"] == 0 and r["torn_entries_visible"] == 0
+    assert r["read_present_missed"] == 0 and r["read_failed_open"] == 0, r
     assert r["read_hits"] > 0  # the workers did commit entries between the kills
     for name in ("main", "evict"):
         assert r[f"verify_{name}"]["clean_after_fix"], r[f"verify_{name}"]
@@ -74,7 +81,14 @@ def test_every_write_point_of_the_first_operations(tmp_path: Path, chaos: Any) -
         _n, problems = chaos.scan_entries(root)
         assert problems == [], (n, problems)
         rb = chaos.read_back(root, 6, chaos.journal_state(journal))
-        assert rb["wrong"] == 0 and rb["acked_lost"] == 0, (n, dict(rb))
+        assert rb["wrong"] == 0 and rb["acked_lost"] == 0 and rb["present_missed"] == 0, (n, dict(rb))
+        # The journal (the record of what was acknowledged) is never cut by a kill: every line
+        # whole. Its writes were kill points before, and a torn line swallowed the next one.
+        text = Path(journal).read_text() if os.path.exists(journal) else ""
+        assert text == "" or text.endswith("\n"), (n, text[-80:])
+        for line in text.splitlines():
+            op, kind, key = line.split(" ")
+            assert op in ("A", "R") and kind in chaos.KINDS and key.startswith("chaos/key-"), (n, line)
     kinds = set(Path(kill_log).read_text().split())
     assert {"mkdir", "write", "rename", "sql"} <= kinds, kinds
     v = chaos.verify(root, fix=True)
