@@ -414,6 +414,8 @@ def _print_record(d: dict[str, Any], format_size: Callable[[float], str]) -> Non
         ["hits", d["hits"] if d["hits"] is not None else "- (not in the index)"],
         ["compile time", fmt_seconds(d["compile_s"])],
     ]
+    if d.get("protected_until"):  # a prewarmed entry
+        rows.append(["protected until", f"{fmt_time(d['protected_until'])} (or its first use)"])
     print(table(["", ""], rows).split("\n", 1)[1])
     for title, mapping in (("summary", d["summary"]), ("key components", d["components"])):
         print(f"{title}:")

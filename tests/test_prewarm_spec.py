@@ -683,7 +683,9 @@ def test_store_build_check_warns_once_for_another_build(tmp_path: Path, kcache_w
         store.close()
 
 
-def test_protect_puts_sets_future_mtime(tmp_path: Path) -> None:
+def test_protect_puts_records_protection_not_a_future_mtime(tmp_path: Path) -> None:
+    """A protected put says in its record until when it is kept from eviction; its record's
+    mtime (its last use) is its creation, not a date a week ahead (which `inspect` showed)."""
     import time
 
     from kcache.prewarm.meta import protect_puts
@@ -695,12 +697,15 @@ def test_protect_puts_sets_future_mtime(tmp_path: Path) -> None:
         hit = store.put("test-kind", "k1", {"a.bin": b"x"})
         undo()
         plain = store.put("test-kind", "k2", {"a.bin": b"y"})
+        now = time.time()
         rec_mtime = os.stat(os.path.join(store.entry_dir(hit.record.id), "__kcache__.rec")).st_mtime
-        assert rec_mtime > time.time() + 6 * 86400
-        assert (
-            os.stat(os.path.join(store.entry_dir(plain.record.id), "__kcache__.rec")).st_mtime
-            < time.time() + 60
-        )
+        assert rec_mtime < now + 60
+        assert hit.record.protect_until > now + 6 * 86400
+        assert store.read_record(hit.record.id)[0].protect_until == hit.record.protect_until
+        assert plain.record.protect_until == 0.0 and "protect_until" not in plain.record.to_dict()
+        store.flush(force=True)
+        row = store.index().row(hit.record.id)
+        assert row is not None and row.last_used < now + 60
         assert "put" not in vars(store)
     finally:
         store.close()

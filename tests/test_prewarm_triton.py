@@ -258,20 +258,39 @@ def example(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "store": store,
         "summary": summary,
         "mtimes": _record_mtimes(store),
+        "protected": _protection(store),
+        "records": _records(store),
         "at": time.time(),
     }
 
 
 def _record_mtimes(store: Path) -> dict[str, tuple[str, float]]:
+    """id -> (kind, record mtime) of every entry."""
+    return {i: (kind, mtime) for i, (kind, mtime, _p) in _protection(store).items()}
+
+
+def _protection(store: Path) -> dict[str, tuple[str, float, bool]]:
+    """id -> (kind, record mtime, kept from eviction now) of every entry."""
     from kcache.store import Store
+    from kcache.store.eviction import is_protected
 
     s = Store.open(store, readonly=True)
-    out = {}
-    for ident in s.iter_entry_ids():
-        h, _ = s.read_any(ident)
-        assert h is not None
-        out[ident] = (h.record.kind, s.record_mtime(ident))
-    return out
+    try:
+        idx = s.index_readonly()
+        try:
+            uses = idx.last_uses()
+        finally:
+            idx.close()
+        out = {}
+        for ident in s.iter_entry_ids():
+            h, _ = s.read_any(ident)
+            assert h is not None
+            mtime = s.record_mtime(ident)
+            kept = is_protected(h.record, mtime, uses.get(ident, (0.0, 0))[1], time.time())
+            out[ident] = (h.record.kind, mtime, kept)
+        return out
+    finally:
+        s.close()
 
 
 def test_example_prewarms_for_cuda90_without_a_gpu(example: dict[str, Any]) -> None:
@@ -318,24 +337,49 @@ def test_example_program_gets_every_kernel_from_kcache(example: dict[str, Any]) 
     assert r["store_hits"] == 7 and len(r["hits"]) == 7
 
 
+def _records(store: Path) -> dict[str, Any]:
+    from kcache.store import Store
+
+    s = Store.open(store, readonly=True)
+    try:
+        return {i: s.read_record(i)[0] for i in s.iter_entry_ids()}
+    finally:
+        s.close()
+
+
 def test_prewarmed_entries_are_protected_until_first_use(example: dict[str, Any]) -> None:
+    """Protected for 7 days or until first used, said in the record; the entries' last use (the
+    record's mtime, the index's last use, what `inspect` shows) is their real creation, not a
+    date a week ahead."""
+    from kcache.store import Store
+
     kinds: dict[str, int] = {}
-    for kind, mtime in example["mtimes"].values():
+    for ident, (kind, mtime, kept) in example["protected"].items():
         kinds[kind] = kinds.get(kind, 0) + 1
         if kind in ("triton", "triton-aux"):  # protected from eviction: for 7 days ...
-            assert mtime > example["at"] + 6.9 * 86400
+            assert kept and example["records"][ident].protect_until > example["at"] + 6.9 * 86400
+            assert mtime < example["at"] + 60  # ... with true dates
     assert kinds.get("triton") == 7  # (the loop above checked something)
     assert kinds.get("triton-meta", 0) >= 3  # the build (any, by ABI, by libtriton) and the key memo
+    s = Store.open(example["store"], readonly=True)
+    try:
+        idx = s.index_readonly()
+        try:
+            assert all(row.last_used < example["at"] + 60 for row in idx.rows())
+        finally:
+            idx.close()
+    finally:
+        s.close()
     build = example["summary"]["build"]
     assert build["python_abi"] and len(build["libtriton_sha256"]) == 64
     # ... or until first used: the program of the test above hit every kernel
     r = _program(EXAMPLE_PROGRAM, example["tmp"], example["store"], EXAMPLE_DIR)
     assert r["store_hits"] == 7
-    after = _record_mtimes(example["store"])
+    after = _protection(example["store"])
     now = time.time()
-    for ident, (kind, _) in example["mtimes"].items():
+    for ident, (kind, _m, _k) in example["protected"].items():
         if kind == "triton":
-            assert after[ident][1] < now + 60
+            assert after[ident][1] < now + 60 and not after[ident][2], (ident, after[ident])
 
 
 def test_second_prewarm_is_all_cached(example: dict[str, Any]) -> None:

@@ -518,20 +518,27 @@ def test_eviction_is_least_recently_used(store_dir: Path, monkeypatch) -> None:
     s.close()
 
 
-def test_entries_hit_within_the_grace_period_survive(store_dir: Path) -> None:
+def test_an_entry_hit_by_another_process_is_evicted_last(store_dir: Path) -> None:
+    """Another process hits k3 and has not flushed its last use to the index yet: the hit
+    refreshed the record's mtime (the filesystem's clock), which eviction reads, so k3 goes
+    last. (There is no grace period: what the reader was handed is a private link.)"""
     writer = Store.open(store_dir, max_size=1 << 30)
     ids = [writer.put("triton", f"k{i}", {"a.bin": b"x" * 1000}).record.id for i in range(10)]
     for n, i in enumerate(ids):
         backdate(writer, i, 3600 - n)  # all long unused
-    # Another process hits k3 and has not flushed its last-use batch to the index yet: the hit's
-    # record mtime is what protects the files it just returned.
     reader = Store.open(store_dir)
-    assert reader.get("triton", "k3") is not None
+    hit = reader.get("triton", "k3", files=True)
+    assert hit is not None
     assert writer.index().row(ids[3]) is not None
-    removed, _ = writer.evict(target=0)
+    one = writer._evictor.usage.total() // 10 + 1  # room for one entry
+    removed, _ = writer.evict(target=one)
     assert removed == 9
     assert writer.get("triton", "k3", count=False) is not None
     assert all(writer.get("triton", f"k{i}", count=False) is None for i in range(10) if i != 3)
+    # Evicted too, and its reader still reads what it was handed.
+    assert writer.evict(target=0)[0] == 1
+    assert writer.get("triton", "k3", count=False) is None
+    assert Path(hit.paths["a.bin"]).read_bytes() == b"x" * 1000
     reader.close()
     writer.close()
 
@@ -1270,3 +1277,36 @@ def test_a_hit_flushed_after_its_entry_was_removed_does_not_bring_its_row_back(
     store.flush(force=True)
     assert h.record.id not in store.index().ids()
     assert store.get("triton", "k") is None
+
+
+def test_inspect_shows_real_dates_for_protected_entries(store_dir: Path) -> None:
+    """A prewarmed entry (protected for 7 days) is listed with the dates it really has: made and
+    last used now, not a week ahead; its protection is said on its own line (issue 28)."""
+    import subprocess
+    import sys
+
+    from kcache import maintenance
+
+    s = Store.open(store_dir)
+    undo = s.protect(7 * 86400)
+    ident = s.put("triton", "prewarmed", {"a.bin": b"p" * 100}).record.id
+    undo()
+    s.flush(force=True)
+    now = time.time()
+    (row,) = maintenance.list_entries(s)
+    assert abs(row["last_used"] - now) < 60 and abs(row["created"] - now) < 60
+    assert row["protected_until"] > now + 6.9 * 86400
+    s.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE")}
+    r = subprocess.run(
+        [sys.executable, "-m", "kcache", "inspect", ident[:12], "--dir", str(store_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    lines = {ln.split("  ")[0].strip(): ln for ln in r.stdout.splitlines() if "  " in ln}
+    today = time.strftime("%Y-%m-%d", time.localtime(now))
+    week = time.strftime("%Y-%m-%d", time.localtime(now + 7 * 86400))
+    assert today in lines["last used"] and today in lines["created"], r.stdout
+    assert week in lines["protected until"], r.stdout

@@ -766,7 +766,7 @@ if mode == "fill":
     st = Store.open(root)
     res["ids"] = {}
     for key in arg["keys"]:
-        h = st.put("chaos", key, {"m.bin": content(key)})
+        h = st.put("chaos", key, {"m.bin": content(key)}, protect_s=arg.get("protect", {}).get(key, 0))
         res["ids"][key] = h.record.id
     st.close()
 elif mode == "use":  # hit the keys until the time is up; every miss and error noted
@@ -847,6 +847,12 @@ def age_entries(root: Path, ids: Iterable[str], seconds: float, env: dict[str, s
     r = cli(["verify", "--fix", "--dir", str(root)], env)
     if r.returncode != 0:
         raise RuntimeError(f"verify --fix: {text(r.stdout)[-1000:]} {text(r.stderr)[-1000:]}")
+
+
+def entry_bytes(root: Path, ident: str) -> int:
+    """What an entry counts for against the size bound: the bytes of its files."""
+    d = root / "entries" / ident[:2] / ident
+    return sum(p.stat().st_size for p in d.iterdir())
 
 
 def entry_ids_on_disk(root: Path) -> set[str]:

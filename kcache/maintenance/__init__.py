@@ -114,7 +114,8 @@ def jsonable(value: Any) -> Any:
 def entry_dict(
     rec: Record, *, last_used: float | None = None, hits: int | None = None, size: int | None = None
 ) -> dict[str, Any]:
-    """What ``inspect`` lists for one entry."""
+    """What ``inspect`` lists for one entry (``protected_until``: kept from eviction until then
+    unless used first, for prewarmed entries; None otherwise)."""
     return {
         "id": rec.id,
         "kind": rec.kind,
@@ -125,6 +126,7 @@ def entry_dict(
         "hits": hits,
         "compile_s": rec.compile_s,
         "summary": jsonable(rec.summary),
+        "protected_until": rec.protect_until or None,
     }
 
 

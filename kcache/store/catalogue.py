@@ -23,8 +23,8 @@ from ..log import logger, warn_once
 from . import fs
 from . import tunables as T
 from .errors import StoreError
+from .eviction import sweep
 from .index import DB_NAME, Index, IndexTooNew, is_corrupt_db
-from .locks import Lock
 from .records import Record
 
 _OLD_INDEX_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")  # the diskcache index of kcache 0.1
@@ -241,20 +241,27 @@ class CatalogueMixin:
                         logger.debug("flush thread not started: %s", e)
 
     def _flush_loop(self) -> None:
-        """The daemon thread: batched index writes, and eviction when the store is over its
-        bound. Both are off the compiling threads' path (a put only notes its row)."""
+        """The daemon thread: eviction when the store is past its bound (woken by the put that
+        took it there), and batched index writes. Both are off the compiling threads' path (a
+        put only notes its row)."""
         pid = os.getpid()
         while not self._closed and os.getpid() == pid:
-            time.sleep(T.FLUSH_EVERY_S)
-            if self._closed:
+            self._wake.wait(T.FLUSH_EVERY_S)
+            self._wake.clear()
+            if self._closed or os.getpid() != pid:
                 return
             try:
+                if self._evictor.due():
+                    self._evictor.run()
                 self.flush()
+                if self._trash_left:
+                    self._trash_left = False
+                    trfd = self._fd("trash")
+                    if trfd is not None:
+                        sweep(trfd, T.FLUSH_EVERY_S / 2)
                 if time.monotonic() >= self._next_reconcile:
                     self._next_reconcile = time.monotonic() + T.RECONCILE_CHECK_S
                     self.reconcile()
-                if self._over_bound():
-                    self.evict()
             except Exception:  # flush never raises; a thread must not die loudly either
                 pass
 
@@ -263,9 +270,11 @@ class CatalogueMixin:
 
         A put's row is written by the flush thread: a process killed, or ended by ``os._exit``
         (multiprocessing's workers), before it ran leaves entries the index does not know
-        (stats and eviction would not see them). Done at most once per
+        (stats would not see them). Done at most once per
         :data:`~.tunables.RECONCILE_EVERY_S` for the whole store (the time is kept in the
-        index; ``force`` ignores it), by whichever process finds it due. Never raises."""
+        index; ``force`` ignores it), by whichever process finds it due, which also counts the
+        store's bytes again (the size count drifts when a process is killed between a commit
+        and its count). Never raises."""
         now = self.now()
 
         def due(idx: Index) -> set[str] | None:
@@ -291,6 +300,10 @@ class CatalogueMixin:
             return 0
         if batch:
             logger.info("added %d index rows for entries written by processes that ended early", len(batch))
+        try:
+            self._evictor.recount()
+        except Exception as e:
+            logger.debug("recount: %s", e)
         return len(batch)
 
     def flush(self, force: bool = False) -> None:
@@ -308,16 +321,19 @@ class CatalogueMixin:
             recs, self._touched_records = self._touched_records, {}
             misses, self._misses = self._misses, []
             pending, self._pending = self._pending, {}
+            dropped, self._dropped = self._dropped, set()
         deltas = self.counts.drain()
         if self.drain_global:
             for k, v in _counters.drain().items():
                 deltas[k] = deltas.get(k, 0.0) + v
-        if not (touches or misses or deltas or pending):
+        if not (touches or misses or deltas or pending or dropped):
             return
         self._refresh_clock()
 
         def write(idx: Index) -> bool:
             with idx.transaction():
+                if dropped:  # evicted here; a put of the same entry since then keeps its row
+                    idx.remove([i for i in dropped if self.record_mtime(i) is None])
                 for rec, access in pending.values():
                     if self.record_mtime(rec.id) is not None:  # not removed since its put
                         idx.insert(rec, last_used=access)
@@ -339,88 +355,20 @@ class CatalogueMixin:
                 for ident, item in pending.items():
                     if len(self._pending) < T.MAX_PENDING:
                         self._pending.setdefault(ident, item)
+                for ident in dropped:
+                    if len(self._dropped) < T.MAX_PENDING:
+                        self._dropped.add(ident)
 
     # ------------------------------------------------------------------ eviction
-    def _after_put(self, size: int) -> None:
-        """A put adds to the size estimate; the flush thread evicts when the bound is passed."""
-        with self._lock:
-            if self._size_estimate is not None:
-                self._size_estimate += size
-        self._maybe_flush()
-
-    def _over_bound(self) -> bool:
-        """Whether the store holds more than its bound (the index's total, read at most every
-        :data:`SIZE_CHECK_S`, plus what this process put since)."""
-        now = time.monotonic()
-        if self._size_estimate is None or now - self._size_checked > T.SIZE_CHECK_S:
-            total = self._index_call(lambda idx: idx.total_bytes())
-            if total is None:
-                return False
-            with self._lock:
-                self._size_estimate, self._size_checked = total, now
-        return (self._size_estimate or 0) > self.max_size
-
     def evict(self, target: int | None = None) -> tuple[int, int]:
-        """Remove least recently used entries until the store is under ``target`` bytes (default
-        90% of the bound). One process evicts at a time; others skip. Returns (entries, bytes).
+        """Remove least recently used entries until the store holds at most ``target`` bytes
+        (default 90% of the bound), then write the index (see :mod:`.eviction`). One process
+        evicts at a time; this returns at once when another one does. Returns (entries, bytes).
 
-        Entries used (or protected) within ``GRACE_S`` by the filesystem's clock are never
-        evicted, whatever this process's clock says: under many writers and a tiny bound the
-        store can exceed its bound by what was written in the last two minutes."""
+        The store also evicts on its own: its flush thread as soon as a put passes the bound,
+        and a put itself when the store is far past it."""
         if self.readonly or self._closed:
             return 0, 0
-        target = int(self.max_size * 0.9) if target is None else target
-        lfd = self._fd("locks")
-        if lfd is None:
-            return 0, 0
-        lk = Lock(lfd, "evict.lock")
-        try:
-            if not lk.try_acquire():
-                return 0, 0
-        except OSError:
-            return 0, 0
-        removed = freed = 0
-        try:
-            self.flush(force=True)
-            self._index_lock.acquire()
-            idx = self.index()
-            total = idx.total_bytes()
-            now = self._refresh_clock()
-            while total > target:
-                rows = idx.oldest(256, before=now - T.GRACE_S)
-                if not rows:
-                    break
-                gone, refreshed = [], {}
-                for ident, _at, size in rows:
-                    mt = self.record_mtime(ident)
-                    if mt is not None and mt > now - T.GRACE_S:
-                        refreshed[ident] = (mt, 0)  # used or protected: not a candidate
-                        continue
-                    gone.append(ident)
-                    total -= size
-                    freed += size
-                    if total <= target:
-                        break
-                if refreshed:
-                    idx.touch(refreshed)
-                if gone:
-                    idx.remove(gone)
-                    n = 0
-                    now = self._refresh_clock()
-                    for ident in gone:
-                        # Checked again just before it goes: a hit since the check above has
-                        # refreshed the record's mtime. (Its reader is safe either way: a hit's
-                        # files are served from private links.)
-                        mt = self.record_mtime(ident)
-                        if mt is None or mt <= now - T.GRACE_S:
-                            n += self._remove_dirs([ident])
-                    removed += n
-                    self.counts.add("store", evictions=n)
-            self._size_estimate, self._size_checked = total, time.monotonic()
-        except Exception as e:
-            warn_once("evict", f"eviction failed: {e}")
-        finally:
-            with contextlib.suppress(RuntimeError):
-                self._index_lock.release()
-            lk.release()
-        return removed, freed
+        out = self._evictor.run(target)
+        self.flush(force=True)
+        return out

@@ -322,6 +322,14 @@ class Index:
             ).fetchall()
         ]
 
+    def last_uses(self) -> dict[str, tuple[float, int]]:
+        """id -> (last use, hits) of every row (for eviction: no record decoded)."""
+        return {
+            i: (float(at) if isinstance(at, (int, float)) else 0.0, int(h) if isinstance(h, int) else 0)
+            for i, at, h in self.conn.execute("SELECT id, last_used, hits FROM entries")
+            if isinstance(i, str)
+        }
+
     def totals(self) -> dict[str, tuple[int, int]]:
         """kind -> (entries, bytes)."""
         return {

@@ -27,9 +27,12 @@ Guarantees (each method's docstring says what it adds):
   copies of their bytes) in a private, held, per-process folder, reached through
   ``/proc/self/fd``: eviction, ``kcache clear`` or a swapped folder cannot remove or change a
   file between the check and the library's open or dlopen (see :mod:`.served`).
-- Its own clock. Last use, protection and eviction's grace period are judged by the
-  filesystem's clock (the mtime a write gives a file), not by the process's: a process whose
-  clock runs ahead cannot evict what others use.
+- Its own clock. Last use and protection are judged by the filesystem's clock (the mtime a
+  write gives a file), not by the process's: a process whose clock runs ahead orders entries as
+  every other does.
+- Bounded. ``max_size`` holds while many processes write and after they end: one shared count
+  of the store's bytes, eviction by the flush thread as soon as a put passes the bound, by a put
+  itself far past it, and at exit (see :mod:`.eviction`).
 - The hit and put paths (and :meth:`replace`) never touch the index. Last-use times and new
   rows go to the index in batches, from a daemon thread, which also evicts and adds rows that
   processes ended early never wrote (see :mod:`.catalogue`); the record's mtime is refreshed at
@@ -41,8 +44,8 @@ Guarantees (each method's docstring says what it adds):
   miss or a skipped write with one warning: :meth:`get` and :meth:`put` never raise.
 
 The store is split by concern: :mod:`.opening` (checks when opened), :mod:`.catalogue` (index
-and eviction), :mod:`.housekeeping` (walking folders, clean-up), :mod:`.served` (files handed to
-libraries), :mod:`.tunables` (timings and bounds).
+and the flush thread), :mod:`.eviction` (the size bound), :mod:`.housekeeping` (walking folders,
+clean-up), :mod:`.served` (files handed to libraries), :mod:`.tunables` (timings and bounds).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from . import tunables as T
 from .catalogue import CatalogueMixin
 from .conf import read_at as read_conf
 from .errors import CorruptEntry, RefusedEntry, StoreError
+from .eviction import Evictor, empty_folder, entry_bytes, folder_bytes
 from .housekeeping import HousekeepingMixin
 from .index import Index
 from .locks import Lock
@@ -186,14 +190,16 @@ class Store(CatalogueMixin, HousekeepingMixin):
         self._pending: dict[str, tuple[Record, float | None]] = {}
         self._flush_lock = threading.Lock()
         self._flusher_pid: int | None = None
+        self._wake = threading.Event()  # set: the flush thread's turn now (the store is past its bound)
+        self._dropped: set[str] = set()  # rows of entries removed here, for the next flush to drop
+        self._trash_left = False  # removals left empty folders in trash/ (see eviction.sweep)
         self._next_reconcile = 0.0  # monotonic; the flush thread's first turn asks the index
-        self._size_estimate: int | None = None
-        self._size_checked = 0.0
         self._closed = False
         self._clock_fd: int | None = None
         self._clock_offset = 0.0
         self._real_shards: set[str] = set()
         self._served_files = Served(self)
+        self._evictor = Evictor(self)
         # --- shared tier (issue 15): set by attach_remote; the tier is made on first need.
         self._remote_cfg: Any = None
         self._remote: Any = None
@@ -356,6 +362,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
         store.max_size_source = "argument" if max_size else "store" if "max_size" in kept else "default"
         if not readonly:
             store._refresh_clock()
+            store._evictor.usage.start_if_new()
             # Private folders that dead processes left (killed, or ended by os._exit): nobody
             # holds them any more (see .served).
             tfd = store._fd("tmp")
@@ -471,8 +478,14 @@ class Store(CatalogueMixin, HousekeepingMixin):
                 self._remote.close()
             except Exception as e:
                 logger.debug("remote close: %s", e)
+        if not self.readonly:
+            try:  # the bound holds after the last writer ends, not only at the next one's put
+                self._evictor.at_exit()
+            except Exception as e:
+                logger.debug("eviction at exit: %s", e)
         self.flush(force=True)
         self._closed = True
+        self._evictor.usage.close()
         with self._index_lock, self._lock:
             if self._index is not None and self._index_pid == os.getpid():
                 with contextlib.suppress(Exception):
@@ -654,11 +667,19 @@ class Store(CatalogueMixin, HousekeepingMixin):
                 blobs[f.name] = blob
                 inos[f.name] = (mst.st_dev, mst.st_ino)
             mtime = st.st_mtime
-            if touch and not self.readonly and abs(self.now() - mtime) > T.TOUCH_EVERY_S:
-                # The record's mtime is what eviction checks before deleting: refreshed here (by
-                # the filesystem's clock), a hit is safe from eviction for GRACE_S without a
-                # database write per hit. A protected entry (mtime in the future) loses its
-                # protection at its first real use.
+            if (
+                touch
+                and not self.readonly
+                and (
+                    abs(self.now() - mtime) > T.TOUCH_EVERY_S
+                    or (rec.protect_until and mtime <= rec.created + T.FIRST_USE_S)
+                )
+            ):
+                # The record's mtime is the entry's last use for eviction, by the filesystem's
+                # clock: refreshed here at most once a minute (no database write per hit). A
+                # protected entry's first use ends its protection (its mtime moves on from its
+                # creation). (A record of an older kcache with an mtime in the future, its way
+                # of protecting, is brought back to now.)
                 with contextlib.suppress(OSError):
                     os.utime(rfd)
                     mtime = os.fstat(rfd).st_mtime
@@ -863,7 +884,11 @@ class Store(CatalogueMixin, HousekeepingMixin):
         Returns the committed entry (this writer's, or an identical one that another writer
         committed first: entries are immutable, first writer wins), or None if it could not be
         written (read-only, full, broken: one warning). Never raises. ``protect_s`` (default:
-        :attr:`protect_s`) keeps the entry from eviction until its first hit or that many seconds.
+        :attr:`protect_s`) keeps the entry from eviction until its first hit or that many seconds
+        (its record says until when; its last use stays its creation).
+
+        Past the store's bound, the flush thread evicts at once; far past it (the eviction is
+        behind), the put itself frees about its own size first (see :mod:`.eviction`).
 
         With a shared tier attached, the committed entry is also queued for it (the caller does
         not wait). ``_origin="remote"``: the entry came from the shared tier (counted as
@@ -907,11 +932,10 @@ class Store(CatalogueMixin, HousekeepingMixin):
                 compile_s=float(compile_s),
                 components=dict(components or {}),
                 summary=dict(summary or {}),
+                protect_until=self._refresh_clock() + protect_s if protect_s else 0.0,
             )
-            fs.write_new_at(dfd, RECORD_NAME, rec.encode())
-            if protect_s:
-                t = self._refresh_clock() + protect_s
-                os.utime(RECORD_NAME, (t, t), dir_fd=dfd, follow_symlinks=False)
+            encoded = rec.encode()
+            fs.write_new_at(dfd, RECORD_NAME, encoded)
             shard = ident[:2]
             if shard not in self._real_shards:
                 with contextlib.suppress(FileExistsError):
@@ -954,7 +978,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
                     self.remote_tier().publish(rec, blobs)
                 except Exception as e:
                     logger.debug("remote publish: %s", e)
-        access = self.now() + protect_s if protect_s else self.now()
+        access = self.now()
         # The index row is written by the flush thread (a SQLite transaction, and the index's
         # first opening, cost milliseconds a compiling thread need not wait for); until then
         # the entry is on disk, served, and found by `verify`.
@@ -962,7 +986,11 @@ class Store(CatalogueMixin, HousekeepingMixin):
             if len(self._pending) < T.MAX_PENDING:
                 self._pending[rec.id] = (rec, access)
         hit = Hit(rec, blobs, self, time.time(), inos)
-        self._after_put(rec.size)
+        try:
+            self._evictor.after_put(entry_bytes(rec, len(encoded)), ident)
+        except Exception as e:  # the bound is kept by the next put or the flush thread
+            logger.debug("eviction after put: %s", e)
+        self._maybe_flush()
         return hit
 
     def _write_member(
@@ -1021,33 +1049,55 @@ class Store(CatalogueMixin, HousekeepingMixin):
         return self.put(kind, key, files, **kwargs)
 
     def _remove_dirs(self, ids: list[str]) -> int:
-        """Move entry folders to trash (atomically), then delete them, following no link.
-        Returns how many were removed."""
+        """Remove entry folders (see :meth:`_remove_entry`). Returns how many were removed."""
+        return sum(self._remove_entry(ident) is not None for ident in ids)
+
+    def _remove_entry(self, ident: str, *, later: bool = False) -> int | None:
+        """Move an entry's folder to trash (atomically: of several removers, one wins), delete
+        its files and count their bytes off the store's size, then the folder, following no
+        link. ``later`` (eviction): the empty folder goes at the flush thread's next turn
+        (:func:`.eviction.sweep`: removing a folder can cost milliseconds). The bytes freed, or
+        None when it was not there (or not a folder of ours)."""
         efd, trfd = self._fd("entries"), self._fd("trash")
-        if efd is None or trfd is None:
-            return 0
-        n = 0
-        for ident in ids:
-            if not valid_id(ident):
-                continue  # not a path of ours (a crafted index row): only its row goes
-            try:
-                st = os.stat(ident[:2], dir_fd=efd, follow_symlinks=False)
-                if not stat.S_ISDIR(st.st_mode):
-                    continue  # never move (and delete) what a linked shard points to
-            except OSError:
-                continue
-            t = fs.unique_name(ident)
-            try:
-                os.rename(f"{ident[:2]}/{ident}", t, src_dir_fd=efd, dst_dir_fd=trfd)
-            except OSError:
-                continue
-            n += 1
+        if efd is None or trfd is None or not valid_id(ident):
+            return None  # not a path of ours (a crafted index row): only its row goes
+        try:
+            st = os.stat(ident[:2], dir_fd=efd, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode):
+                return None  # never move (and delete) what a linked shard points to
+        except OSError:
+            return None
+        t = fs.unique_name(ident)
+        try:
+            os.rename(f"{ident[:2]}/{ident}", t, src_dir_fd=efd, dst_dir_fd=trfd)
+        except OSError:
+            return None
+        freed, empty = empty_folder(trfd, t)
+        if not empty:  # not an entry's shape (a folder inside): removed whole, following no link
+            freed += folder_bytes(trfd, t)
             fs.rmtree_at(trfd, t)
-            with self._lock:
-                self._pending.pop(ident, None)  # its row, not yet written, is not written
-                self._touches.pop(ident, None)  # nor its last use: that would write the row again
-                self._touched_records.pop(ident, None)
-        return n
+        elif later:
+            self._trash_left = True
+        else:
+            with contextlib.suppress(OSError):
+                os.rmdir(t, dir_fd=trfd)
+        self._evictor.usage.add(-freed)
+        with self._lock:
+            self._pending.pop(ident, None)  # its row, not yet written, is not written
+            self._touches.pop(ident, None)  # nor its last use: that would write the row again
+            self._touched_records.pop(ident, None)
+        return freed
+
+    def _drop_row(self, ident: str) -> None:
+        """Have the next flush drop the index row of an entry removed here (eviction)."""
+        with self._lock:
+            if len(self._dropped) < T.MAX_PENDING:
+                self._dropped.add(ident)
+
+    def _wake_flush(self) -> None:
+        """The flush thread's turn now (the store is past its bound), not in a second."""
+        self._maybe_flush()
+        self._wake.set()
 
     def remove(self, ids: list[str], *, index: bool = True) -> int:
         """Delete entries: their folders first (that frees the space, and works on a full disk),
@@ -1164,6 +1214,9 @@ def _after_fork_child() -> None:
         # What the parent has yet to write is the parent's to write: counted once, not twice.
         store.counts.after_fork()
         store._touches, store._touched_records, store._misses, store._pending = {}, {}, [], {}
+        store._dropped, store._wake = set(), threading.Event()
+        with contextlib.suppress(Exception):
+            store._evictor.after_fork()
         with contextlib.suppress(Exception):
             store._served_files.after_fork()
     _counters.GLOBAL.after_fork()

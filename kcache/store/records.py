@@ -99,7 +99,18 @@ def file_info(name: str, blob: bytes) -> FileInfo:
 class Record:
     """What the store knows about one entry (see the module doc)."""
 
-    __slots__ = ("kind", "key", "id", "files", "created", "compile_s", "components", "summary", "schema")
+    __slots__ = (
+        "kind",
+        "key",
+        "id",
+        "files",
+        "created",
+        "compile_s",
+        "components",
+        "summary",
+        "schema",
+        "protect_until",
+    )
 
     def __init__(
         self,
@@ -112,8 +123,11 @@ class Record:
         components: dict[str, Any] | None = None,
         summary: dict[str, Any] | None = None,
         schema: int = SCHEMA,
+        protect_until: float = 0.0,
     ) -> None:
         self.kind, self.key, self.id, self.files = kind, key, id, files
+        #: Kept from eviction until then (the store's clock) unless used first (prewarm); 0: not.
+        self.protect_until = protect_until
         self.created = time.time() if created is None else created
         self.compile_s = compile_s
         self.components = {} if components is None else components
@@ -133,7 +147,7 @@ class Record:
         return sum(f.size for f in self.files)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "schema": self.schema,
             "kind": self.kind,
             "key": self.key,
@@ -147,6 +161,9 @@ class Record:
             "components": self.components,
             "summary": self.summary,
         }
+        if self.protect_until:  # only when set: every other record is what it always was
+            d["protect_until"] = self.protect_until
+        return d
 
     def encode(self) -> bytes:
         body = msgpack.packb(self.to_dict(), use_bin_type=True)
@@ -202,6 +219,7 @@ class Record:
                 compile_s=float(d.get("compile_s", 0.0)),
                 components=dict(d.get("components") or {}),
                 summary=dict(d.get("summary") or {}),
+                protect_until=float(d.get("protect_until") or 0.0),
             )
         except CorruptRecord:
             raise

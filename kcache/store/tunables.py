@@ -1,6 +1,12 @@
 """The store's timings and bounds, in one place (tests and the chaos tool change some of them)."""
 
-GRACE_S = 120.0  # eviction leaves entries used this recently alone (by the filesystem's clock)
+GRACE_S = 0.0  # eviction leaves entries used this recently alone (0: none; what a hit handed out
+# is a private link, which eviction cannot change, see served.py)
+EVICT_TO = 0.9  # eviction brings the store down to this share of its bound
+HELP_OVER = 1.1  # past this share of its bound, a put frees about its own size itself
+EXIT_EVICT_S = 2.0  # a process ending with the store past its bound evicts for at most this long
+FIRST_USE_S = 2.0  # a protected entry whose record's mtime is this close to its creation is unused
+RECOUNT_EVERY_S = 60.0  # at most this often, a recount when eviction finds nothing left to remove
 TOUCH_EVERY_S = 60.0  # a hit refreshes the record's mtime at most this often
 FLUSH_EVERY_S = 1.0  # batched index writes (last use, counters, misses, new rows) at most this often
 INDEX_BACKOFF_S = 5.0  # after an index failure, leave the index alone this long
@@ -11,6 +17,5 @@ STALE_TMP_S = 3600.0  # files in tmp/ older than this go; folders as soon as nob
 # (older than this where locks cannot tell: a network filesystem, no flock)
 RECONCILE_EVERY_S = 3600.0  # entries on disk without a row are added this often, store-wide
 RECONCILE_CHECK_S = 300.0  # each process asks the index whether that is due this often
-SIZE_CHECK_S = 30.0  # the store's total size is read from the index at most this often
 MAX_RECORD = 1 << 20
 MAX_PROTECT_S = 365 * 86400.0

@@ -94,6 +94,7 @@ def make_victims(d: Path) -> Path:
         "kcache.sqlite-shm",
         "clock",
         "evict.lock",
+        "usage",
         "KCACHE_STORE",
         "scratch.999999999.0123456789abcdef",
         "served.999999999.fedcba9876543210",

@@ -59,27 +59,34 @@ def test_skew_site_shifts_the_clock(tmp_path: Path) -> None:
 
 
 def test_skewed_clock_never_evicts_entries_in_use(tmp_path: Path) -> None:
-    """12 entries unused for 1,000 s and 8 in use by another process; a process an hour ahead
-    evicts under a 1 KiB bound, over and over, for 2 s: the 12 go, the 8 stay (every hit of the
-    user is a hit, byte-exact). Before efe2a87 the skewed process judged by its own clock and
-    evicted the entries in use too."""
+    """12 entries unused for 1,000 s, 8 in use by another process, and one prewarmed entry
+    protected for half an hour (never used, and as old as the unused ones); a process an hour
+    ahead evicts, over and over for 2 s, under a bound that holds 9 entries: the 12 go, the 8
+    and the protected one stay (every hit of the user is a hit, byte-exact). Last use and
+    protection are judged by the filesystem's clock: judged by its own, the skewed process would
+    find the protection run out (it did, before efe2a87, with the grace period then in use)."""
     env = ci.child_env(tmp_path)
     root = tmp_path / "store"
     old = [f"old/{i}" for i in range(12)]
     hot = [f"hot/{i}" for i in range(8)]
-    res = ci.finish(ci.store_child(root, "fill", {"keys": old + hot}, env))
+    kept = "prewarmed/0"
+    res = ci.finish(ci.store_child(root, "fill", {"keys": old + hot + [kept], "protect": {kept: 1800}}, env))
     assert not res["errors"], res["errors"]
     ids = res["ids"]
     ci.age_entries(root, [ids[k] for k in old], 1000, env)
+    ci.age_entries(root, [ids[kept]], 2000, env)  # the first in line, but for its protection
     user = ci.store_child(root, "use", {"keys": hot, "seconds": 4}, env)
     time.sleep(0.5)  # the user's first hits land before the eviction starts
     skewed = ci.skewed_env(env, tmp_path / "skew")
-    ev = ci.finish(ci.store_child(root, "evict", {"max_size": 1024, "seconds": 2}, skewed))
+    one = ci.entry_bytes(root, ids[hot[0]])
+    bound = int(9.5 * one / 0.9)  # eviction goes down to 90%: room for 9 entries, not 10
+    ev = ci.finish(ci.store_child(root, "evict", {"max_size": bound, "seconds": 2}, skewed))
     used = ci.finish(user)
     assert not ev["errors"] and not used["errors"], (ev["errors"], used["errors"])
     assert ev["clock"] - time.time() > ci.SKEW_S - 60, "the evicting process's clock was not ahead"
     on_disk = ci.entry_ids_on_disk(root)
     assert [k for k in hot if ids[k] not in on_disk] == [], "entries in use were evicted"
+    assert ids[kept] in on_disk, "the protected entry was evicted"
     assert used["misses"] == [] and used["wrong"] == 0 and used["hits"] > 0, used
     assert ev["evicted"] == len(old) and not any(ids[k] in on_disk for k in old), ev
 

@@ -1,0 +1,561 @@
+"""The store's size bound: one shared count of its bytes, and eviction by every process that writes.
+
+What is counted: the bytes of the files of committed entries (their members and record), in one
+number that every process of the store keeps up to date (``locks/usage``: a put adds its entry,
+a removal subtracts what it removed). Updating it takes an flock for two small reads and writes;
+a put never waits for it (a busy count carries the bytes to the next update).
+
+Who evicts, least recently used first:
+
+- the flush thread of any process that writes, as soon as a put takes the store past its bound
+  (not a second later), one process at a time (``locks/evict.lock``, never waited for), down to
+  :data:`~.tunables.EVICT_TO` of the bound; it lists every entry (its record's mtime) and
+  removes the oldest;
+- a put that finds the store past :data:`~.tunables.HELP_OVER` of its bound (the evicting
+  thread is behind the writers) frees about its own size before it returns: the oldest of a
+  random sample of entries, without any lock (removal is a rename, which one process wins);
+- a process that ends with the store past its bound brings it back under before it goes
+  (for at most :data:`~.tunables.EXIT_EVICT_S`), so the bound holds after the last writer.
+
+Last use is the later of the record file's mtime (refreshed by hits at most once a minute, by
+the filesystem's clock) and, when the index can be read, its last use (written within a second
+of a hit); eviction needs neither the index nor any lock a compile holds.
+
+Nothing is kept for its age: what a hit handed out is a private link (see :mod:`.served`), so
+removing its entry cannot change or remove what a live process reads. An entry put with
+``protect_s`` (prewarm) carries ``protect_until`` in its record and is not evicted before then
+unless it has been used: its record's mtime moved on from its creation, or the index counts a
+hit. Last use stays true (no date in the future).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import stat
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from ..kinds import valid_id
+from ..log import logger, warn_once
+from . import fs
+from . import tunables as T
+from .locks import Lock
+from .records import RECORD_NAME, Record
+
+if TYPE_CHECKING:
+    from .local import Store
+
+USAGE_NAME = "usage"
+_USAGE = struct.Struct("<qq")  # bytes, 1 once counted (0: puts added since the file was made)
+_HEX = frozenset("0123456789abcdef")
+
+
+def folder_bytes(parent: int, name: str) -> int:
+    """The bytes of the regular files in the folder ``name`` (one level: an entry's members and
+    record), following no link; 0 when it cannot be read."""
+    return _files(parent, name, unlink=False)[0]
+
+
+def empty_folder(parent: int, name: str) -> tuple[int, bool]:
+    """Delete the files in the folder ``name`` (one level, following no link): (their bytes,
+    whether it is empty now). The folder itself is left for :func:`sweep` to remove: on some
+    filesystems removing a folder costs milliseconds (ext4 with ``discard``: 2.4 ms here, against
+    0.03 ms per file), which an evicting put must not wait for."""
+    return _files(parent, name, unlink=True)
+
+
+def _files(parent: int, name: str, *, unlink: bool) -> tuple[int, bool]:
+    try:
+        dfd = os.open(name, fs.O_DIR, dir_fd=parent)
+    except OSError:
+        return 0, False
+    total, empty = 0, True
+    try:
+        with os.scandir(dfd) as it:
+            items = list(it)
+        for e in items:
+            try:
+                st = e.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    empty = False  # not an entry's shape: the caller removes the whole tree
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+                if unlink:
+                    os.unlink(e.name, dir_fd=dfd)
+            except OSError:
+                empty = False
+    except OSError:
+        empty = False
+    finally:
+        os.close(dfd)
+    return total, empty
+
+
+def sweep(trash_fd: int, budget_s: float) -> int:
+    """Remove the empty folders that removals left in ``trash/`` (see :func:`empty_folder`), for
+    at most ``budget_s`` seconds. A folder still being emptied by another process is not empty:
+    left for later. Returns how many went."""
+    end = time.monotonic() + budget_s
+    n = 0
+    try:
+        names = os.listdir(trash_fd)
+    except OSError:
+        return 0
+    for name in names:
+        if time.monotonic() > end:
+            break
+        try:
+            os.rmdir(name, dir_fd=trash_fd)
+            n += 1
+        except OSError:
+            pass
+    return n
+
+
+def entry_bytes(rec: Record, record_len: int) -> int:
+    """What a committed entry counts for: its members and its record file."""
+    return rec.size + record_len
+
+
+def is_protected(rec: Record | None, mtime: float, hits: int, now: float) -> bool:
+    """Kept from eviction: put with protection that has not run out, and not used since (its
+    record's mtime still its creation's, no hit in the index)."""
+    return rec is not None and rec.protect_until > now and hits == 0 and mtime <= rec.created + T.FIRST_USE_S
+
+
+class Usage:
+    """The store's committed bytes, shared by its processes through ``locks/usage``."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._pid = 0
+        self._carry = 0
+        self._broken = False
+
+    def after_fork(self) -> None:
+        # The child shares its parent's open file (and so its flock): never unlock it there.
+        self._lock = threading.Lock()
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._carry = 0
+
+    def close(self) -> None:
+        with self._lock:
+            fd, self._fd = self._fd, None
+            if fd is not None and self._pid == os.getpid():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _file(self) -> int | None:
+        if self._fd is not None and self._pid == os.getpid():
+            return self._fd
+        lfd = self._store._fd("locks")
+        if lfd is None or self._broken or self._store.readonly:
+            return None
+        try:
+            fd = os.open(USAGE_NAME, os.O_RDWR | os.O_CREAT | fs.O_NOFOLLOW | fs.O_CLOEXEC, 0o600, dir_fd=lfd)
+        except OSError as e:
+            self._broken = True
+            warn_once("usage", f"cannot keep count of the store's size ({e}); its size bound is not kept")
+            return None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            os.close(fd)
+            self._broken = True
+            warn_once("usage", "the store's size count is not a file of ours; its size bound is not kept")
+            return None
+        if st.st_nlink != 1:  # linked elsewhere too (or being made: see start_if_new): not now
+            os.close(fd)
+            return None
+        self._fd, self._pid = fd, os.getpid()
+        return fd
+
+    def start_if_new(self) -> None:
+        """A new store (no entries, no count yet) starts counted at 0, so that its count is
+        exact from its first put (an older store is counted by the flush thread instead)."""
+        st = self._store
+        lfd, efd = st._fd("locks"), st._fd("entries")
+        if lfd is None or efd is None or st.readonly:
+            return
+        try:
+            os.stat(USAGE_NAME, dir_fd=lfd, follow_symlinks=False)
+            return  # counted already, or being counted
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return
+        tmp = fs.unique_name(USAGE_NAME)
+        try:
+            if os.listdir(efd):
+                return
+            fs.write_new_at(lfd, tmp, _USAGE.pack(0, 1))
+            # Whole or not at all: a process that opens it meanwhile never sees it empty.
+            os.link(tmp, USAGE_NAME, src_dir_fd=lfd, dst_dir_fd=lfd, follow_symlinks=False)
+        except OSError:
+            pass  # another process made it first (or an entry came): counted as above
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=lfd)
+
+    @staticmethod
+    def _lock_file(fd: int, how: int) -> bool:
+        for _ in range(3):  # a few microseconds' turns; never a wait
+            try:
+                fcntl.flock(fd, how | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                os.sched_yield()
+        return False
+
+    @staticmethod
+    def _get(fd: int) -> tuple[int, bool]:
+        raw = os.pread(fd, _USAGE.size, 0)
+        if len(raw) < _USAGE.size:
+            return 0, False
+        total, counted = _USAGE.unpack(raw)
+        return total, counted == 1
+
+    def add(self, delta: int) -> int | None:
+        """Add ``delta`` bytes; the store's total after it, or None when it is not known (not
+        counted yet, or the count is busy or unusable: then the bytes are added next time)."""
+        with self._lock:
+            delta += self._carry
+            self._carry = 0
+            try:
+                fd = self._file()
+                if fd is None:
+                    return None
+                if not self._lock_file(fd, fcntl.LOCK_EX):
+                    self._carry = delta
+                    return None
+                try:
+                    total, counted = self._get(fd)
+                    total += delta
+                    os.pwrite(fd, _USAGE.pack(total, int(counted)), 0)
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            except OSError as e:
+                self._carry = delta
+                logger.debug("usage: %s", e)
+                return None
+            return total if counted else None
+
+    def read(self) -> tuple[int, bool] | None:
+        """(bytes, counted), or None when it cannot be read now."""
+        with self._lock:
+            try:
+                fd = self._file()
+                if fd is None or not self._lock_file(fd, fcntl.LOCK_SH):
+                    return None
+                try:
+                    return self._get(fd)
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            except OSError:
+                return None
+
+    def total(self) -> int | None:
+        r = self.read()
+        return r[0] if r is not None and r[1] else None
+
+    def settle(self, counted: int, before: int) -> int | None:
+        """After a recount that found ``counted`` bytes on disk, which began when the number was
+        ``before``: the number becomes ``counted`` plus what was added meanwhile (an entry put
+        during the count may be in both: counted twice rather than not at all)."""
+        with self._lock:
+            try:
+                fd = self._file()
+                if fd is None:
+                    return None
+                fcntl.flock(fd, fcntl.LOCK_EX)  # the recount is rare: a short wait is fine here
+                try:
+                    now, _ = self._get(fd)
+                    total = counted + max(0, now - before) + self._carry
+                    self._carry = 0
+                    os.pwrite(fd, _USAGE.pack(total, 1), 0)
+                    return total
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            except OSError:
+                return None
+
+
+class Evictor:
+    """Keeps one store under its bound (see the module doc). The store calls :meth:`after_put`
+    after every commit, :meth:`due` and :meth:`run` from its flush thread, :meth:`at_exit` when it
+    closes."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.usage = Usage(store)
+        # id -> (protect_until, record mtime when seen): not read again until one of them changes
+        self._protected: dict[str, tuple[float, float]] = {}
+        self._shards: list[str] = []
+        self._full: set[str] = set()  # shards that held entries when last listed
+        self._shards_at = -1e9
+        self._recount_at = -1e9
+
+    def after_fork(self) -> None:
+        self.usage.after_fork()
+        self._protected = {}
+
+    # ------------------------------------------------------------------ the put path
+    def after_put(self, size: int, ident: str) -> None:
+        """A put committed ``size`` bytes: count them; past the bound, have the flush thread
+        evict now; far past it, free about as much here."""
+        st = self.store
+        total = self.usage.add(size)
+        if total is None:  # not counted yet (a new store): the flush thread counts it
+            st._wake_flush()
+            return
+        if total <= st.max_size:
+            return
+        st._wake_flush()
+        if total > st.max_size * T.HELP_OVER:
+            self.help(min(total - st.max_size, 2 * size), exclude=ident)
+
+    def help(self, need: int, exclude: str = "") -> int:
+        """Free about ``need`` bytes now, without a lock: the oldest unprotected entry of a
+        random sample, a few times at most. Returns the bytes freed."""
+        st = self.store
+        freed = 0
+        now = st.now()
+        for _ in range(4):
+            if freed >= need:
+                break
+            got = None
+            for mtime, ident in sorted(self._sample(16, exclude)):
+                if mtime > now - T.GRACE_S:
+                    break
+                got = self._evict_one(ident, mtime, 0, now)
+                if got is not None:
+                    break
+            if got is None:
+                break
+            freed += got
+        return freed
+
+    def _sample(self, n: int, exclude: str) -> list[tuple[float, str]]:
+        """(record mtime, id) of up to ``n`` entries of random shards (those that held entries
+        at the last listing first: a small store leaves most of its 256 shards empty)."""
+        import random  # only when a put has to help
+
+        efd = self.store._fd("entries")
+        if efd is None:
+            return []
+        if time.monotonic() - self._shards_at > 10.0 or not self._shards:
+            with contextlib.suppress(OSError):
+                self._shards = [s for s in os.listdir(efd) if len(s) == 2 and set(s) <= _HEX]
+                self._shards_at = time.monotonic()
+        shards = list(self._shards)
+        random.shuffle(shards)
+        shards.sort(key=lambda x: x not in self._full)
+        out: list[tuple[float, str]] = []
+        per = max(2, n // 8)
+        for shard in shards[:64]:
+            try:
+                sfd = os.open(shard, fs.O_DIR, dir_fd=efd)
+            except OSError:
+                continue
+            try:
+                names = [x for x in os.listdir(sfd) if x != exclude and valid_id(x) and x[:2] == shard]
+                for name in random.sample(names, min(len(names), per)):
+                    with contextlib.suppress(OSError):
+                        st = os.stat(f"{name}/{RECORD_NAME}", dir_fd=sfd, follow_symlinks=False)
+                        out.append((st.st_mtime, name))
+            except OSError:
+                pass
+            finally:
+                os.close(sfd)
+            if len(out) >= n:
+                break
+        return out
+
+    # ------------------------------------------------------------------ the flush thread
+    def due(self) -> bool:
+        """Whether :meth:`run` has work: the store past its bound, or not counted yet."""
+        r = self.usage.read()
+        return r is not None and (not r[1] or r[0] > self.store.max_size)
+
+    def run(
+        self, target: int | None = None, *, lock_wait: float = 0.0, deadline: float | None = None
+    ) -> tuple[int, int]:
+        """Evict least recently used entries until the store holds at most ``target`` bytes
+        (default :data:`~.tunables.EVICT_TO` of the bound). One process at a time; another
+        one's turn is waited for at most ``lock_wait`` seconds. Returns (entries, bytes)."""
+        st = self.store
+        if st.readonly or st.closed:
+            return 0, 0
+        target = int(st.max_size * T.EVICT_TO) if target is None else target
+        lfd = st._fd("locks")
+        if lfd is None:
+            return 0, 0
+        lk = Lock(lfd, "evict.lock")
+        try:
+            if not lk.acquire(lock_wait):
+                return 0, 0
+        except OSError:
+            return 0, 0
+        removed = freed = 0
+        try:
+            total = self.usage.total()
+            if total is None:
+                total = self.recount(locked=True)
+            if total is None or total <= target:
+                return 0, 0
+            now = st._refresh_clock()
+            exhausted = True
+            for last, mtime, ident, hits in self._candidates():
+                if total <= target or (deadline is not None and time.monotonic() > deadline):
+                    exhausted = False
+                    break
+                if last > now - T.GRACE_S:
+                    break  # oldest first: every later one was used more recently still
+                got = self._evict_one(ident, mtime, hits, now)
+                if got is None:
+                    continue
+                removed += 1
+                freed += got
+                now_total = self.usage.total()
+                total = now_total if now_total is not None else total - got
+            if exhausted and total > target and time.monotonic() - self._recount_at > T.RECOUNT_EVERY_S:
+                # Nothing left to remove and still past the target: the count may have drifted
+                # (a process killed between a removal and its count); count again.
+                self._recount_at = time.monotonic()
+                self.recount(locked=True)
+        except Exception as e:
+            warn_once("evict", f"eviction failed: {e}")
+        finally:
+            lk.release()
+        return removed, freed
+
+    def at_exit(self) -> None:
+        """A process ending with the store past its bound brings it under (bounded time)."""
+        st = self.store
+        total = self.usage.total()
+        if total is None or total <= st.max_size:
+            return
+        deadline = time.monotonic() + T.EXIT_EVICT_S
+        self.run(lock_wait=min(1.0, T.EXIT_EVICT_S / 2), deadline=deadline)
+        while time.monotonic() < deadline:
+            total = self.usage.total()
+            if total is None or total <= st.max_size or not self.help(total - st.max_size):
+                break
+
+    def _candidates(self) -> list[tuple[float, float, str, int]]:
+        """(last use, record mtime, id, index hits) of every entry, least recently used first."""
+        st = self.store
+        index: dict[str, tuple[float, int]] = st._index_call(lambda idx: idx.last_uses()) or {}
+        with st._lock:
+            own = dict(st._touches)  # this process's hits, not written to the index yet
+        out = []
+        for ident, mtime in self.scan():
+            at, hits = index.get(ident, (0.0, 0))
+            mine_at, mine = own.get(ident, (0.0, 0))
+            out.append((max(mtime, at, mine_at), mtime, ident, hits + mine))
+        out.sort()
+        return out
+
+    def _evict_one(self, ident: str, mtime: float, hits: int, now: float) -> int | None:
+        """Remove one candidate unless it was used since it was listed or is protected. The bytes
+        freed, or None when it stays (or was gone)."""
+        st = self.store
+        mt = st.record_mtime(ident)
+        if mt is None or abs(mt - mtime) > 1e-6:
+            return None  # gone, or a hit refreshed it since it was listed
+        known = self._protected.get(ident)
+        if known is not None and known[1] == mt and known[0] > now:
+            return None
+        rec, _why = st.read_record(ident)
+        if is_protected(rec, mt, hits, now):
+            assert rec is not None
+            self._protected[ident] = (rec.protect_until, mt)
+            return None
+        self._protected.pop(ident, None)
+        got = st._remove_entry(ident, later=True)
+        if got is not None:
+            st.counts.add("store", evictions=1)
+            st._drop_row(ident)
+        return got
+
+    # ------------------------------------------------------------------ listing and counting
+    def _folders(self) -> Iterator[tuple[int, str]]:
+        """(shard folder's descriptor, entry id) of every entry folder; the descriptor is valid
+        until the next item."""
+        efd = self.store._fd("entries")
+        if efd is None:
+            return
+        try:
+            shards = [s for s in os.listdir(efd) if len(s) == 2 and set(s) <= _HEX]
+        except OSError:
+            return
+        self._shards, self._shards_at = shards, time.monotonic()
+        full = set()
+        for shard in shards:
+            try:
+                sfd = os.open(shard, fs.O_DIR, dir_fd=efd)
+            except OSError:
+                continue
+            try:
+                with os.scandir(sfd) as it:
+                    names = [e.name for e in it if valid_id(e.name) and e.name[:2] == shard]
+                if names:
+                    full.add(shard)
+                for name in names:
+                    yield sfd, name
+            except OSError:
+                continue
+            finally:
+                os.close(sfd)
+        self._full = full
+
+    def scan(self) -> Iterator[tuple[str, float]]:
+        """(id, record mtime) of every entry folder; an entry folder without a record (damaged)
+        comes with its folder's mtime."""
+        for sfd, name in self._folders():
+            try:
+                yield name, os.stat(f"{name}/{RECORD_NAME}", dir_fd=sfd, follow_symlinks=False).st_mtime
+            except FileNotFoundError:
+                with contextlib.suppress(OSError):
+                    yield name, os.stat(name, dir_fd=sfd, follow_symlinks=False).st_mtime
+            except OSError:
+                continue
+
+    def recount(self, *, locked: bool = False) -> int | None:
+        """Count the bytes of every entry on disk and make that the shared number (a new store,
+        a store older than the count, a count that drifted). Under ``locks/evict.lock`` (taken
+        here unless ``locked``). Returns the new total."""
+        st = self.store
+        if st.readonly or st.closed:
+            return None
+        lk = None
+        if not locked:
+            lfd = st._fd("locks")
+            if lfd is None:
+                return None
+            lk = Lock(lfd, "evict.lock")
+            try:
+                if not lk.try_acquire():
+                    return None
+            except OSError:
+                return None
+        try:
+            r = self.usage.read()
+            before = r[0] if r is not None else 0
+            counted = sum(folder_bytes(sfd, name) for sfd, name in self._folders())
+            total = self.usage.settle(counted, before)
+            logger.debug("store size counted: %d bytes on disk, now %s", counted, total)
+            return total
+        finally:
+            if lk is not None:
+                lk.release()

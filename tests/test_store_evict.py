@@ -1,0 +1,40 @@
+"""The size bound under concurrent writers (issue 25): ``tools/bench_evict.py``, small.
+
+Three processes put Triton-sized groups (25-320 KB) into one store bounded at 2 MiB, six times
+its bound in all; the store's bytes on disk are sampled throughout. When the last writer has
+exited, the store is at or under its bound: no later process is needed (each writer that ends
+with the store past its bound evicts before it goes). Before, nothing younger than the two-minute
+grace period was evicted, and the store was left at 5-6x its bound.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_bound_holds_with_concurrent_writers(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, str(REPO / "tools" / "bench_evict.py"), "--writers", "3", "--bound", "2MB"]
+    # Work, not time, decides how much is written (a loaded box writes slower); the exit
+    # eviction's time limit is lifted for the same reason (2 s by default).
+    cmd += ["--puts", "40", "--sample-ms", "20", "--exit-budget", "60", "--json", str(out)]
+    cmd += ["--dir", str(tmp_path / "work")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert out.exists(), r.stdout + r.stderr
+    run = json.loads(out.read_text())["runs"][0]
+    assert run["errors"] == [] and run["writers_ok"] == 3, run["errors"]
+    assert run["wrong_bytes"] == 0, run["wrong_examples"]
+    bound = 2 << 20
+    assert run["bytes_put"] > 4 * bound, run["bytes_put"]  # the bound was passed many times over
+    # When the last writer is gone, the store is within its bound: nothing waits for a later one.
+    assert run["at_exit_ratio"] <= 1.0, run["at_exit_ratio"]
+    assert run["after_5s_ratio"] <= 1.0
+    assert run["evictions"] > 0
+    # While they write, it stays near its bound (sampled by walking the folders as entries come
+    # and go, so only a loose check here; tools/bench_evict.py measures the 1.25x target).
+    assert run["peak_with_inflight_ratio"] <= 2.0, run["peak_with_inflight_ratio"]
