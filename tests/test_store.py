@@ -1010,10 +1010,10 @@ def test_clean_tmp_removes_what_dead_writers_left(store: Store) -> None:
     fresh.mkdir()  # a live writer's entry being written: held by it (here, by this test)
     held = os.open(fresh, os.O_RDONLY | os.O_DIRECTORY)
     assert fs.hold(held)
-    assert store.put("triton", "k", {"a.bin": b"a"}).paths  # this process's own served folder
+    scratch = store.scratch_dir()  # this process's own private folder
     assert store.clean_tmp() == 2
     assert not dead.exists() and not live.exists() and fresh.exists()
-    assert any(p.name.startswith("served.") for p in store.tmp.iterdir())
+    assert any(p.name.startswith("scratch.") for p in store.tmp.iterdir()) and os.path.isdir(scratch)
     os.close(held)  # its writer died: it goes at the next clean-up
     assert store.clean_tmp() == 1 and not fresh.exists()
 

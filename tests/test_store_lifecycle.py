@@ -253,15 +253,15 @@ def test_served_bytes_are_the_verified_ones_even_if_replaced_in_between(tmp_path
     a = Store.open(root)
     other = Store.open(root)
     a.put("triton", "k", {"a.bin": b"1" * 4096})
-    real_serve = a._served_files.serve
+    real_serve = a._served_files.serve_held
 
-    def serve_after_a_swap(hit, fds=None):  # noqa: ANN001, ANN202
+    def serve_after_a_swap(hit, fds=None, dfd=None):  # noqa: ANN001, ANN202
         assert other.replace("triton", "k", {"a.bin": b"2" * 4096}) is not None
-        return real_serve(hit, fds)
+        return real_serve(hit, fds, dfd)
 
-    a._served_files.serve = serve_after_a_swap  # type: ignore[method-assign]
+    a._served_files.serve_held = serve_after_a_swap  # type: ignore[method-assign]
     hit = a.get("triton", "k", files=True)
-    a._served_files.serve = real_serve  # type: ignore[method-assign]
+    a._served_files.serve_held = real_serve  # type: ignore[method-assign]
     assert hit is not None and hit.read("a.bin") == b"1" * 4096
     assert Path(hit.paths["a.bin"]).read_bytes() == b"1" * 4096
     fresh = a.get("triton", "k", files=True)
@@ -281,6 +281,7 @@ def test_a_hit_whose_files_cannot_be_made_is_a_miss(tmp_path: Path, monkeypatch,
 
     monkeypatch.setattr(served_mod.os, "link", full)
     monkeypatch.setattr(served_mod.fs, "write_new_at", full)
+    monkeypatch.setattr(served_mod.Served, "_pin", lambda *a: None)  # no entry folder to hold either
     assert s.get("triton", "k", files=True) is None
     assert s.counts.process_totals()["triton"]["errors"] == 1
     assert any("cannot make the files" in w for w in kcache_warnings), kcache_warnings

@@ -14,10 +14,11 @@ pause), and after every put looks up a random key put before by any writer, chec
 
 Sampled every ``--sample-ms`` (default 100 ms) by walking the store (each inode once):
 
-* committed: ``entries/`` and ``trash/`` (what the bound counts, plus what is being deleted);
+* committed: ``entries/`` (what the bound counts);
 * in flight: entries being written in ``tmp/`` (at most one per live writer);
-* private: the writers' served and scratch folders in ``tmp/`` (a process's own files, gone
-  when it exits; reported, not bounded).
+* held: removed entries still in ``trash/`` (a live process was handed their files: they go
+  when it lets go, or are being deleted right now) and the writers' private served and scratch
+  folders in ``tmp/``: files of live processes, gone when they exit; reported, not bounded.
 
 Reported (median over ``--repeats``, each run a fresh store): the peak of committed bytes and of
 committed plus in-flight bytes over the bound; committed bytes over the bound when the last
@@ -138,10 +139,10 @@ def writer_main(a: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------------------------- sampler
 def measure(root: Path) -> dict[str, int]:
-    """Bytes under the store, each inode once: committed (entries/, trash/), in flight (entries
-    being written in tmp/) and private (served and scratch folders in tmp/)."""
+    """Bytes under the store, each inode once: committed (entries/), in flight (entries being
+    written in tmp/) and held (trash/, and the served and scratch folders in tmp/)."""
     seen: set[tuple[int, int]] = set()
-    out = {"committed": 0, "inflight": 0, "private": 0}
+    out = {"committed": 0, "inflight": 0, "held": 0}
 
     def walk(path: str, what: str) -> None:
         try:
@@ -157,7 +158,7 @@ def measure(root: Path) -> dict[str, int]:
                 if e.is_dir(follow_symlinks=False):
                     kind = what
                     if what == "tmp":
-                        kind = "private" if e.name.startswith(("served.", "scratch.")) else "inflight"
+                        kind = "held" if e.name.startswith(("served.", "scratch.")) else "inflight"
                     walk(e.path, kind)
                 elif e.is_file(follow_symlinks=False) and what != "tmp":
                     k = (st.st_dev, st.st_ino)
@@ -166,7 +167,7 @@ def measure(root: Path) -> dict[str, int]:
                         out[what] += st.st_size
 
     walk(str(root / "entries"), "committed")
-    walk(str(root / "trash"), "committed")
+    walk(str(root / "trash"), "held")
     walk(str(root / "tmp"), "tmp")
     return out
 
@@ -257,15 +258,15 @@ def run_once(work: Path, a: argparse.Namespace) -> dict[str, Any]:
         "peak_with_inflight_ratio": peak_all / bound,
         "peak_inflight_bytes": peak_inflight,
         "largest_entry_bytes": largest,
-        "peak_private_bytes": max((s["private"] for _, s in samples), default=0),
+        "peak_held_bytes": max((s["held"] for _, s in samples), default=0),
         "at_exit_ratio": after[0][1]["committed"] / bound if after else None,
         "after_1s_ratio": at(1.0) if after else None,
         "after_5s_ratio": after[-1][1]["committed"] / bound if after else None,
         "under_bound_after_exit_s": under_at,
         "peak_ok": peak_all <= allowance,
         "after_exit_ok": under_at is not None and under_at <= 5.0,
-        "trace": [[round(t, 3), x["committed"], x["inflight"], x["private"]] for t, x in samples]
-        + [[round(t_exit + t, 3), x["committed"], x["inflight"], x["private"]] for t, x in after],
+        "trace": [[round(t, 3), x["committed"], x["inflight"], x["held"]] for t, x in samples]
+        + [[round(t_exit + t, 3), x["committed"], x["inflight"], x["held"]] for t, x in after],
         "exit_at_s": round(t_exit, 3),
     }
 

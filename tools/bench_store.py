@@ -7,6 +7,12 @@ Measures (issue 7, point 8), all in one run so that the machine's state is share
   same plus reading the members' bytes back (what Triton does with the paths it gets), Triton's
   ``FileCacheManager`` (construct, ``get_group``, read every file: what ``triton.compile`` does on
   a hit) and, as the floor, plain ``open``/``read`` of the same member files;
+- the first hit of an entry in a process (``kcache first get+read``: its files are made for this
+  process then) next to its second (``kcache again get+read``), each beside FileCacheManager on
+  the same entry, on entries this process has not looked up before (page cache warm for both);
+- the first hit in a fresh process: a new interpreter that opens the store and gets one entry
+  with its files, against one that builds a FileCacheManager and gets one group (imports before
+  the clock, everything after: folders, threads);
 - put latency: ``Store.put`` of a group, FileCacheManager's ``put`` of each file plus
   ``put_group``, and plain writes of the same files into a new directory (no rename, no checks);
 - for Triton-shaped groups (6 files, about 4 KB) with 1,000, 10,000 and 100,000 entries in the
@@ -28,6 +34,7 @@ from __future__ import annotations
 import argparse
 import base64
 import concurrent.futures
+import contextlib
 import datetime
 import hashlib
 import importlib.metadata
@@ -268,6 +275,7 @@ class Bench:
             "kcache get+read": k_get_read,
             "FileCacheManager": f_get,
         }
+        first = self.first_hits(kroot, fcm, n, set(sample), hit_samples, names, f_get)
         for fn in hit_impls.values():  # warm-up pass: every variant reads warm page cache
             for i in sample:
                 fn(i)
@@ -334,8 +342,66 @@ class Bench:
             "hit_samples": len(sample),
             "put_samples": put_samples,
             "hit": summarise(hit_runs),
+            "first_hit": summarise(first),
             "put": summarise(put_runs),
         }
+
+    def first_hits(
+        self,
+        kroot: Path,
+        fcm: type,
+        n: int,
+        taken: set[int],
+        samples: int,
+        names: list[str],
+        f_get: Callable[[int], None],
+    ) -> dict[str, list[tuple[float, float]]]:
+        """The first and second hit (with the files Triton opens, read) of entries this process
+        never looked up, each next to FileCacheManager on the same entry (and the plain read, the
+        floor), through a store object of their own. Every entry's files are read once first
+        (page cache warm for both caches). Returns the runs' (p50, p99)."""
+        store = self.Store.open(kroot, max_size=1 << 50)
+
+        def k_get_read(i: int) -> None:
+            h = store.get(KIND, store_key(i), files=True)  # as Triton's manager asks
+            read_files(h.paths.values())
+
+        def plain(i: int) -> None:
+            d = store.entry_dir(store.entry_id(KIND, store_key(i)))
+            read_files([os.path.join(d, nm) for nm in names])
+
+        rng = random.Random(n + 1)
+        free = [i for i in range(n) if i not in taken]
+        rng.shuffle(free)
+        # (a process holds at most 192 entry folders, then makes private links: see served.py)
+        per = max(10, min(samples // 2, len(free) // self.runs, 150 // self.runs))
+        out: dict[str, list[tuple[float, float]]] = {
+            k: []
+            for k in ("kcache first get+read", "kcache again get+read", "FileCacheManager", "plain read")
+        }
+        for r in range(self.runs):
+            batch = free[r * per : (r + 1) * per]
+            if not batch:
+                break
+            for i in batch:  # the page cache, warm for both (no kcache lookup yet)
+                plain(i)
+                with contextlib.suppress(Exception):
+                    f_get(i)
+            times: dict[str, list[float]] = {k: [] for k in out}
+            for j, i in enumerate(batch):
+                order = order_rot(["first", "fcm", "plain"], j)
+                for what in order:
+                    if what == "first":
+                        times["kcache first get+read"].append(timed(lambda i=i: k_get_read(i)))
+                        times["kcache again get+read"].append(timed(lambda i=i: k_get_read(i)))
+                    elif what == "fcm":
+                        times["FileCacheManager"].append(timed(lambda i=i: f_get(i)))
+                    else:
+                        times["plain read"].append(timed(lambda i=i: plain(i)))
+            for k, xs in times.items():
+                out[k].append((pct(xs, 0.5), pct(xs, 0.99)))
+        store.close()
+        return out
 
     def admin_commands(self, label: str, n: int) -> None:
         from kcache.maintenance.stats import store_stats
@@ -383,6 +449,52 @@ class Bench:
         self.admin = out
 
 
+FRESH_CHILD = r"""
+import json, os, sys, time
+which, root, key, group_name, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5])
+import kcache.store  # imports before the clock: what a process with kcache loaded has
+from triton import knobs
+from triton.runtime.cache import FileCacheManager
+t = time.perf_counter()
+if which == "kcache":
+    st = kcache.store.Store.open(root, max_size=1 << 50)
+    h = st.get("triton", key, files=True)
+    paths = h.paths.values()
+else:
+    knobs.cache.dir = root
+    paths = FileCacheManager(key).get_group(group_name).values()
+for p in paths:
+    with open(p, "rb") as f:
+        f.read()
+print(json.dumps((time.perf_counter() - t) * 1e6))
+"""
+
+
+def fresh_process_first_hit(kroot: Path, froot: Path, n: int, reps: int) -> dict[str, Any]:
+    """The first hit of a fresh process: a new interpreter (imports done) opens the store and gets
+    one entry with its files, or builds a FileCacheManager and gets one group; alternating."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TRITON_"))}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    names = json.dumps([name for name, _ in SHAPE_4K])
+    rng = random.Random(7)
+    times: dict[str, list[float]] = {"kcache": [], "FileCacheManager": []}
+    for r in range(reps):
+        i = rng.randrange(n)
+        for which in order_rot(["kcache", "fcm"], r):
+            root, key = (str(kroot), store_key(i)) if which == "kcache" else (str(froot), triton_key(i))
+            p = subprocess.run(
+                [sys.executable, "-c", FRESH_CHILD, which, root, key, GROUP_NAME, names],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            if p.returncode != 0:
+                raise RuntimeError(f"fresh-process first hit ({which}): {p.stderr[-800:]}")
+            times["kcache" if which == "kcache" else "FileCacheManager"].append(float(p.stdout.split()[-1]))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"reps": reps, "median_us": med, "ratio": med["kcache"] / med["FileCacheManager"], "all_us": times}
+
+
 def order_rot(xs: list[str], j: int) -> list[str]:
     j %= len(xs)
     return xs[j:] + xs[:j]
@@ -407,7 +519,9 @@ def versions() -> dict[str, str]:
     return out
 
 
-def targets(results: list[dict[str, Any]], admin: dict[str, Any]) -> list[dict[str, Any]]:
+def targets(
+    results: list[dict[str, Any]], admin: dict[str, Any], fresh: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     out = []
 
     def add(name: str, value: float, limit: float, unit: str = "x") -> None:
@@ -421,6 +535,19 @@ def targets(results: list[dict[str, Any]], admin: dict[str, Any]) -> list[dict[s
         tag = f"{r['group']} @ {r['entries']}"
         add(f"hit p50 / plain read ({tag})", h["kcache get"]["p50"] / h["plain read"]["p50"], 1.5)
         add(f"hit p50 / FileCacheManager ({tag})", h["kcache get"]["p50"] / h["FileCacheManager"]["p50"], 1.0)
+        f = r.get("first_hit")
+        if f and f["FileCacheManager"]["p50"]:
+            fcm = f["FileCacheManager"]["p50"]
+            add(
+                f"first hit with files p50 / FileCacheManager ({tag})",
+                f["kcache first get+read"]["p50"] / fcm,
+                1.2,
+            )
+            add(
+                f"second hit with files p50 / FileCacheManager ({tag})",
+                f["kcache again get+read"]["p50"] / fcm,
+                1.0,
+            )
     for r in results:
         if r["group"] == "100KB":
             add(
@@ -441,6 +568,8 @@ def targets(results: list[dict[str, Any]], admin: dict[str, Any]) -> list[dict[s
             b["put"]["kcache put"]["p50"] / a["put"]["kcache put"]["p50"],
             1.5,
         )
+    if fresh:
+        add("first hit of a fresh process / FileCacheManager's", fresh["ratio"], 2.0)
     for k in ("cli_stats_s", "cli_inspect_s", "store_stats_s", "index_rows50_s"):
         if k in admin:
             add(f"{k} at {admin['entries']} entries", admin[k], 2.0, "s")
@@ -449,15 +578,18 @@ def targets(results: list[dict[str, Any]], admin: dict[str, Any]) -> list[dict[s
 
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
-        f"{'group':>6} {'entries':>8} | {'op':4} {'implementation':18} | {'p50 us':>9} {'p99 us':>9} | {'vs floor':>8}",
-        "-" * 78,
+        f"{'group':>6} {'entries':>8} | {'op':5} {'implementation':21} | {'p50 us':>9} {'p99 us':>9} | {'vs floor':>8}",
+        "-" * 82,
     ]
     for r in results:
-        for op, floor in (("hit", "plain read"), ("put", "plain write")):
+        for op, floor in (("hit", "plain read"), ("first_hit", "plain read"), ("put", "plain write")):
+            if op not in r:
+                continue
             base = r[op][floor]["p50"]
+            tag = {"first_hit": "first"}.get(op, op)
             for impl, v in r[op].items():
                 lines.append(
-                    f"{r['group']:>6} {r['entries']:>8} | {op:4} {impl:18} | {v['p50']:9.1f} {v['p99']:9.1f} | "
+                    f"{r['group']:>6} {r['entries']:>8} | {tag:5} {impl:21} | {v['p50']:9.1f} {v['p99']:9.1f} | "
                     f"{v['p50'] / base:7.2f}x"
                 )
         lines.append("")
@@ -504,6 +636,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         log(f"kcache store benchmark in {work} ({os.cpu_count()} CPUs, runs={args.runs})")
         b.dataset("4KB", 4096, sizes, hit_s, put_s)
+        fresh = fresh_process_first_hit(
+            b.work / "kcache-4KB", b.work / "fcm-4KB", sizes[0], 9 if args.quick else 21
+        )
+        log(
+            f"  fresh process, first hit: kcache {fresh['median_us']['kcache']:.0f} us, FileCacheManager "
+            f"{fresh['median_us']['FileCacheManager']:.0f} us ({fresh['ratio']:.2f}x)"
+        )
         b.admin_commands("4KB", sizes[-1])
         log(
             f"  admin at {sizes[-1]} entries: "
@@ -520,8 +659,9 @@ def main(argv: list[str] | None = None) -> int:
             "wall_s": round(time.time() - started, 1),
             "fill": b.fill_rates,
             "results": b.results,
+            "fresh_process_first_hit": fresh,
             "admin": b.admin,
-            "targets": targets(b.results, b.admin),
+            "targets": targets(b.results, b.admin, fresh),
         }
         # Results first: removing a few hundred thousand files can take minutes.
         if args.json:

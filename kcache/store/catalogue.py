@@ -255,10 +255,7 @@ class CatalogueMixin:
                     self._evictor.run()
                 self.flush()
                 if self._trash_left:
-                    self._trash_left = False
-                    trfd = self._fd("trash")
-                    if trfd is not None:
-                        sweep(trfd, T.FLUSH_EVERY_S / 2)
+                    self.sweep_trash()
                 if time.monotonic() >= self._next_reconcile:
                     self._next_reconcile = time.monotonic() + T.RECONCILE_CHECK_S
                     self.reconcile()
@@ -318,6 +315,7 @@ class CatalogueMixin:
             self._index_off_until = 0.0  # at exit and on request: one more try, bounded by the timeout
         with self._lock:
             touches, self._touches = self._touches, {}
+            self._touch_since = 0.0
             recs, self._touched_records = self._touched_records, {}
             misses, self._misses = self._misses, []
             pending, self._pending = self._pending, {}
@@ -360,6 +358,23 @@ class CatalogueMixin:
                         self._dropped.add(ident)
 
     # ------------------------------------------------------------------ eviction
+    def sweep_trash(self, budget_s: float | None = None, *, closing: bool = False) -> None:
+        """What removals left in ``trash/``: empty folders (evictions leave them for later), and,
+        at most every :data:`~.tunables.HELD_SWEEP_S`, folders that a process held and no longer
+        does. Never raises."""
+        trfd = self._fd("trash")
+        if trfd is None or self.readonly or (self._closed and not closing):
+            return
+        now = time.monotonic()
+        held = now - self._trash_swept >= T.HELD_SWEEP_S
+        if held:
+            self._trash_swept = now
+        try:
+            sweep(trfd, T.FLUSH_EVERY_S / 2 if budget_s is None else budget_s, held=held)
+            self._trash_left = bool(os.listdir(trfd))
+        except OSError:
+            pass
+
     def evict(self, target: int | None = None) -> tuple[int, int]:
         """Remove least recently used entries until the store holds at most ``target`` bytes
         (default 90% of the bound), then write the index (see :mod:`.eviction`). One process

@@ -97,10 +97,42 @@ def _files(parent: int, name: str, *, unlink: bool) -> tuple[int, bool]:
     return total, empty
 
 
-def sweep(trash_fd: int, budget_s: float) -> int:
-    """Remove the empty folders that removals left in ``trash/`` (see :func:`empty_folder`), for
-    at most ``budget_s`` seconds. A folder still being emptied by another process is not empty:
-    left for later. Returns how many went."""
+def drop_trash(trash_fd: int, name: str, *, keep_empty: bool = False) -> int | None:
+    """Delete what the folder ``name`` in ``trash/`` holds unless a process holds it (see
+    :mod:`.served`): its files, then itself (unless ``keep_empty``: :func:`sweep` removes it
+    later), following no link. The bytes deleted, or None when it is held (left whole). (The
+    store's size count dropped the entry when it was moved here.)"""
+    try:
+        hfd = os.open(name, fs.O_DIR, dir_fd=trash_fd)
+    except OSError:  # not a folder (a link, a file): removed as it is, never followed
+        fs.rmtree_at(trash_fd, name)
+        return 0
+    try:
+        try:
+            # Held against any holder until emptied: one that comes late finds it taken and
+            # serves private links instead.
+            fcntl.flock(hfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
+        except OSError:
+            pass  # no locks here (no holders either: see served.py)
+        freed, empty = empty_folder(trash_fd, name)
+        if not empty:  # not an entry's shape (a folder inside): removed whole
+            freed += folder_bytes(trash_fd, name)
+            fs.rmtree_at(trash_fd, name)
+        elif not keep_empty:
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=trash_fd)
+    finally:
+        os.close(hfd)
+    return freed
+
+
+def sweep(trash_fd: int, budget_s: float, held: bool = False) -> int:
+    """Remove the empty folders that evictions left in ``trash/`` (see :func:`empty_folder`),
+    for at most ``budget_s`` seconds; with ``held``, also folders that were held and are no
+    longer. A folder still being emptied by another process, or still held, is left for later.
+    Returns how many went."""
     end = time.monotonic() + budget_s
     n = 0
     try:
@@ -113,8 +145,11 @@ def sweep(trash_fd: int, budget_s: float) -> int:
         try:
             os.rmdir(name, dir_fd=trash_fd)
             n += 1
+            continue
         except OSError:
             pass
+        if held and drop_trash(trash_fd, name) is not None:
+            n += 1
     return n
 
 
@@ -164,6 +199,8 @@ class Usage:
             return None
         try:
             fd = os.open(USAGE_NAME, os.O_RDWR | os.O_CREAT | fs.O_NOFOLLOW | fs.O_CLOEXEC, 0o600, dir_fd=lfd)
+        except FileNotFoundError:
+            return None  # the store's folder was removed under this process: nothing to count
         except OSError as e:
             self._broken = True
             warn_once("usage", f"cannot keep count of the store's size ({e}); its size bound is not kept")
@@ -250,6 +287,16 @@ class Usage:
                 logger.debug("usage: %s", e)
                 return None
             return total if counted else None
+
+    def flush(self, wait_s: float = 1.0) -> None:
+        """Add what busy counts carried (at exit, and at the flush thread's turns): waits for
+        the count at most ``wait_s`` seconds."""
+        end = time.monotonic() + wait_s
+        while self._carry:
+            self.add(0)
+            if not self._carry or time.monotonic() > end:
+                return
+            time.sleep(0.001)
 
     def read(self) -> tuple[int, bool] | None:
         """(bytes, counted), or None when it cannot be read now."""
@@ -385,6 +432,7 @@ class Evictor:
     # ------------------------------------------------------------------ the flush thread
     def due(self) -> bool:
         """Whether :meth:`run` has work: the store past its bound, or not counted yet."""
+        self.usage.flush(0.0)
         r = self.usage.read()
         return r is not None and (not r[1] or r[0] > self.store.max_size)
 
@@ -443,6 +491,7 @@ class Evictor:
     def at_exit(self) -> None:
         """A process ending with the store past its bound brings it under (bounded time)."""
         st = self.store
+        self.usage.flush(min(1.0, T.EXIT_EVICT_S / 2))  # bytes a busy count carried, not lost
         total = self.usage.total()
         if total is None or total <= st.max_size:
             return

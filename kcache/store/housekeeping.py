@@ -14,6 +14,7 @@ from ..kinds import valid_id
 from . import fs
 from . import tunables as T
 from .errors import CorruptEntry, RefusedEntry
+from .eviction import drop_trash
 from .records import RECORD_NAME, Record
 
 
@@ -117,8 +118,9 @@ class HousekeepingMixin:
         return fs.rmtree_at(efd, shard)
 
     def clean_tmp(self, min_age: float = T.STALE_TMP_S) -> int:
-        """Remove what dead writers left in ``tmp/`` and everything in ``trash/``. Follows no link:
-        a link in there is removed, not followed.
+        """Remove what dead writers left in ``tmp/``, and what is in ``trash/`` unless a live
+        process holds it (a removed entry whose files it handed out). Follows no link: a link in
+        there is removed, not followed.
 
         A folder in ``tmp/`` (an entry being written, a process's private scratch or served
         folder) is removed only when nobody holds it: every live writer and process keeps a
@@ -141,8 +143,13 @@ class HousekeepingMixin:
                 continue
             for name in names:
                 if sub == "trash":
-                    fs.rmtree_at(dfd, name)
-                    n += 1
+                    # A removed entry's folder that a live process holds (it handed out its
+                    # files, see .served) stays until nobody does; anything else goes.
+                    if self.network_fs:
+                        fs.rmtree_at(dfd, name)
+                        n += 1
+                    elif drop_trash(dfd, name) is not None:
+                        n += 1
                     continue
                 try:
                     st = os.stat(name, dir_fd=dfd, follow_symlinks=False)

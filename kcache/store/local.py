@@ -71,7 +71,7 @@ from . import tunables as T
 from .catalogue import CatalogueMixin
 from .conf import read_at as read_conf
 from .errors import CorruptEntry, RefusedEntry, StoreError
-from .eviction import Evictor, empty_folder, entry_bytes, folder_bytes
+from .eviction import Evictor, drop_trash, entry_bytes, folder_bytes
 from .housekeeping import HousekeepingMixin
 from .index import Index
 from .locks import Lock
@@ -92,7 +92,7 @@ class Hit:
     files holding them, with the members' own names (Triton reads a file's type from its suffix),
     that stay as they are for the life of this process."""
 
-    __slots__ = ("record", "_blobs", "_store", "_paths", "_paths_pid", "mtime", "_inos")
+    __slots__ = ("record", "_blobs", "_store", "_paths", "_paths_pid", "mtime", "_inos", "_pin")
 
     def __init__(
         self,
@@ -109,6 +109,8 @@ class Hit:
         self._paths: dict[str, str] | None = None
         self._paths_pid = os.getpid()
         self.mtime = mtime
+        #: The held entry folder its paths name (see :mod:`.served`), or None.
+        self._pin: int | None = None
 
     def __repr__(self) -> str:
         return f"Hit({self.record!r})"
@@ -129,7 +131,7 @@ class Hit:
             # (A forked child's own: its parent's name the parent's descriptors.)
             if self._store is None:
                 raise OSError("no store to serve files from")
-            self._paths = self._store._served_files.serve(self)
+            self._paths, self._pin = self._store._served_files.serve_held(self)
             self._paths_pid = os.getpid()
         return self._paths
 
@@ -185,6 +187,9 @@ class Store(CatalogueMixin, HousekeepingMixin):
         self._index_off_until = 0.0
         self._busy_count = 0
         self._touches: dict[str, tuple[float, int]] = {}
+        self._touch_since = 0.0  # monotonic: when the oldest last use not yet written was noted
+        # (kind, key) -> a verified hit whose entry folder this process holds (see _memo_get)
+        self._memo: dict[tuple[str, str], _Held] = {}
         self._touched_records: dict[str, Record] = {}
         self._misses: list[tuple[float, str, str, dict[str, Any]]] = []
         self._pending: dict[str, tuple[Record, float | None]] = {}
@@ -192,7 +197,8 @@ class Store(CatalogueMixin, HousekeepingMixin):
         self._flusher_pid: int | None = None
         self._wake = threading.Event()  # set: the flush thread's turn now (the store is past its bound)
         self._dropped: set[str] = set()  # rows of entries removed here, for the next flush to drop
-        self._trash_left = False  # removals left empty folders in trash/ (see eviction.sweep)
+        self._trash_left = False  # removals left folders in trash/ (see eviction.sweep)
+        self._trash_swept = -1e9  # monotonic: when held folders in trash/ were last tried
         self._next_reconcile = 0.0  # monotonic; the flush thread's first turn asks the index
         self._closed = False
         self._clock_fd: int | None = None
@@ -369,6 +375,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
             if tfd is not None and not nfs:  # a network filesystem's locks may be per node
                 for prefix in ("served.", "scratch."):
                     clean_dead(tfd, prefix)
+                store._trash_left = True  # what removals left there: the flush thread's first turn
         atexit.register(store.close)  # read-only too: its private folders go at exit
         return store
 
@@ -485,14 +492,19 @@ class Store(CatalogueMixin, HousekeepingMixin):
                 logger.debug("eviction at exit: %s", e)
         self.flush(force=True)
         self._closed = True
-        self._evictor.usage.close()
         with self._index_lock, self._lock:
             if self._index is not None and self._index_pid == os.getpid():
                 with contextlib.suppress(Exception):
                     self._index.close()
             self._index = None
+        self._memo.clear()
         with contextlib.suppress(Exception):
-            self._served_files.close()
+            self._served_files.close()  # lets go of the entry folders this process held
+        if not self.readonly:  # what those holds kept in trash/ goes now, if nobody else holds it
+            self._trash_swept = -1e9
+            with contextlib.suppress(Exception):
+                self.sweep_trash(0.5, closing=True)
+        self._evictor.usage.close()
         for fd in [self._clock_fd, *self._fds.values()]:
             if fd is not None:
                 with contextlib.suppress(OSError):
@@ -686,9 +698,11 @@ class Store(CatalogueMixin, HousekeepingMixin):
             hit = Hit(rec, blobs, self, mtime, inos)
             if serve:
                 try:
-                    hit._paths = self._served_files.serve(hit, mfds)
+                    hit._paths, hit._pin = self._served_files.serve_held(hit, mfds, dfd)
                 except OSError as e:
                     raise _ServeFailed(str(e) or type(e).__name__) from None
+                if hit._pin is not None and kind is not None and key is not None:
+                    self._memo_put(kind, key, hit, _sig(os.fstat(rfd)))
             return hit
         finally:
             os.close(rfd)
@@ -724,8 +738,14 @@ class Store(CatalogueMixin, HousekeepingMixin):
 
         ``files``: the caller will use :attr:`Hit.paths`; they are made now, from the very files
         just verified (cheaper than later, and a hit whose files cannot be made is a miss)."""
+        hit = self._memo_get(kind, key) if files and self._memo else None
+        if hit is not None:
+            if count:
+                self.counts.add(kind, hits=1, saved_s=hit.record.compile_s)
+                if self.hits_are_use:
+                    self._note_use(hit.record)
+            return hit
         ident = self.entry_id(kind, key)
-        hit = None
         try:
             hit = self._read(ident, kind, key, touch=count and self.hits_are_use, serve=files)
         except CorruptEntry as e:
@@ -772,6 +792,44 @@ class Store(CatalogueMixin, HousekeepingMixin):
                     self._misses.append((self.now(), kind, key, comps))
             self._maybe_flush()
         return None
+
+    # ------------------------------------------------------------------ the memo of held hits
+    def _memo_put(self, kind: str, key: str, hit: Hit, rsig: tuple[int, ...]) -> None:
+        """Remember a verified hit whose entry folder this process holds, so that its next
+        lookup in this process reads no file again (see :meth:`_memo_get`)."""
+        held = _Held(hit, rsig)
+        with self._lock:
+            memo = self._memo
+            memo.pop((kind, key), None)
+            if len(memo) >= _MEMO_MAX:
+                memo.pop(next(iter(memo)), None)
+            memo[(kind, key)] = held
+
+    def _memo_get(self, kind: str, key: str) -> Hit | None:
+        """The hit of (kind, key) verified earlier in this process, if its entry is still the
+        one verified: its record file the same (by inode, size and times: not removed, replaced,
+        nor due a refresh of its last use). Nothing is read again: the files it names are the
+        ones verified, in the entry folder this process holds (an entry's files are never
+        written once it is committed: kcache writes only new files, and a removal or a
+        replacement renames the folder away). None otherwise: a full lookup."""
+        m = self._memo.get((kind, key))
+        efd = self._fd("entries")
+        if m is None or efd is None:
+            return None
+        try:
+            st = os.stat(m.record_path, dir_fd=efd, follow_symlinks=False)
+        except OSError:
+            st = None
+        if (
+            st is None
+            or (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) != m.rsig
+            or abs(self.now() - st.st_mtime) > T.TOUCH_EVERY_S
+        ):
+            self._memo.pop((kind, key), None)
+            return None
+        hit = Hit(m.record, _HeldBlobs(m.pin, m.files), self, st.st_mtime, m.inos)
+        hit._paths, hit._pin = dict(m.paths), m.pin
+        return hit
 
     def _remote_fetch(self, kind: str, key: str, ident: str) -> Hit | None:
         """--- shared tier (issue 15): a local miss asks the tier. Never raises."""
@@ -831,7 +889,13 @@ class Store(CatalogueMixin, HousekeepingMixin):
             _, n = self._touches.get(rec.id, (0.0, 0))
             self._touches[rec.id] = (self.now(), n + 1)
             self._touched_records[rec.id] = rec
-        self._maybe_flush()
+            if not self._touch_since:
+                self._touch_since = time.monotonic()
+        # The flush thread writes last uses at most once a second (and the store at exit): a hit
+        # does not start it, a hit a second after the first unwritten one does. (A process's
+        # first hits pay no thread start; a put or a miss starts it at once.)
+        if self._flusher_pid != os.getpid() and time.monotonic() - self._touch_since >= T.FLUSH_EVERY_S:
+            self._maybe_flush()
 
     def _on_corrupt(self, ident: str, kind: str, why: str, rid: tuple[int, ...] | None) -> None:
         if rid is not None:
@@ -1055,9 +1119,12 @@ class Store(CatalogueMixin, HousekeepingMixin):
     def _remove_entry(self, ident: str, *, later: bool = False) -> int | None:
         """Move an entry's folder to trash (atomically: of several removers, one wins), delete
         its files and count their bytes off the store's size, then the folder, following no
-        link. ``later`` (eviction): the empty folder goes at the flush thread's next turn
-        (:func:`.eviction.sweep`: removing a folder can cost milliseconds). The bytes freed, or
-        None when it was not there (or not a folder of ours)."""
+        link. A folder a process holds (its files handed out, see :mod:`.served`) stays whole in
+        ``trash/`` until nobody does (its bytes are off the store's count at once: they are
+        that process's until it lets go). ``later`` (eviction): the empty folder
+        goes at the flush thread's next turn (:func:`.eviction.sweep`: removing a folder can cost
+        milliseconds). The bytes freed, or None when it was not there (or not a folder of
+        ours)."""
         efd, trfd = self._fd("entries"), self._fd("trash")
         if efd is None or trfd is None or not valid_id(ident):
             return None  # not a path of ours (a crafted index row): only its row goes
@@ -1072,16 +1139,12 @@ class Store(CatalogueMixin, HousekeepingMixin):
             os.rename(f"{ident[:2]}/{ident}", t, src_dir_fd=efd, dst_dir_fd=trfd)
         except OSError:
             return None
-        freed, empty = empty_folder(trfd, t)
-        if not empty:  # not an entry's shape (a folder inside): removed whole, following no link
-            freed += folder_bytes(trfd, t)
-            fs.rmtree_at(trfd, t)
-        elif later:
-            self._trash_left = True
-        else:
-            with contextlib.suppress(OSError):
-                os.rmdir(t, dir_fd=trfd)
+        # Off the store's size now, held or not: what live processes were handed is theirs
+        # (gone when they are), not the store's.
+        freed = folder_bytes(trfd, t)
         self._evictor.usage.add(-freed)
+        if drop_trash(trfd, t, keep_empty=later) is None or later:
+            self._trash_left = True  # held (its files were handed out): it goes when let go
         with self._lock:
             self._pending.pop(ident, None)  # its row, not yet written, is not written
             self._touches.pop(ident, None)  # nor its last use: that would write the row again
@@ -1226,6 +1289,44 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(
         before=_before_fork, after_in_parent=_after_fork_parent, after_in_child=_after_fork_child
     )
+
+
+_MEMO_MAX = 4096  # verified hits remembered per store and process
+
+
+def _sig(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What changes when a file is replaced or written: its inode, size and times."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class _Held:
+    """What the memo keeps of a verified hit whose entry folder this process holds."""
+
+    __slots__ = ("record", "paths", "pin", "rsig", "inos", "files", "record_path")
+
+    def __init__(self, hit: Hit, rsig: tuple[int, ...]) -> None:
+        rec = hit.record
+        self.record, self.paths, self.pin, self.rsig = rec, dict(hit._paths or {}), hit._pin, rsig
+        self.inos, self.files = dict(hit._inos), {f.name: f for f in rec.files}
+        self.record_path = f"{rec.id[:2]}/{rec.id}/{RECORD_NAME}"
+
+
+class _HeldBlobs(dict):  # type: ignore[type-arg]
+    """A remembered hit's bytes, read again from its held entry folder when asked (and checked
+    against the record as they are read): the memo holds no file's bytes."""
+
+    __slots__ = ("_pin", "_files")
+
+    def __init__(self, pin: int, files: dict[str, Any]) -> None:
+        super().__init__()
+        self._pin, self._files = pin, files
+
+    def __missing__(self, name: str) -> bytes:
+        f = self._files[name]
+        data, _st = fs.read_at(self._pin, name, f.size)
+        if len(data) != f.size or not f.check(data):
+            raise OSError(errno.EIO, f"member {name} changed since it was verified")
+        return data
 
 
 def _sha256(data: bytes) -> Any:

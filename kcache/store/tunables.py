@@ -7,6 +7,7 @@ HELP_OVER = 1.1  # past this share of its bound, a put frees about its own size 
 EXIT_EVICT_S = 2.0  # a process ending with the store past its bound evicts for at most this long
 FIRST_USE_S = 2.0  # a protected entry whose record's mtime is this close to its creation is unused
 RECOUNT_EVERY_S = 60.0  # at most this often, a recount when eviction finds nothing left to remove
+HELD_SWEEP_S = 30.0  # folders in trash/ that a process held are tried again this often
 TOUCH_EVERY_S = 60.0  # a hit refreshes the record's mtime at most this often
 FLUSH_EVERY_S = 1.0  # batched index writes (last use, counters, misses, new rows) at most this often
 INDEX_BACKOFF_S = 5.0  # after an index failure, leave the index alone this long

@@ -1,9 +1,17 @@
 """Named components of Triton's cache key, so that ``kcache explain`` can say what changed.
 
 Triton hands a cache manager only the hash of its key. ``triton.compile`` builds that key with
-``get_cache_key(src, backend, options, env_vars)``; wrapping it (same arguments, same result)
-lets kcache remember, per hash, the parts it was made of: kernel name, source hash, backend
-(target arch and ptxas), options and the cache-invalidating environment.
+``get_cache_key(src, backend, options, env_vars)``, hashes it and builds the manager at once, on
+the same thread. Wrapping ``get_cache_key`` (same arguments, same result) lets kcache keep what
+the key was made of for the manager that comes next: kernel name, source hash, backend (target
+arch and ptxas), options and the cache-invalidating environment.
+
+Nothing is computed on the way to a hit: the wrapper only keeps its arguments (a thread-local
+reference, well under a microsecond; it hashed the key, the source and the backend again at
+every compile before, tens of microseconds), and the manager asks for the components only when
+it needs them: on a miss (the miss log, the record of a new entry) and for the compile's target
+(checked against a served group's). Whether they belong to the manager's key is checked then,
+by hashing the key text as Triton does: arguments kept for another key are never used.
 """
 
 from __future__ import annotations
@@ -11,14 +19,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import threading
-from collections import OrderedDict
 from typing import Any
 
 from .. import fingerprint
 
-_lock = threading.Lock()
-_by_key: OrderedDict[str, dict[str, Any]] = OrderedDict()
-_MAX = 4096
+_local = threading.local()
 _installed = False
 
 
@@ -30,7 +35,40 @@ def _short(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def remember(key_text: str, src: Any, backend: Any, options: Any, env_vars: Any) -> None:
+class Origin:
+    """What one ``get_cache_key`` call was given; the components are made from it on demand."""
+
+    __slots__ = ("key_text", "src", "backend", "options", "env_vars", "_key", "_comps")
+
+    def __init__(self, key_text: str, src: Any, backend: Any, options: Any, env_vars: Any) -> None:
+        self.key_text, self.src, self.backend, self.options, self.env_vars = (
+            key_text,
+            src,
+            backend,
+            options,
+            env_vars,
+        )
+        self._key: str | None = None
+        self._comps: dict[str, Any] | None = None
+
+    def matches(self, key: str) -> bool:
+        """Whether this is the key a manager was built for (Triton's hash of the key text, as
+        ``get_cache_manager`` names it: base32 of the sha256 hex digest)."""
+        if self._key is None:
+            self._key = _base32(hashlib.sha256(self.key_text.encode("utf-8")).hexdigest())
+        return self._key == key
+
+    def target(self) -> str | None:
+        t = getattr(self.backend, "target", None)
+        return f"{getattr(t, 'backend', '?')}:{getattr(t, 'arch', '?')}" if t is not None else None
+
+    def components(self) -> dict[str, Any]:
+        if self._comps is None:
+            self._comps = _components(self.src, self.backend, self.options, self.env_vars)
+        return self._comps
+
+
+def _components(src: Any, backend: Any, options: Any, env_vars: Any) -> dict[str, Any]:
     comps: dict[str, Any] = {}
     try:
         comps["kernel"] = getattr(src, "name", None)
@@ -49,21 +87,34 @@ def remember(key_text: str, src: Any, backend: Any, options: Any, env_vars: Any)
             comps[f"env.{k}"] = v
     except Exception:
         pass
-    h = _base32(hashlib.sha256(key_text.encode("utf-8")).hexdigest())
-    with _lock:
-        _by_key[h] = comps
-        while len(_by_key) > _MAX:
-            _by_key.popitem(last=False)
+    return comps
 
 
-def components_for(key: str, filename: str) -> dict[str, Any]:
+def remember(key_text: str, src: Any, backend: Any, options: Any, env_vars: Any) -> None:
+    """Keep what the ``get_cache_key`` call on this thread was given, for the next manager."""
+    _local.last = Origin(key_text, src, backend, options, env_vars)
+
+
+def take() -> Origin | None:
+    """What the last ``get_cache_key`` on this thread was given (once: the manager built right
+    after it takes it), or None."""
+    o = getattr(_local, "last", None)
+    _local.last = None
+    return o
+
+
+def components_for(key: str, filename: str, origin: Origin | None = None) -> dict[str, Any]:
     """What kcache knows of the parts of Triton key ``key`` (plus library identity)."""
-    with _lock:
-        comps = dict(_by_key.get(key, {}))
+    comps = dict(origin.components()) if origin is not None and origin.matches(key) else {}
     comps.setdefault("kernel", filename.split(".")[0])
     comps["triton_version"] = fingerprint.current("triton_version")
     comps["python_abi"] = fingerprint.current("python_abi")
     return comps
+
+
+def target_for(key: str, origin: Origin | None) -> str | None:
+    """The target (``"cuda:90"``) of the compile that built key ``key``, when known."""
+    return origin.target() if origin is not None and origin.matches(key) else None
 
 
 def install_component_capture() -> None:
@@ -79,10 +130,7 @@ def install_component_capture() -> None:
 
     def get_cache_key(src: Any, backend: Any, backend_options: Any, env_vars: Any) -> str:
         key = orig(src, backend, backend_options, env_vars)
-        try:
-            remember(key, src, backend, backend_options, env_vars)
-        except Exception:
-            pass
+        _local.last = Origin(key, src, backend, backend_options, env_vars)
         return key
 
     get_cache_key._kcache_wrapped = True  # type: ignore[attr-defined]

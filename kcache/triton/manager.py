@@ -40,6 +40,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ from .. import active_store
 from ..log import logger, warn_once
 from ..store import Store
 from . import groupcheck, tunecheck
-from .components import components_for
+from .components import components_for, take, target_for
 from .kinds import KIND_AUTOTUNE, KIND_AUX, KIND_GROUP, kind_of, store_key
 
 __all__ = ["KIND_AUTOTUNE", "KIND_AUX", "KIND_GROUP", "KcacheCacheManager", "kind_of"]
@@ -183,6 +184,9 @@ class KcacheCacheManager(CacheManager):
         if override or dump:
             self._file = FileCacheManager(key, override=override, dump=dump)
             return
+        # What the get_cache_key call just before (this compile's, on this thread) was given:
+        # the key's components, made only if needed (a miss) and only if they are this key's.
+        self._origin = take()
         self._store = active_store()
         if self._store is None and not _enable_tried:
             _try_enable()
@@ -200,14 +204,18 @@ class KcacheCacheManager(CacheManager):
             self._dir = d
         return self._dir
 
-    def _key_and_components(self, filename: str, kind: str) -> tuple[str, dict[str, Any]]:
-        """The store key of a file Triton puts on its own, and its named components (the GPU
-        model too for autotune results, asked once for both)."""
-        comps = components_for(self.key, filename)
-        gpu = None
-        if kind == KIND_AUTOTUNE:
-            gpu = comps["gpu_name"] = _gpu_model()
-        return store_key(self.key, filename, gpu), comps
+    def _key_and_gpu(self, filename: str, kind: str) -> tuple[str, str | None]:
+        """The store key of a file Triton puts on its own (autotune results: also by the model
+        of the GPU that measured them, asked once for the key and the components)."""
+        gpu = _gpu_model() if kind == KIND_AUTOTUNE else None
+        return store_key(self.key, filename, gpu), gpu
+
+    def _components(self, filename: str, gpu: str | None = None) -> dict[str, Any]:
+        """The named components of this manager's key (made only when needed: misses, puts)."""
+        comps = components_for(self.key, filename, self._origin)
+        if gpu is not None:
+            comps["gpu_name"] = gpu
+        return comps
 
     def _write_scratch(self, data: bytes, filename: str) -> str:
         try:
@@ -253,8 +261,8 @@ class KcacheCacheManager(CacheManager):
             _untrusted_store(self._store)
             return None  # host code only from a store that passed every check: rebuilt here
         try:
-            skey, comps = self._key_and_components(filename, kind)
-            hit = self._store.get(kind, skey, comps, files=True)
+            skey, gpu = self._key_and_gpu(filename, kind)
+            hit = self._store.get(kind, skey, lambda: self._components(filename, gpu), files=True)
             if (
                 hit is not None
                 and kind == KIND_AUTOTUNE
@@ -281,7 +289,8 @@ class KcacheCacheManager(CacheManager):
         if kind is not None and self._store is not None:
             try:
                 t0 = self._miss_t.pop(filename, None)
-                skey, comps = self._key_and_components(filename, kind)
+                skey, gpu = self._key_and_gpu(filename, kind)
+                comps = self._components(filename, gpu)
                 hit = self._store.put(
                     kind,
                     skey,
@@ -304,8 +313,7 @@ class KcacheCacheManager(CacheManager):
             return None
         skey = store_key(self.key, filename)
         try:
-            comps = components_for(self.key, filename)
-            hit = store.get(KIND_GROUP, skey, comps, files=True)
+            hit = store.get(KIND_GROUP, skey, lambda: self._components(filename), files=True)
             if hit is None:
                 self._miss_t[filename] = time.perf_counter()
                 # Single flight: whoever holds the kernel's lock is compiling it; wait for its entry.
@@ -320,7 +328,9 @@ class KcacheCacheManager(CacheManager):
                         self._miss_t[filename] = time.perf_counter()
                 if hit is not None:
                     store.counts.add(KIND_GROUP, hits=1, misses=-1, waited=1)
-            if hit is not None and not groupcheck.servable(store, filename, hit, comps.get("target")):
+            if hit is not None and not _servable(
+                store, filename, hit, lambda: target_for(self.key, self._origin)
+            ):
                 hit = None  # quarantined: compile, as on a miss
                 self._miss_t[filename] = time.perf_counter()
             if hit is None:
@@ -379,7 +389,7 @@ class KcacheCacheManager(CacheManager):
                     raise FileNotFoundError(f"group member {child} is not a file: {path!r}")
                 files[child] = path
             t0 = self._miss_t.pop(filename, None)
-            comps = components_for(self.key, filename)
+            comps = self._components(filename)
             meta = files.get(filename)
             meta_blob = b""
             if meta:
@@ -419,6 +429,31 @@ class KcacheCacheManager(CacheManager):
             self._release()
         except Exception:
             pass
+
+
+# Groups judged loadable in this process (record id -> that very record): a group served again
+# from the store's memo (the same record object, its files unchanged) is not parsed again.
+_servable_seen: dict[str, Any] = {}
+
+
+def _servable(store: Store, filename: str, hit: Any, target: Callable[[], str | None]) -> bool:
+    """:func:`groupcheck.servable`, once per group and process: a hit of a group already judged
+    here (the same record object: the store's memo of held hits) only says again that it was
+    served."""
+    rec = hit.record
+    if _servable_seen.get(rec.id) is rec:
+        # The very record object judged before: served again from the memo, whose entry is the
+        # one checked (quarantine renames an entry away: its memo entry is then dropped, and a
+        # new put of the same content is another object, checked in full).
+        groupcheck.note_served(store, rec)
+        return True
+    if not groupcheck.servable(store, filename, hit, target()):
+        _servable_seen.pop(rec.id, None)
+        return False
+    if len(_servable_seen) >= 4096:
+        _servable_seen.clear()
+    _servable_seen[rec.id] = rec
+    return True
 
 
 def _untrusted_store(store: Store) -> None:

@@ -1,0 +1,203 @@
+"""Hits whose files are the entry's own folder, held (kcache/store/served.py), and the memo of
+held hits (Store._memo_get): what a process was handed never changes or vanishes, a removal
+waits for its holders before deleting files, and a repeated lookup reads nothing again unless
+the entry changed (issue 25, point 3)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kcache.store import Store, fs, tunables
+from kcache.store import local as local_mod
+from kcache.store import served as served_mod
+
+PYTHON = sys.executable
+
+
+def _trash(root: Path) -> list[str]:
+    return sorted(os.listdir(root / "trash"))
+
+
+def test_a_hit_names_the_held_entry_folder(tmp_path: Path) -> None:
+    s = Store.open(tmp_path / "store")
+    s.put("triton", "k", {"k.cubin": b"C" * 100, "k.json": b"{}"})
+    hit = s.get("triton", "k", files=True)
+    assert hit is not None and hit._pin is not None
+    for name, p in hit.paths.items():
+        assert p == f"/proc/self/fd/{hit._pin}/{name}" and p.endswith(name)  # Triton reads suffixes
+        assert os.path.samestat(os.stat(p), os.stat(s.entry_dir(hit.record.id) + "/" + name))
+    assert not any(n.startswith("served.") for n in os.listdir(s.tmp)), "no private files were made"
+    s.close()
+
+
+def test_eviction_of_a_held_entry_keeps_its_files_until_let_go(tmp_path: Path, monkeypatch) -> None:
+    """Removed from the store at once (off its size count, a miss for everyone), but its files
+    stay in trash/ while this process holds them, and go when it lets go."""
+    root = tmp_path / "store"
+    reader = Store.open(root)
+    reader.put("triton", "k", {"a.bin": b"A" * 5000})
+    hit = reader.get("triton", "k", files=True)
+    evictor = Store.open(root, max_size=1)
+    before = evictor._evictor.usage.total()
+    assert evictor.evict(target=0)[0] == 1
+    assert evictor._evictor.usage.total() == before - 5000 - len(hit.record.encode())
+    assert evictor.get("triton", "k") is None and reader.get("triton", "k") is None
+    assert Path(hit.paths["a.bin"]).read_bytes() == b"A" * 5000  # still there, unchanged
+    (held,) = _trash(root)
+    assert os.listdir(root / "trash" / held) != []
+    evictor.clean_tmp()  # a clean-up leaves a held folder alone
+    assert _trash(root) == [held]
+    reader.close()  # lets go: what it held goes
+    assert _trash(root) == []
+    assert evictor._evictor.usage.total() == before - 5000 - len(hit.record.encode())  # not twice
+    evictor.close()
+
+
+def test_a_held_entry_removed_in_another_process(tmp_path: Path) -> None:
+    """`kcache clear --all` while a process holds an entry: the entry is gone from the store,
+    the process's files are not."""
+    root = tmp_path / "store"
+    s = Store.open(root)
+    s.put("triton", "k", {"a.bin": b"A" * 100})
+    hit = s.get("triton", "k", files=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE")}
+    r = subprocess.run(
+        [PYTHON, "-m", "kcache", "clear", "--all", "--dir", str(root)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert Path(hit.paths["a.bin"]).read_bytes() == b"A" * 100
+    assert s.get("triton", "k", files=True) is None
+    s.close()
+    assert _trash(root) == []
+
+
+def test_a_late_hold_on_an_entry_being_removed_makes_private_links(tmp_path: Path, monkeypatch) -> None:
+    """Another process removes the entry between this one's check and its hold: the hold finds
+    the folder no longer the entry's, and the verified bytes are served from private files."""
+    root = tmp_path / "store"
+    a = Store.open(root)
+    other = Store.open(root)
+    a.put("triton", "k", {"a.bin": b"1" * 4096})
+    real_pin = served_mod.Served._pin
+
+    def pin_after_a_removal(self, hit, dfd):  # noqa: ANN001, ANN202
+        assert other.remove([other.entry_id("triton", "k")]) == 1
+        return real_pin(self, hit, dfd)
+
+    monkeypatch.setattr(served_mod.Served, "_pin", pin_after_a_removal)
+    hit = a.get("triton", "k", files=True)
+    monkeypatch.undo()
+    assert hit is not None and hit._pin is None
+    assert Path(hit.paths["a.bin"]).read_bytes() == b"1" * 4096
+    assert "/tmp/served." in os.path.realpath(hit.paths["a.bin"])  # a private link
+    a.close()
+    other.close()
+
+
+def test_past_the_budget_of_held_folders_private_links(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(served_mod, "PIN_STOP", served_mod.PIN_FIRST + 2)
+    s = Store.open(tmp_path / "store")
+    hits = []
+    for i in range(4):
+        s.put("triton", f"k{i}", {"a.bin": bytes([i]) * 100})
+        hits.append(s.get("triton", f"k{i}", files=True))
+    assert [h._pin is not None for h in hits] == [True, True, False, False]
+    for i, h in enumerate(hits):
+        assert Path(h.paths["a.bin"]).read_bytes() == bytes([i]) * 100
+    s.close()
+
+
+def test_a_repeated_lookup_reads_nothing_again(tmp_path: Path, monkeypatch) -> None:
+    """The memo: the second lookup of an entry this process holds opens no file of it (a stat of
+    its record by name); it is a hit with the same files, counted as one."""
+    s = Store.open(tmp_path / "store")
+    s.put("triton", "k", {"k.cubin": b"C" * 100, "k.json": b'{"a": 1}'})
+    first = s.get("triton", "k", files=True)
+    reads = []
+    real = fs.read_exact
+    monkeypatch.setattr(fs, "read_exact", lambda fd, n: reads.append(n) or real(fd, n))
+    again = s.get("triton", "k", files=True)
+    assert reads == [] and again is not None
+    assert again.paths == first.paths and again.record is first.record
+    assert again.read("k.json") == b'{"a": 1}'  # read from the held folder when asked, checked
+    assert s.counts.process_totals()["triton"]["hits"] == 2
+    s.close()
+
+
+def test_the_memo_sees_a_replacement_and_a_removal(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    a = Store.open(root)
+    other = Store.open(root)
+    a.put("triton", "k", {"a.bin": b"1" * 100})
+    old = a.get("triton", "k", files=True)
+    assert a.get("triton", "k", files=True).paths == old.paths  # from the memo
+    other.replace("triton", "k", {"a.bin": b"2" * 100})
+    new = a.get("triton", "k", files=True)
+    assert new.read("a.bin") == b"2" * 100 and Path(new.paths["a.bin"]).read_bytes() == b"2" * 100
+    assert Path(old.paths["a.bin"]).read_bytes() == b"1" * 100  # what it was handed stays
+    other.remove([other.entry_id("triton", "k")])
+    assert a.get("triton", "k", files=True) is None
+    a.close()
+    other.close()
+
+
+def test_the_memo_leaves_the_last_use_refresh_to_a_full_lookup(tmp_path: Path, monkeypatch) -> None:
+    s = Store.open(tmp_path / "store")
+    s.put("triton", "k", {"a.bin": b"1" * 100})
+    s.get("triton", "k", files=True)
+    rec = Path(s.entry_dir(s.entry_id("triton", "k"))) / "__kcache__.rec"
+    t = rec.stat().st_mtime - 3600
+    os.utime(rec, (t, t))  # (changes the record's times: the memo lets go of it)
+    s.get("triton", "k", files=True)  # a full lookup: refreshes the last use
+    assert rec.stat().st_mtime > t + 3000
+    monkeypatch.setattr(tunables, "TOUCH_EVERY_S", 0.0)
+    before = rec.stat().st_mtime_ns
+    s.get("triton", "k", files=True)  # due again at once: not served from the memo
+    assert rec.stat().st_mtime_ns >= before
+    s.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_reads_what_its_parent_was_handed(tmp_path: Path) -> None:
+    s = Store.open(tmp_path / "store")
+    s.put("triton", "k", {"a.bin": b"F" * 100})
+    hit = s.get("triton", "k", files=True)
+    paths = dict(hit.paths)
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's paths, and a lookup of its own
+        ok = Path(paths["a.bin"]).read_bytes() == b"F" * 100
+        h = s.get("triton", "k", files=True)
+        ok = ok and h is not None and Path(h.paths["a.bin"]).read_bytes() == b"F" * 100
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert Path(paths["a.bin"]).read_bytes() == b"F" * 100
+    s.close()
+
+
+def test_a_network_filesystem_holds_nothing(tmp_path: Path) -> None:
+    s = Store.open(tmp_path / "store", network_fs=True)
+    s.put("triton", "k", {"a.bin": b"N" * 100})
+    hit = s.get("triton", "k", files=True)
+    assert hit._pin is None and Path(hit.paths["a.bin"]).read_bytes() == b"N" * 100
+    assert s.get("triton", "k", files=True).read("a.bin") == b"N" * 100  # no memo either
+    assert not s._memo
+    s.close()
+
+
+def test_memo_entries_are_bounded(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(local_mod, "_MEMO_MAX", 3)
+    s = Store.open(tmp_path / "store")
+    for i in range(5):
+        s.put("triton", f"k{i}", {"a.bin": bytes([i])})
+        assert s.get("triton", f"k{i}", files=True) is not None
+    assert len(s._memo) == 3
+    s.close()
