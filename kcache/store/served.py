@@ -15,7 +15,7 @@ ways, the first where it can be used:
   store's size, until its holders have gone. The hold is taken after the verification, and kept
   only if the folder is still the entry's at that moment (else a removal may already be
   deleting it: the second way). Not on a network filesystem (a lock there may be per node), nor
-  past :data:`PIN_STOP` (descriptors are not free).
+  past :data:`MAX_PINS` (descriptors are not free).
 - **Private links.** Files of this process's private "served" folder under the store's
   ``tmp/``, named through ``/proc/self/fd/N/...`` (resolved through the folder's open
   descriptor, not its name). Each file is either a hard link of the very member file that was
@@ -49,11 +49,12 @@ if TYPE_CHECKING:
 
 #: Name prefixes of private folders in the system's temporary folder (read-only stores).
 TEMP_PREFIX = "kcache-private-"
-#: The numbers of the descriptors of held entry folders: above the 64 a process starts with, and
-#: under 256, past which growing a process's table of descriptors waits for an RCU grace period
-#: when it has threads (13-20 ms measured on Linux 6.18, against 15 us below): at most 192 held
-#: folders per store and process, then private links.
-PIN_FIRST, PIN_STOP = 64, 256
+#: Held entry folders' descriptors are numbered from 64 (above the ones a process starts with)
+#: and at most MAX_PINS of them per store and process, then private links: growing a process's
+#: table of descriptors past 256 waits for an RCU grace period when it has threads (13-20 ms
+#: measured on Linux 6.18, against 15 us up to 256), which 64 + 192 stays under in a process
+#: that had few descriptors; one that has many already has the table.
+PIN_FIRST, MAX_PINS = 64, 192
 
 
 class PrivateFolder:
@@ -261,8 +262,8 @@ class Served:
             soft = soft if 0 < soft < (1 << 20) else 1 << 20
             self._pin_next = PIN_FIRST
             # far from the limit, whatever it is; and only where /proc names a descriptor's folder
-            self._pin_stop = min(PIN_STOP, soft // 2) if fs.proc_fd_usable() else PIN_FIRST
-        return self._pin_next < self._pin_stop
+            self._pin_stop = soft // 2 if fs.proc_fd_usable() else PIN_FIRST
+        return self._pin_next < self._pin_stop and len(self._pins) < MAX_PINS
 
     def _write(self, folder: PrivateFolder, hit: Hit, fds: dict[str, int] | None) -> dict[str, str]:
         self._n += 1
