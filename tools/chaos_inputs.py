@@ -850,9 +850,9 @@ def age_entries(root: Path, ids: Iterable[str], seconds: float, env: dict[str, s
 
 
 def entry_bytes(root: Path, ident: str) -> int:
-    """What an entry counts for against the size bound: the bytes of its files."""
+    """What an entry counts for against the size bound: the bytes of its members."""
     d = root / "entries" / ident[:2] / ident
-    return sum(p.stat().st_size for p in d.iterdir())
+    return sum(p.stat().st_size for p in d.iterdir() if p.name != "__kcache__.rec")
 
 
 def entry_ids_on_disk(root: Path) -> set[str]:

@@ -1,6 +1,6 @@
 """The store's size bound: one shared count of its bytes, and eviction by every process that writes.
 
-What is counted: the bytes of the files of committed entries (their members and record), in one
+What is counted: the bytes of committed entries' members (what ``kcache stats`` shows), in one
 number that every process of the store keeps up to date (``locks/usage``: a put adds its entry,
 a removal subtracts what it removed). Updating it takes an flock for two small reads and writes;
 a put never waits for it (a busy count carries the bytes to the next update).
@@ -56,14 +56,14 @@ _HEX = frozenset("0123456789abcdef")
 
 
 def folder_bytes(parent: int, name: str) -> int:
-    """The bytes of the regular files in the folder ``name`` (one level: an entry's members and
-    record), following no link; 0 when it cannot be read."""
+    """What the entry folder ``name`` counts for: the bytes of its regular files but its record
+    (one level: an entry's members), following no link; 0 when it cannot be read."""
     return _files(parent, name, unlink=False)[0]
 
 
 def empty_folder(parent: int, name: str) -> tuple[int, bool]:
-    """Delete the files in the folder ``name`` (one level, following no link): (their bytes,
-    whether it is empty now). The folder itself is left for :func:`sweep` to remove: on some
+    """Delete the files in the folder ``name`` (one level, following no link): (what they
+    counted for, as :func:`folder_bytes` says; whether it is empty now). The folder itself is left for :func:`sweep` to remove: on some
     filesystems removing a folder costs milliseconds (ext4 with ``discard``: 2.4 ms here, against
     0.03 ms per file), which an evicting put must not wait for."""
     return _files(parent, name, unlink=True)
@@ -84,7 +84,7 @@ def _files(parent: int, name: str, *, unlink: bool) -> tuple[int, bool]:
                 if stat.S_ISDIR(st.st_mode):
                     empty = False  # not an entry's shape: the caller removes the whole tree
                     continue
-                if stat.S_ISREG(st.st_mode):
+                if stat.S_ISREG(st.st_mode) and e.name != RECORD_NAME:
                     total += st.st_size
                 if unlink:
                     os.unlink(e.name, dir_fd=dfd)
@@ -153,9 +153,10 @@ def sweep(trash_fd: int, budget_s: float, held: bool = False) -> int:
     return n
 
 
-def entry_bytes(rec: Record, record_len: int) -> int:
-    """What a committed entry counts for: its members and its record file."""
-    return rec.size + record_len
+def entry_bytes(rec: Record) -> int:
+    """What a committed entry counts for against the bound: its members' bytes (what ``kcache
+    stats`` and ``inspect`` show; its record, a few hundred bytes, is not counted)."""
+    return rec.size
 
 
 def is_protected(rec: Record | None, mtime: float, hits: int, now: float) -> bool:

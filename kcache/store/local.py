@@ -1051,7 +1051,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
                 self._pending[rec.id] = (rec, access)
         hit = Hit(rec, blobs, self, time.time(), inos)
         try:
-            self._evictor.after_put(entry_bytes(rec, len(encoded)), ident)
+            self._evictor.after_put(entry_bytes(rec), ident)
         except Exception as e:  # the bound is kept by the next put or the flush thread
             logger.debug("eviction after put: %s", e)
         self._maybe_flush()
