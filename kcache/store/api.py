@@ -1,0 +1,164 @@
+"""The store's faces: what each kind of caller may use, declared.
+
+Three callers, three faces (as JAX's ``CacheInterface`` and sccache's ``Storage`` are each one
+small declared interface; here ``typing.Protocol``, checked by the type checker and, where a test
+wants it, at run time):
+
+- :class:`Cache`: what integrations use (Triton, nvFuser, torch.compile, the machine-local memos,
+  prewarm): look up, keep, replace and forget entries, single flight, a scratch folder, counters.
+- :class:`Admin`: what maintenance commands and bundles use: walk, read and remove entries by id,
+  the catalogue (the index), the bound, clean-up.
+- :class:`Tier`: what a backend behind the local store offers the composed cache (a Redis
+  server, a Redis Cluster): get a checked entry, put one, drop a bad one, describe itself. A tier
+  never calls back into the store: the composed cache commits what it returns (the backfill).
+
+``kcache.store.Store`` (the composed cache: the local disk first, then the tiers) implements
+:class:`Cache` and :class:`Admin`; code outside the store is typed against the face it uses, so
+that a change inside the store stops at its edge.
+
+Failure contract: :class:`Cache` methods never raise for a failure the store expects (a corrupt
+or foreign entry, a full or read-only disk, a server that does not answer): they miss or skip,
+count it and warn once. Anything else (a bug) propagates to the library-facing edge
+(:mod:`kcache.boundary`), which fails open, or raises under ``KCACHE_STRICT=1``. A :class:`Tier`
+returns None for a miss and raises for a failure; the composed cache counts it as a miss.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, Union
+
+if TYPE_CHECKING:
+    from .index import Index
+    from .local import Hit
+    from .records import Record
+
+#: Key components for ``kcache explain``: a mapping, or a function that gives one (called only
+#: on a miss, so a hit never pays for them).
+Components = Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None
+#: Member name -> its bytes, or the path of a file holding them.
+Files = Mapping[str, Union[bytes, str, "os.PathLike[str]"]]
+#: A checked entry from a tier: its record and every member's bytes.
+Entry = tuple["Record", dict[str, bytes]]
+
+
+class Tier(Protocol):
+    """A backend behind the local store."""
+
+    def fetch_entry(self, kind: str, key: str, ident: str) -> Entry | None:
+        """The entry for ``ident``, checked (signature, record, every member's checksum), or
+        None when the tier lacks it, refuses it or fails (counted)."""
+
+    def publish(self, rec: Record, blobs: dict[str, bytes]) -> None:
+        """Keep an entry committed locally (queued; never waits)."""
+
+    def mark_bad(self, kind: str, ident: str) -> bool:
+        """Drop an entry whose use raised, if it is still the one this process was served."""
+
+    def describe(self) -> dict[str, Any]:
+        """What ``kcache remote`` shows of this tier (no secret in it)."""
+
+    def close(self) -> None:
+        """Flush what is queued (bounded) and let go of connections and threads."""
+
+
+class Cache(Protocol):
+    """What integrations use."""
+
+    root: Path
+
+    @property
+    def readonly(self) -> bool: ...
+
+    @property
+    def trust_host_code(self) -> bool:
+        """False for a store used only because ``KCACHE_ALLOW_INSECURE=1``: no host code or pickle
+        is taken from it or put into it."""
+
+    def get(
+        self,
+        kind: str,
+        key: str,
+        components: Components = None,
+        *,
+        count: bool = True,
+        files: bool = False,
+    ) -> Hit | None:
+        """The verified entry for (kind, key), or None (counted; a corrupt entry is removed)."""
+
+    def put(
+        self,
+        kind: str,
+        key: str,
+        files: Files,
+        *,
+        components: Mapping[str, Any] | None = None,
+        summary: Mapping[str, Any] | None = None,
+        compile_s: float = 0.0,
+    ) -> Hit | None:
+        """Keep ``files`` as one entry (first writer wins); the committed entry, or None."""
+
+    def replace(self, kind: str, key: str, files: Files, **kwargs: Any) -> Hit | None:
+        """Like :meth:`put`, the old entry removed first (last writer wins)."""
+
+    def forget(self, kind: str, key: str) -> None:
+        """Remove the entry for (kind, key) (the library could not use it)."""
+
+    def single_flight(self, kind: str, key: str) -> AbstractContextManager[Hit | None]:
+        """``with cache.single_flight(kind, key) as hit:`` the entry, if another process or machine
+        made it while this one waited; else None, and this process makes it while holding the
+        locks (released when the block ends, or at the put)."""
+
+    def scratch_dir(self) -> str:
+        """A private folder of this process for files on their way into the store."""
+
+    def count(self, kind: str, **deltas: float) -> None:
+        """Add to the counters of ``kind`` (``kcache stats``)."""
+
+
+class Admin(Protocol):
+    """What maintenance commands and bundles use."""
+
+    root: Path
+    index_dir: Path
+    max_size: int
+    key_tag: str
+
+    @property
+    def readonly(self) -> bool: ...
+
+    def entry_id(self, kind: str, key: str) -> str: ...
+
+    def iter_entry_ids(self) -> Iterator[str]: ...
+
+    def scan(self) -> Iterator[tuple[str, str, str | None]]:
+        """Every entry folder and stray: (shard, name, problem or None)."""
+
+    def read_any(self, ident: str, full: bool = False) -> tuple[Hit | None, str | None]: ...
+
+    def read_record(self, ident: str) -> tuple[Record | None, str | None]: ...
+
+    def record_mtime(self, ident: str) -> float | None: ...
+
+    def entry_extras(self, ident: str, rec: Record) -> list[str]: ...
+
+    def remove(self, ids: list[str], *, index: bool = True) -> int: ...
+
+    def remove_stray(self, shard: str, name: str = "", member: str = "") -> bool: ...
+
+    def index(self) -> Index: ...
+
+    def index_readonly(self) -> Index: ...
+
+    def rebuild_index(self) -> Index: ...
+
+    def evict(self, target: int | None = None) -> tuple[int, int]: ...
+
+    def clean_tmp(self, min_age: float = ...) -> int: ...
+
+    def now(self) -> float: ...
+
+    def close(self) -> None: ...
