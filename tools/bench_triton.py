@@ -54,9 +54,11 @@ sys.path.insert(0, str(REPO / "tests"))
 from kernels.harness import PYTHON, clean_env  # noqa: E402
 from kernels.specs import SPECS  # noqa: E402
 
+NO_WARMUP: dict[str, str] = {}  # --no-warmup: kcache's gluon import thread off (KCACHE_NO_TRITON_WARMUP=1)
+
 
 def run_once(tmp: Path, out: Path, kcache_dir: Path | None, triton_dir: Path) -> dict[str, Any]:
-    env = clean_env(tmp, kcache_dir=kcache_dir, TRITON_CACHE_DIR=str(triton_dir))
+    env = clean_env(tmp, kcache_dir=kcache_dir, TRITON_CACHE_DIR=str(triton_dir), **NO_WARMUP)
     cmd = [
         PYTHON,
         "-m",
@@ -150,8 +152,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--ab-passes", type=int, default=20, help="passes of the in-process A/B, per round")
+    ap.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="KCACHE_NO_TRITON_WARMUP=1: no gluon import thread beside the first kernels (an AOT "
+        "process like this one never needs gluon; a JIT program imports it at its first launch)",
+    )
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    if a.no_warmup:
+        NO_WARMUP["KCACHE_NO_TRITON_WARMUP"] = "1"
     root = Path(tempfile.mkdtemp(prefix="kcache-bench-triton-"))
     n = len(SPECS)
     conds = ["kcache cold", "kcache warm", "triton cold", "triton warm"]
