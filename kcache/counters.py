@@ -8,6 +8,7 @@ itself (the nvFuser fusion cache) use the module-level :func:`add`; the active s
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import defaultdict
 
@@ -59,3 +60,69 @@ add = GLOBAL.add
 drain = GLOBAL.drain
 restore = GLOBAL.restore
 process_totals = GLOBAL.process_totals
+
+
+# ------------------------------------------------------------------------------ "saved"
+# Each hit credits the compile time its entry cost when it was made, once. Some entries are
+# nested: a torch.compile graph's recorded compile time (an AOTAutograd entry's includes its FX
+# graphs', an FX graph's includes its kernels' and Inductor's one-time probes) covers the
+# kernels that are then fetched to run it. After a graph hit, the inner hits that follow draw on
+# that graph's time first ("the budget") and credit only what exceeds it; the next graph's
+# lookup starts again (a miss: its inner hits save real compile time, credited in full).
+# Inductor's compile workers only ever compile for a graph of their parent: they credit nothing
+# for inner kinds (their parent's graph hit covers them; a graph that missed is under-credited
+# by the kernels its workers found, never over-credited).
+INNER_KINDS = frozenset({"triton", "triton-aux", "triton-meta", "inductor-cpp"})
+
+_budget_lock = threading.Lock()
+_budget = [0.0]
+_worker: list[bool] = []
+
+
+def in_compile_worker() -> bool:
+    """This process is Inductor's compile-worker sidecar, or a worker it forked."""
+    if not _worker:
+        import sys
+
+        main = (sys.argv[0] if sys.argv else "") or ""
+        _worker.append(main.replace("\\", "/").endswith("_inductor/compile_worker/__main__.py"))
+    return _worker[0]
+
+
+def credit(kind: str, compile_s: float) -> float:
+    """The seconds a hit of ``kind`` whose entry cost ``compile_s`` saves, counting nested
+    entries once (see above)."""
+    try:
+        c = float(compile_s)
+    except (TypeError, ValueError):
+        return 0.0
+    if not c > 0.0 or c == float("inf"):
+        return 0.0
+    if kind not in INNER_KINDS:
+        return c
+    if in_compile_worker():
+        return 0.0
+    with _budget_lock:
+        absorbed = min(_budget[0], c)
+        _budget[0] -= absorbed
+    return c - absorbed
+
+
+def graph_lookup(served_s: float | None) -> None:
+    """A torch.compile graph was looked up: served, with its recorded compile time (which then
+    covers the inner hits that follow), or not (``None``: they are credited in full)."""
+    try:
+        s = float(served_s) if served_s is not None else 0.0
+    except (TypeError, ValueError):
+        s = 0.0
+    with _budget_lock:
+        _budget[0] = s if s > 0.0 and s != float("inf") else 0.0
+
+
+def _reset_after_fork() -> None:
+    global _budget_lock
+    _budget_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)

@@ -27,11 +27,13 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 from .. import active_store
 from .. import kinds as _kinds
 from ..log import logger
+from ..triton.toolmemo import credit_memo
 
 KIND = _kinds.TRITON_META
 MODULE = "torch._inductor.cpu_vec_isa"
@@ -109,23 +111,28 @@ class _ProbeSubprocess:
             logger.debug("torch.compile: ISA probe memo not read: %s", e)
             return call(args, *rest, **kwargs)
         if code is not None:
+            credit_memo(store, hit)
             if code and check:
                 raise self._real.CalledProcessError(code, args)
             return code if call is self._real.check_call else self._real.CompletedProcess(args, code)
+        t0 = time.perf_counter()
         try:
             result = call(args, *rest, **kwargs)
         except self._real.CalledProcessError as e:
-            self._remember(store, key, e.returncode)
+            self._remember(store, key, e.returncode, time.perf_counter() - t0)
             raise
-        self._remember(store, key, result if isinstance(result, int) else getattr(result, "returncode", None))
+        code = result if isinstance(result, int) else getattr(result, "returncode", None)
+        self._remember(store, key, code, time.perf_counter() - t0)
         return result
 
     @staticmethod
-    def _remember(store: Any, key: str, code: Any) -> None:
+    def _remember(store: Any, key: str, code: Any, seconds: float) -> None:
         if not isinstance(code, int) or code < 0:  # killed by a signal: maybe by something passing
             return
         try:
-            store.put(KIND, key, {MEMBER: str(code).encode()}, summary={"probe": "cpu-vec-isa"})
+            store.put(
+                KIND, key, {MEMBER: str(code).encode()}, summary={"probe": "cpu-vec-isa"}, compile_s=seconds
+            )
         except Exception as e:
             logger.debug("torch.compile: ISA probe answer not kept: %s", e)
 

@@ -777,7 +777,7 @@ class Store(CatalogueMixin, HousekeepingMixin):
                     hit = None
         if hit is not None:
             if count:
-                self.counts.add(kind, hits=1, saved_s=hit.record.compile_s)
+                self.counts.add(kind, hits=1, saved_s=_counters.credit(kind, hit.record.compile_s))
                 if self.hits_are_use:
                     self._note_use(hit.record)
             return hit

@@ -21,13 +21,14 @@ import hashlib
 import os
 import sys
 import threading
+import time
 import uuid
 from typing import Any
 
 from .. import active_store, fingerprint
 from .. import kinds as _kinds
 from ..log import logger
-from .toolmemo import boot_id, trusted
+from .toolmemo import boot_id, credit_memo, trusted
 
 KIND = _kinds.TRITON_META
 _lock = threading.Lock()
@@ -73,10 +74,18 @@ def libtriton_digest(path: str) -> tuple[str, bool]:
         if hit is not None:
             digest = hit.read("digest").decode("ascii", "replace")
             if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
+                credit_memo(store, hit)
                 return digest, True
+    t0 = time.perf_counter()
     digest = sha256_file(path)
     if store is not None:
-        store.put(KIND, ident, {"digest": digest.encode()}, summary={"file": os.path.basename(path)})
+        store.put(
+            KIND,
+            ident,
+            {"digest": digest.encode()},
+            summary={"file": os.path.basename(path)},
+            compile_s=time.perf_counter() - t0,
+        )
     return digest, False
 
 

@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from typing import Any
 
 from .. import active_store
@@ -66,6 +67,19 @@ def trusted(store: Any) -> bool:
     return bool(getattr(store, "trust_host_code", False))
 
 
+def credit_memo(store: Any, hit: Any) -> None:
+    """A remembered answer was used: the time it took to get when it was made is saved
+    ("saved" in ``kcache stats``; memos are not counted as hits, their time is)."""
+    from .. import counters
+
+    try:
+        saved = counters.credit(hit.record.kind, hit.record.compile_s)
+        if saved:
+            store.counts.add(hit.record.kind, saved_s=saved)
+    except Exception:
+        pass
+
+
 def memo_key(path: str, stderr: Any) -> str:
     """The store key of ``[path, "--version"]`` run with ``stderr``."""
     # "v3": bound to this boot (see boot_id); v1 and v2 entries (which an import could have
@@ -100,12 +114,20 @@ class _MemoSubprocess:
             key = memo_key(args[0], kwargs.get("stderr"))
             hit = store.get(KIND, key, count=False)
             if hit is not None and _plausible(hit.read("output")):
+                credit_memo(store, hit)
                 return hit.read("output")
         except Exception:
             return self._real.check_output(args, *rest, **kwargs)
+        t0 = time.perf_counter()
         out = self._real.check_output(args, *rest, **kwargs)
         if isinstance(out, bytes):
-            store.put(KIND, key, {"output": out}, summary={"tool": os.path.basename(args[0])})
+            store.put(
+                KIND,
+                key,
+                {"output": out},
+                summary={"tool": os.path.basename(args[0])},
+                compile_s=time.perf_counter() - t0,
+            )
         return out
 
 
