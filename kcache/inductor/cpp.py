@@ -8,9 +8,14 @@ which writes ``<output dir>/<name>.so``; the name is a hash of the kernel's sour
 it: when the target is missing and the store holds it, the stored library is written there and
 the build skipped; after a real build, the library is stored.
 
-The key is the target's name plus a hash of the whole compiler command line with the folders
-made neutral (flags, include paths of this torch, -march, libraries) and the torch version: a
-library built against other headers or flags is never served. These entries are host code
+The key is the target's name plus a hash of the whole compiler command line and the torch
+version: a library built against other headers or flags is never served. The command's
+per-process folders are made neutral first (the output folder, Inductor's folder, and the
+default folder under ``$TMPDIR`` where torch keeps its precompiled headers whatever
+``TORCHINDUCTOR_CACHE_DIR`` says): a process with its own ``TMPDIR`` (HPC schedulers, CI
+runners) is served what another process built. A flag whose meaning is this host's CPU
+(``-march=native``) enters the key as what it resolves to here (:mod:`.hostflags`): a kernel
+built for one CPU is never served to another. These entries are host code
 (``inductor-cpp``: loaded with dlopen), so they are served only from a store that passed its
 ownership checks, and cross machines only when signed. Only plain shared objects are handled:
 object files, precompiled headers, preprocessor runs and AOT builds go to the compiler as before.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -75,27 +81,62 @@ def _plan(builder: Any) -> tuple[str, str, dict[str, Any]] | None:
     target = builder.get_target_file_path()
     if not target.endswith(".so") or os.path.exists(target):
         return None  # present: torch's own business (it rebuilds only what is missing)
-    out_dir = os.path.dirname(target)
-    cmd = builder.get_command_line().replace(out_dir, "<OUT>")
-    cache_root = _inductor_cache_dir()
-    if cache_root:
-        cmd = cmd.replace(cache_root, "<CACHE>")
-    from . import _torch_version
+    return key_for(builder.get_command_line(), target)
 
+
+def key_for(cmd: str, target: str) -> tuple[str, str, dict[str, Any]] | None:
+    """(target, store key, components) of the build of ``target`` by command line ``cmd``; None
+    when a host-dependent flag in it cannot be resolved (nothing is cached for it then)."""
+    from . import _torch_version
+    from .hostflags import resolve
+
+    host = resolve(cmd)
+    if host is None:
+        return None
+    neutral = neutral_command(cmd, os.path.dirname(target))
     comps = {
         "kernel": os.path.basename(target),
-        "command_sha256": hashlib.sha256(cmd.encode("utf-8", "surrogateescape")).hexdigest(),
+        "command_sha256": hashlib.sha256(neutral.encode("utf-8", "surrogateescape")).hexdigest(),
         "compiler": os.path.basename(cmd.split(" ", 1)[0]),
         "torch_version": _torch_version(),
     }
     key = f"{comps['kernel']}|{comps['command_sha256']}|torch={comps['torch_version']}"
+    if host:
+        comps["host_target"] = host
+        key += f"|host={host}"
     return target, key, comps
+
+
+def neutral_command(cmd: str, out_dir: str) -> str:
+    """``cmd`` with this process's own folders replaced by names: the output folder, Inductor's
+    folder and torch's default folder (under ``$TMPDIR``, where its precompiled headers live).
+    A folder is replaced only as a whole path component."""
+    folders = [(out_dir, "<OUT>")]
+    cache_root = _inductor_cache_dir()
+    if cache_root:
+        folders.append((cache_root, "<CACHE>"))
+    default_root = _default_cache_dir()
+    if default_root:
+        folders.append((default_root, "<DEFAULT>"))
+    for path, name in sorted(folders, key=lambda p: -len(p[0])):
+        path = path.rstrip("/")
+        if len(path) > 1:
+            cmd = re.sub(re.escape(path) + r"(?=/|\s|$|['\"])", name, cmd)
+    return cmd
 
 
 def _inductor_cache_dir() -> str | None:
     mod = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
     try:
         return str(mod.cache_dir()) if mod is not None else None
+    except Exception:
+        return None
+
+
+def _default_cache_dir() -> str | None:
+    mod = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    try:
+        return os.path.abspath(mod.default_cache_dir()) if mod is not None else None
     except Exception:
         return None
 
@@ -110,8 +151,10 @@ def _store() -> Any:
 
 
 def _restore(target: str, key: str, comps: dict[str, Any]) -> bool:
+    from . import policy
+
     store = _store()
-    if store is None:
+    if store is None or not policy.may_serve(_kinds.INDUCTOR_CPP, key):
         return False
     hit = store.get(_kinds.INDUCTOR_CPP, key, comps)
     if hit is None:
@@ -130,8 +173,10 @@ def _restore(target: str, key: str, comps: dict[str, Any]) -> bool:
 
 
 def _keep(target: str, key: str, comps: dict[str, Any], seconds: float) -> None:
+    from . import policy
+
     store = _store()
-    if store is None:
+    if store is None or not policy.may_keep(_kinds.INDUCTOR_CPP):
         return
     try:
         from ..store.fs import read_at
@@ -148,3 +193,4 @@ def _keep(target: str, key: str, comps: dict[str, Any], seconds: float) -> None:
         summary={"file": comps["kernel"]},
         compile_s=seconds,
     )
+    policy.kept(_kinds.INDUCTOR_CPP, key)
