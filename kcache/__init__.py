@@ -46,6 +46,17 @@ _TRIGGERS = (
     ("torch._dynamo.package", "_on_torch"),
     ("torch._inductor.runtime.triton_heuristics", "_on_torch"),
     ("torch._inductor.cpu_vec_isa", "_on_torch"),
+    ("torch._inductor.utils", "_on_torch"),
+    ("torch._inductor.codecache", "_on_torch"),
+    ("torch._functorch._aot_autograd.autograd_cache", "_on_torch"),
+    ("torch._dynamo.pgo", "_on_torch"),
+    ("torch._inductor.runtime.autotune_cache", "_on_torch"),
+    ("torch._inductor.compile_fx", "_on_torch"),
+    ("torch._functorch._aot_autograd.aot_autograd_result", "_on_torch"),
+    ("torch._functorch._aot_autograd.graph_compile", "_on_torch"),
+    ("torch._functorch.aot_autograd", "_on_torch"),
+    ("torch._inductor.async_compile", "_on_torch"),
+    ("torch._inductor.codegen.triton", "_on_torch"),
 )
 
 

@@ -32,10 +32,15 @@ Keys: Inductor's own key (``pt2:<cache id>::<key>:c1``; FX, AOT and autotune key
 torch's sources), plus the torch version for PGO (whose key is only job id, rank and tag) and the
 GPU model for autotune results (Triton's key says sm_90, not H100 or H200; timings are per model).
 
-Beside the caches, four smaller attachments, each in its own module: the C++ builder of CPU
+What torch's own switches say wins: a cache the program turned off, ``force_disable_caches``
+and torch's fresh-cache scopes are honoured at every lookup (:mod:`.policy`), and an AOTAutograd
+entry is served and kept only with the FX graphs it names (:mod:`.graphs`).
+
+Beside the caches, five smaller attachments, each in its own module: the C++ builder of CPU
 kernels (:mod:`.cpp`), caching-precompile packages (:mod:`.precompile`), the cached
-coordinate-descent winners torch 2.11 drops on a warm start (:mod:`.coordesc`) and Inductor's CPU
-vector-ISA probes (:mod:`.vecisa`).
+coordinate-descent winners torch 2.11 drops on a warm start (:mod:`.coordesc`), Inductor's CPU
+vector-ISA probes (:mod:`.vecisa`) and its compile-worker pool, started when a graph is to be
+compiled rather than at every process's first call (:mod:`.workers`).
 
 Nothing here imports torch: every function is called from an import hook, with the module.
 """
@@ -79,10 +84,22 @@ TRIGGERS = (
     "torch._dynamo.package",
     "torch._inductor.runtime.triton_heuristics",
     "torch._inductor.cpu_vec_isa",
+    "torch._inductor.utils",
+    "torch._inductor.codecache",
+    "torch._functorch._aot_autograd.autograd_cache",
+    "torch._dynamo.pgo",
+    "torch._inductor.runtime.autotune_cache",
+    "torch._inductor.compile_fx",
+    "torch._functorch._aot_autograd.aot_autograd_result",
+    "torch._functorch._aot_autograd.graph_compile",
+    "torch._functorch.aot_autograd",
+    "torch._inductor.async_compile",
+    "torch._inductor.codegen.triton",
 )
 
 _ours: set[str] = set()  # cache classes whose switch kcache turned on in this process
 _installed: dict[str, Any] = {}  # cache class name -> the backend_override_cls it had before
+_ours_cls: dict[str, Any] = {}  # cache class name -> the backend_override_cls kcache set
 
 
 def on_import(mod: Any) -> None:
@@ -97,9 +114,10 @@ def on_import(mod: Any) -> None:
 
         cpp.on_import(mod)
     elif name == "torch._dynamo.package" and not _is_fbcode():
-        from . import precompile
+        from . import policy, precompile
 
         precompile.on_import(mod)
+        policy.wrap_clear(mod)
     elif name == "torch._inductor.runtime.triton_heuristics" and not _is_fbcode():
         from . import coordesc
 
@@ -108,6 +126,28 @@ def on_import(mod: Any) -> None:
         from . import vecisa
 
         vecisa.on_import(mod)
+    elif name == "torch._inductor.async_compile" and not _is_fbcode():
+        from . import workers
+
+        workers.on_import(mod)
+    elif not _is_fbcode():
+        _on_policy_module(mod, name)
+
+
+def _on_policy_module(mod: Any, name: str) -> None:
+    """torch's modules whose switches, scopes and clears :mod:`.policy` watches."""
+    from . import policy
+
+    if name in policy.DECISIONS:
+        policy.wrap_decision(mod)
+    if name in policy.AUTOTUNE_META:
+        policy.wrap_autotune_meta(mod)
+    if name in policy.CLEARS:
+        policy.wrap_clear(mod)
+    if name in policy.BINDERS:
+        policy.rebind(mod)
+    if name == "torch._inductor.utils":
+        policy.on_utils_import(mod)
 
 
 def _is_fbcode() -> bool:
@@ -151,7 +191,20 @@ def _install_backends(rc: Any) -> None:
         if cls is None or not (isinstance(cls, type) and issubclass(cls, remote)) or cls_name in _installed:
             continue
         _installed[cls_name] = cls.__dict__.get("backend_override_cls")
-        cls.backend_override_cls = functools.partial(backend_cls, KIND_BY_CLASS[cls_name])
+        cls.backend_override_cls = _ours_cls[cls_name] = functools.partial(
+            backend_cls, KIND_BY_CLASS[cls_name]
+        )
+
+
+def backend_is_ours(cls_name: str) -> bool:
+    """torch's remote cache class ``cls_name`` has kcache's store as its backend (or will have,
+    when ``torch._inductor.remote_cache`` loads: kcache turned its switch on)."""
+    rc = sys.modules.get("torch._inductor.remote_cache")
+    if rc is None:
+        return cls_name in _ours
+    cls = getattr(rc, cls_name, None)
+    ours = _ours_cls.get(cls_name)
+    return ours is not None and cls is not None and cls.__dict__.get("backend_override_cls") is ours
 
 
 def uninstall() -> None:
@@ -161,6 +214,9 @@ def uninstall() -> None:
         "kcache.inductor.precompile",
         "kcache.inductor.coordesc",
         "kcache.inductor.vecisa",
+        "kcache.inductor.policy",
+        "kcache.inductor.graphs",
+        "kcache.inductor.workers",
     ):
         m = sys.modules.get(sub)
         if m is not None:
@@ -177,6 +233,7 @@ def uninstall() -> None:
             else:
                 cls.backend_override_cls = before
         del _installed[cls_name]
+        _ours_cls.pop(cls_name, None)
     for mod_name, switches in FLAGS.items():
         cfg = sys.modules.get(mod_name)
         for attr, cls_name in switches:
@@ -299,18 +356,78 @@ def _store() -> Any:
 
 def get(kind: str, key: str) -> bytes | None:
     """The bytes stored for Inductor's ``key``, or None. Never raises."""
+    from .. import counters
+    from . import graphs, policy
+
+    graph = kind in (_kinds.INDUCTOR_FX, _kinds.INDUCTOR_AOT)
+    served: float | None = None  # a graph served: its recorded compile time ("saved", counters.py)
     try:
+        if not policy.may_serve(kind, key):
+            return None
+        if kind == _kinds.INDUCTOR_FX:
+            graphs.learn(key)
+            held = graphs.take(key)  # fetched with its AOTAutograd entry a moment ago
+            if held is not None:
+                graph = False  # the AOT hit's compile time covers it and its kernels
+                return held
         store = _store()
         if store is None:
             return None
         skey, comps = store_key(kind, key)
         hit = store.get(kind, skey, comps)
-        return hit.read(MEMBER) if hit is not None else None
+        data = hit.read(MEMBER) if hit is not None else None
+        if data is not None and kind == _kinds.INDUCTOR_AOT:
+            data = data if _with_graphs(store, key, data, hit.record.compile_s) else None
+        if data is None:
+            return None
+        served = hit.record.compile_s
+        return data
     except NoGpuModel:
         return None
     except Exception as e:
         warn_once(f"inductor-get:{type(e).__name__}", f"torch.compile cache lookup failed ({e}); compiling")
         return None
+    finally:
+        if graph:
+            counters.graph_lookup(served)
+            if served is None:
+                from . import workers
+
+                workers.compile_coming()  # a graph will be compiled: its workers are wanted now
+
+
+def _with_graphs(store: Any, key: str, data: bytes, compile_s: float) -> bool:
+    """Fetch the FX graphs an AOTAutograd entry names (held for torch's lookups that follow).
+    False, with the hit counted as a miss, when one of them cannot be served: the entry is then
+    removed if a graph is gone from the store (see :mod:`.graphs`)."""
+    from . import graphs, policy
+
+    try:
+        needed = graphs.fx_keys(data)
+    except graphs.Unreadable as e:
+        logger.debug("torch.compile: AOTAutograd entry %s not served: %s", key, e)
+        store.counts.add(_kinds.INDUCTOR_AOT, hits=-1, misses=1, saved_s=-compile_s)
+        return False
+    fetched = []
+    graphs.form_known()  # takes the form of FX keys from torch when this process saw none yet
+    for fx_key in needed:
+        remote_key = graphs.fx_remote_key(fx_key)
+        hit = None
+        if policy.may_serve(_kinds.INDUCTOR_FX, remote_key):
+            skey, comps = store_key(_kinds.INDUCTOR_FX, remote_key)
+            hit = store.get(_kinds.INDUCTOR_FX, skey, comps)
+        if hit is None:
+            store.counts.add(_kinds.INDUCTOR_AOT, hits=-1, misses=1, saved_s=-compile_s)
+            if graphs.form_known() and policy.may_serve(_kinds.INDUCTOR_FX, remote_key):
+                forget(_kinds.INDUCTOR_AOT, key)  # its graph is gone from the store
+            logger.debug("torch.compile: AOTAutograd entry %s not served: FX graph %s absent", key, fx_key)
+            return False
+        # the AOT entry's compile time includes its graphs': credited once, with the AOT hit
+        store.counts.add(_kinds.INDUCTOR_FX, saved_s=-hit.record.compile_s)
+        fetched.append((remote_key, hit.read(MEMBER)))
+    for remote_key, blob in fetched:
+        graphs.hold(remote_key, blob)
+    return True
 
 
 def forget(kind: str, key: str) -> None:
@@ -328,16 +445,24 @@ def forget(kind: str, key: str) -> None:
 def put(kind: str, key: str, data: Any) -> None:
     """Keep Inductor's bytes for ``key`` (replacing what was there). Never raises."""
     try:
+        from . import graphs, policy
+
         if not isinstance(data, (bytes, bytearray, memoryview)):
             warn_once(
                 "inductor-put-type",
                 f"torch.compile gave kcache a {type(data).__name__}, not bytes; not stored",
             )
             return
+        if not policy.may_keep(kind):
+            return
+        if kind == _kinds.INDUCTOR_FX:
+            graphs.learn(key)
         store = _store()
         if store is None:
             return
         blob = bytes(data)
+        if kind == _kinds.INDUCTOR_AOT and not _graphs_kept(store, key, blob):
+            return
         skey, comps = store_key(kind, key)
         summary = {k: v for k, v in comps.items() if k in ("cache", "gpu_name", "torch_version")}
         if kind in (_kinds.INDUCTOR_FX, _kinds.INDUCTOR_AOT):
@@ -348,6 +473,7 @@ def put(kind: str, key: str, data: Any) -> None:
         store.replace(
             kind, skey, {MEMBER: blob}, components=comps, summary=summary, compile_s=_compile_s(blob)
         )
+        policy.kept(kind, key)
         logger.debug(
             "torch.compile: stored %s %s (%d bytes, %.1f ms)",
             kind,
@@ -359,3 +485,21 @@ def put(kind: str, key: str, data: Any) -> None:
         return
     except Exception as e:
         warn_once(f"inductor-put:{type(e).__name__}", f"torch.compile cache entry not stored ({e})")
+
+
+def _graphs_kept(store: Any, key: str, blob: bytes) -> bool:
+    """The FX graphs an AOTAutograd entry names are all in the store (torch put them first)."""
+    from . import graphs
+
+    try:
+        needed = graphs.fx_keys(blob)
+    except graphs.Unreadable as e:
+        logger.debug("torch.compile: AOTAutograd entry %s not kept: %s", key, e)
+        return False
+    for fx_key in needed:
+        skey, _ = store_key(_kinds.INDUCTOR_FX, graphs.fx_remote_key(fx_key))
+        rec, _why = store.read_record(store.entry_id(_kinds.INDUCTOR_FX, skey))
+        if rec is None:
+            logger.debug("torch.compile: AOTAutograd entry %s not kept: FX graph %s not stored", key, fx_key)
+            return False
+    return True

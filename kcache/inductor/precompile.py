@@ -17,6 +17,15 @@ node or container starts without it. Here, torch's ``DynamoCache`` (one object o
 kcache never decodes the package. Nothing is done while caching precompile is off, and a torch
 whose ``DynamoCache`` lacks the methods below is left alone.
 
+Installing a package puts the globals its frames were compiled with into their modules, under
+the names the saving process gave them (``__builtins_dict___0``, ``__compiled_fn_1_...``: a
+counter of Dynamo's, from 0 in every process), and a frame traced afterwards in the same module
+takes names from this process's counter: the first one is ``__builtins_dict___0`` again, and
+Dynamo fails with "Name '__builtins_dict___0' already exists in scope" (torch's own warm folder
+does the same; with kcache, a new empty folder gets the package too). After each install, the
+counter is moved past the numbers of the names the package installed: names are arbitrary, and
+nothing else changes.
+
 A package kcache wrote into the folder that torch then fails to install (torch 2.11 cannot install
 its own package of a BERT model: ``TypeError`` from ``DefaultsSource`` while unpickling guards,
 seen on the H200) must not cost the program more than a compile would have: ``install`` is
@@ -28,6 +37,7 @@ on its own stay torch's to judge.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import sys
@@ -85,6 +95,10 @@ def on_import(mod: Any) -> None:
             if not _start_afresh(self, e):
                 raise
         else:  # installed: a later failure of this function's package is no longer kcache's doing
+            try:
+                _past_installed_names(self)
+            except Exception as e:
+                logger.debug("caching precompile: Dynamo's name counter not moved: %s", e)
             if _served:
                 try:
                     _served.pop(self.source_id, None)
@@ -97,6 +111,33 @@ def on_import(mod: Any) -> None:
     if callable(install):
         _install = install
         pkg.install = install_
+
+
+#: A name Dynamo made with ``unique_id``: ``<prefix>_<counter>``, with ``_<uuid>`` after it for some.
+_UNIQUE_NAME = re.compile(
+    r"__\w*?_([0-9]+)(?:_[0-9a-f]{8}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{4}_[0-9a-f]{12})?"
+)
+
+
+def _past_installed_names(package: Any) -> None:
+    """Move Dynamo's unique-name counter past the numbers of the names it made that are in the
+    globals of the modules the package installed into (see the module doc)."""
+    bt = sys.modules.get("torch._dynamo.bytecode_transformation")
+    counter = getattr(bt, "_unique_id_counter", None)
+    codes = getattr(package, "_codes", None)
+    if counter is None or not isinstance(codes, dict):
+        return
+    highest = -1
+    for entry in codes.values():
+        module = sys.modules.get(getattr(entry, "python_module", "") or "")
+        for name in list(getattr(module, "__dict__", {})):
+            m = _UNIQUE_NAME.fullmatch(name)
+            if m is not None:
+                highest = max(highest, int(m.group(1)))
+    if highest < 0:
+        return
+    if next(counter) <= highest:  # (one id skipped either way: harmless, ids only need to be unique)
+        bt._unique_id_counter = itertools.count(highest + 1)
 
 
 def _start_afresh(package: Any, error: Exception) -> bool:

@@ -1,0 +1,128 @@
+"""An AOTAutograd entry and the FX graphs it names: kept, served and dropped together.
+
+An AOTAutograd cache entry does not hold the compiled graphs: it names them by their FX graph
+cache keys, and on a hit torch looks each one up in the FX graph cache. If one is missing (the
+user turned kcache's FX cache off, ``kcache clear --kind inductor-fx``, an eviction that took the
+FX entry and left the AOT one), torch pays for an AOT fetch and an unpickle, misses, compiles
+anyway, and under ``strict_autograd_cache`` raises ``FXGraphCacheMiss`` into the program;
+``standalone_compile(...).save()`` then finds the AOT artifact recorded twice.
+
+So kcache serves an AOT entry only together with its FX graphs: it reads the keys the entry
+names, fetches those FX entries from the store at once (they are handed to torch's FX lookups
+that follow, from memory: an eviction in between cannot split them), and when one is missing
+the AOT entry is a miss, and is removed (an entry whose graphs are gone is of no use to anyone).
+It keeps an AOT entry only when the FX graphs it names are in the store already (torch saves
+the FX graphs first).
+
+The keys are read from the entry's bytes without unpickling anything: the envelope is JSON with
+a base64 pickle, and :mod:`pickletools` walks the pickle's opcodes (it builds no object). An
+entry that does not name its graphs the way torch 2.8-2.13 does (``CompiledForward`` with an
+``fx_graph_cache_info`` key string; bundled entries hold their graphs and name none) is served
+and kept as it is.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import pickletools
+import re
+import threading
+from collections import OrderedDict
+
+FX_KEY = re.compile(r"f[a-z2-7]{51}")
+#: The classes of an AOTAutograd entry that names FX graphs by key (not bundled ones).
+NAMING_CLASSES = frozenset({"CompiledForward", "CompiledBackward"})
+MAX_PREFETCHED = 16  # FX entries held for torch's next lookups (a hit needs two: forward, backward)
+
+_lock = threading.Lock()
+_prefetched: OrderedDict[str, bytes] = OrderedDict()  # torch's FX remote key -> bytes
+
+
+class Unreadable(ValueError):
+    """The entry's bytes are not in the form kcache knows."""
+
+
+def fx_keys(data: bytes) -> list[str]:
+    """The FX graph cache keys an AOTAutograd entry (Inductor's remote-cache bytes) names, in
+    order, without repeats; [] for an entry that names none (bundled). :class:`Unreadable` when
+    the bytes are not JSON around a base64 pickle."""
+    try:
+        envelope = json.loads(data)
+        payload = base64.b64decode(envelope["data"], validate=True)
+    except (ValueError, KeyError, TypeError, binascii.Error) as e:
+        raise Unreadable(f"not an AOTAutograd envelope: {e}") from None
+    strings: list[str] = []
+    try:
+        for op, arg, _pos in pickletools.genops(payload):
+            if isinstance(arg, str) and "UNICODE" in op.name:
+                strings.append(arg)
+    except Exception as e:  # a truncated or foreign pickle: say so, never guess
+        raise Unreadable(f"not a pickle kcache can read: {e}") from None
+    if not NAMING_CLASSES.intersection(strings):
+        return []
+    return list(dict.fromkeys(s for s in strings if FX_KEY.fullmatch(s)))
+
+
+def hold(fx_remote_key: str, data: bytes) -> None:
+    """Keep an FX entry fetched with its AOT entry for torch's FX lookup that follows."""
+    with _lock:
+        _prefetched[fx_remote_key] = data
+        _prefetched.move_to_end(fx_remote_key)
+        while len(_prefetched) > MAX_PREFETCHED:
+            _prefetched.popitem(last=False)
+
+
+def take(fx_remote_key: str) -> bytes | None:
+    """The FX entry held for this lookup (once), or None."""
+    with _lock:
+        return _prefetched.pop(fx_remote_key, None)
+
+
+def clear() -> None:
+    with _lock:
+        _prefetched.clear()
+
+
+def fx_remote_key(fx_key: str) -> str:
+    """torch's remote-cache key for an FX graph cache key (``pt2:fx-graph-v1::<key>:c1``, or the
+    form seen in this process's own FX lookups)."""
+    head, tail = _FX_KEY_FORM
+    return f"{head}{fx_key}{tail}"
+
+
+_FX_KEY_FORM = ["pt2:fx-graph-v1::", ":c1"]
+_REMOTE_FX_KEY = re.compile(r"(.*::)(f[a-z2-7]{51})(:c[0-9]+)")
+_learned: list[bool] = []
+
+
+def learn(remote_key: str) -> None:
+    """Take the form of torch's FX remote keys from one seen in this process."""
+    m = _REMOTE_FX_KEY.fullmatch(remote_key)
+    if m is not None:
+        _FX_KEY_FORM[:] = [m.group(1), m.group(3)]
+        if not _learned:
+            _learned.append(True)
+
+
+def form_known() -> bool:
+    """The form of torch's FX remote keys is known: seen in this process's own FX lookups, or
+    read from torch's FX remote cache object (else it is torch 2.8-2.13's, assumed)."""
+    if not _learned:
+        _learn_from_torch()
+    return bool(_learned)
+
+
+def _learn_from_torch() -> None:
+    import sys
+
+    codecache = sys.modules.get("torch._inductor.codecache")
+    try:
+        fmt = getattr(codecache.FxGraphCache.get_remote_cache(), "_key_fmt", None)
+    except Exception:
+        return
+    if isinstance(fmt, str) and fmt.count("{key}") == 1 and "{" not in fmt.replace("{key}", ""):
+        head, tail = fmt.split("{key}")
+        _FX_KEY_FORM[:] = [head, tail]
+        _learned.append(True)

@@ -1,0 +1,129 @@
+"""Inductor's compile-worker pool, started when there is something to compile.
+
+Where Triton is installed, Inductor starts its pool of compile workers at the first
+``torch.compile`` call of a process (``maybe_warm_pool`` in Inductor's backend, ``wakeup`` when
+the inputs are on a GPU), before it knows whether anything will be compiled: a new Python per
+worker, each importing torch and Triton. A process whose graphs all come from a cache never
+uses them, and still pays for them, mostly at exit: on the H200, 13-14 s of a warm process's
+30 s went to shutting the pool down (1.1-1.4 s with one compile thread).
+
+While kcache serves Inductor's FX graphs, the pool is started when a compile is coming instead:
+at the first AOTAutograd or FX graph lookup that misses (the lowering that follows overlaps the
+workers' start, as the warm-up meant), or when Inductor submits a kernel that is not compiled
+already (torch's own lazy start). A kernel that a served graph brings compiled (Inductor's
+in-memory table of compiled kernels, filled from the graph's bundle) is taken from there without
+starting the pool. Nothing else changes: the same kernels, compiled by the same workers when
+there is something to compile. Where kcache does not serve FX graphs (turned off, a fresh
+scope), torch's warm-up runs as it would.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+from ..log import logger
+
+MODULE = "torch._inductor.async_compile"
+_lock = threading.Lock()
+_wanted: list[bool] = []  # torch asked for the warm-up; kcache holds it until a compile comes
+_own: dict[str, Any] = {}  # what was replaced -> torch's own
+
+
+def _deferring() -> bool:
+    from . import policy
+
+    try:
+        return policy.fx_served()
+    except Exception:
+        return False
+
+
+def _started(mod: Any) -> bool:
+    try:
+        return mod.AsyncCompile.process_pool.cache_info().currsize > 0
+    except Exception:
+        return True  # cannot tell: behave as torch does
+
+
+def on_import(mod: Any) -> None:
+    """Called when ``torch._inductor.async_compile`` has been imported."""
+    cls = getattr(mod, "AsyncCompile", None)
+    warm = getattr(mod, "maybe_warm_pool", None)
+    raw_wakeup = vars(cls).get("wakeup") if cls is not None else None
+    triton = vars(cls).get("triton") if cls is not None else None
+    kernels = getattr(mod, "CompiledTritonKernels", None)
+    if _own or not callable(warm) or not isinstance(raw_wakeup, classmethod) or not callable(triton):
+        return
+    if kernels is None or not hasattr(cls, "process_pool") or not hasattr(cls.process_pool, "cache_info"):
+        logger.debug("torch.compile: this Inductor's compile pool is not one kcache knows")
+        return
+
+    def maybe_warm_pool() -> None:
+        if _deferring() and not _started(mod):
+            with _lock:
+                _wanted[:] = [True]
+            return
+        warm()
+
+    def wakeup(cls_: Any) -> None:
+        if _deferring() and not _started(mod):
+            with _lock:
+                _wanted[:] = [True]
+            return
+        raw_wakeup.__func__(cls_)
+
+    def triton_(self: Any, kernel_name: str, source_code: str, *args: Any, **kwargs: Any) -> Any:
+        if not _started(mod) and _deferring():
+            try:
+                compiled = kernels.get(source_code) is not None
+            except Exception:
+                compiled = False
+            if compiled:  # from a served graph's bundle: no worker needed for it
+                self.use_process_pool = _no_pool
+                try:
+                    return triton(self, kernel_name, source_code, *args, **kwargs)
+                finally:
+                    self.__dict__.pop("use_process_pool", None)
+        return triton(self, kernel_name, source_code, *args, **kwargs)
+
+    maybe_warm_pool._kcache = True  # type: ignore[attr-defined]
+    _own.update(maybe_warm_pool=warm, wakeup=raw_wakeup, triton=triton, module=mod)
+    mod.maybe_warm_pool = maybe_warm_pool
+    cls.wakeup = classmethod(wakeup)
+    cls.triton = triton_
+
+
+def _no_pool() -> bool:
+    return False
+
+
+def compile_coming() -> None:
+    """A graph lookup missed: start the pool torch asked for, now (it overlaps the lowering)."""
+    with _lock:
+        if not _wanted:
+            return
+        _wanted.clear()
+    warm = _own.get("maybe_warm_pool")
+    if warm is not None:
+        try:
+            warm()
+        except Exception as e:
+            logger.debug("torch.compile: compile pool not warmed: %s", e)
+
+
+def uninstall() -> None:
+    mod = _own.pop("module", None) or sys.modules.get(MODULE)
+    if mod is None:
+        _own.clear()
+        return
+    cls = getattr(mod, "AsyncCompile", None)
+    if "maybe_warm_pool" in _own:
+        mod.maybe_warm_pool = _own.pop("maybe_warm_pool")
+    if cls is not None and "wakeup" in _own:
+        cls.wakeup = _own.pop("wakeup")
+    if cls is not None and "triton" in _own:
+        cls.triton = _own.pop("triton")
+    _own.clear()
+    _wanted.clear()
