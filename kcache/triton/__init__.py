@@ -2,11 +2,29 @@
 
 :func:`attach` arranges for it to be installed when the program imports triton (now, if it
 already has); nothing here imports triton until then.
+
+A program that points Triton at a cache folder while it runs (``triton.knobs.cache.dir = d``,
+or ``os.environ["TRITON_CACHE_DIR"] = d`` after Triton is imported; Triton's own tests do it to
+get a fresh cache, torch's ``fresh_cache()`` too) asks for that cache: kcache steps aside, and
+Triton's own cache manager serves that folder as it would without kcache (:func:`serves_folder`).
+The folder Triton had when kcache attached (the environment's, or Triton's default) is kcache's,
+and so is the one Inductor picks for itself (``<TORCHINDUCTOR_CACHE_DIR>/triton/<device>``, set
+when the program left ``TRITON_CACHE_DIR`` unset): a torch.compile warm start stays served.
+
+Autotune caching: with ``TRITON_CACHE_AUTOTUNING`` unset, kcache turns it on, so a process
+whose autotune results are in the store does not benchmark. An autotuner built with its own
+``pre_hook`` or ``post_hook`` is left uncached (its hooks watch the benchmark: a program that
+set them expects them to run), unless the program asked for caching itself
+(``cache_results=True`` or ``TRITON_CACHE_AUTOTUNING=1``); ``TRITON_CACHE_AUTOTUNING=0`` turns
+it off everywhere.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+import re
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -29,6 +47,56 @@ def _set_knob(obj: Any, name: str, value: Any) -> None:
         obj.__dict__[dname] = value
     else:
         setattr(obj, name, value)
+
+
+def _folder(path: Any) -> str | None:
+    if not isinstance(path, str) or not path:
+        return None
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def serves_folder() -> bool:
+    """kcache serves the Triton cache folder in use now (see the module doc): the one Triton had
+    when kcache attached, or Inductor's own pick; not one the program chose while running, nor
+    the ``<folder>/triton`` of torch's fresh-cache scopes."""
+    try:
+        from triton import knobs
+
+        current = _folder(knobs.cache.dir)
+    except Exception:
+        return True
+    if current is None:
+        return True
+    inductor = _folder(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+    if inductor is not None:
+        if current == os.path.join(inductor, "triton"):
+            return False  # torch's fresh_cache(): a new, empty Triton folder
+        rest = current[len(inductor) :] if current.startswith(inductor + os.sep) else ""
+        if re.fullmatch(r"/triton/[0-9]+", rest.replace(os.sep, "/")):
+            return True  # Inductor's own: <TORCHINDUCTOR_CACHE_DIR>/triton/<device>
+    return current == _installed.get("folder", current)
+
+
+def _autotuner_init(original: Any) -> Any:
+    """Autotune caching, as kcache turns it on, left off for autotuners with hooks of their own."""
+    try:
+        sig = inspect.signature(original)
+    except (TypeError, ValueError):
+        return None
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            bound = sig.bind(self, *args, **kwargs).arguments
+            hooks = bound.get("pre_hook") is not None or bound.get("post_hook") is not None
+            if hooks and not bound.get("cache_results") and getattr(self, "cache_results", False):
+                self.cache_results = False
+        except Exception:
+            pass
+
+    __init__._kcache = True  # type: ignore[attr-defined]
+    return __init__
 
 
 def install(triton: ModuleType | None = None) -> None:
@@ -63,9 +131,23 @@ def install(triton: ModuleType | None = None) -> None:
         _installed["previous_manager"] = knobs.cache.__dict__.get("manager_class")
         _set_knob(knobs.cache, "manager_class", KcacheCacheManager)
         _installed["manager"] = True
+    try:
+        _installed["folder"] = _folder(knobs.cache.dir)
+    except Exception as e:
+        logger.info("Triton's cache folder not known: %s", e)
     if os.environ.get("TRITON_CACHE_AUTOTUNING", "").strip() == "" and hasattr(knobs, "autotuning"):
         _set_knob(knobs.autotuning, "cache", True)
         _installed["autotune"] = True
+        try:
+            from triton.runtime.autotuner import Autotuner
+
+            own = Autotuner.__dict__.get("__init__")
+            wrapped = _autotuner_init(own) if own is not None and not getattr(own, "_kcache", False) else None
+            if wrapped is not None:
+                Autotuner.__init__ = wrapped
+                _installed["autotuner_init"] = own
+        except Exception as e:
+            logger.info("autotuners with hooks of their own are cached too: %s", e)
     try:
         install_key_memo()
     except Exception as e:  # the memo is an optimisation: Triton's own key still works
@@ -90,9 +172,22 @@ def install(triton: ModuleType | None = None) -> None:
         from .warmup import install_libcuda_memo, start_gluon_import
 
         when_imported("triton.backends.nvidia.driver", install_libcuda_memo)
-        start_gluon_import()
+        if not _inductor_compile_worker():
+            start_gluon_import()
     except Exception as e:
         logger.info("Triton warm-up not started: %s", e)
+
+
+def _inductor_compile_worker() -> bool:
+    """This process is Inductor's compile-worker sidecar (or a worker it forked). It compiles with
+    ``triton.compile`` and never launches, so the gluon pre-import would be of no use there; worse,
+    it runs while the sidecar starts, and its workers are forked after it ends: the pool is ready
+    later, and Inductor, which hands kernels to the pool early only when it is ready at code
+    generation, compiles more of them at module load, some in the parent (seen under
+    ``mode="reduce-overhead"`` on the H200: fewer ``async_compile`` calls, slower recompiles)."""
+    from ..counters import in_compile_worker
+
+    return in_compile_worker()
 
 
 def install_if_pending() -> None:
@@ -119,6 +214,15 @@ def uninstall() -> None:
             knobs.cache.__dict__["manager_class"] = prev
     if _installed.pop("autotune", False):
         knobs.autotuning.__dict__.pop("cache", None)
+    own_init = _installed.pop("autotuner_init", None)
+    if own_init is not None:
+        try:
+            from triton.runtime.autotuner import Autotuner
+
+            Autotuner.__init__ = own_init
+        except Exception:
+            pass
+    _installed.pop("folder", None)
     for modname, fn in (
         ("kcache.triton.keymemo", "uninstall_key_memo"),
         ("kcache.triton.toolmemo", "uninstall_tool_memo"),

@@ -49,7 +49,7 @@ from triton.runtime.cache import CacheManager, FileCacheManager
 from .. import active_store
 from ..log import logger, warn_once
 from ..store import Store
-from . import groupcheck, tunecheck
+from . import groupcheck, serves_folder, tunecheck, tuning
 from .components import components_for, take, target_for
 from .kinds import KIND_AUTOTUNE, KIND_AUX, KIND_GROUP, kind_of, store_key
 
@@ -187,6 +187,9 @@ class KcacheCacheManager(CacheManager):
         # What the get_cache_key call just before (this compile's, on this thread) was given:
         # the key's components, made only if needed (a miss) and only if they are this key's.
         self._origin = take()
+        if not serves_folder():  # the program pointed Triton at a cache folder of its own
+            self._file = FileCacheManager(key)
+            return
         self._store = active_store()
         if self._store is None and not _enable_tried:
             _try_enable()
@@ -286,6 +289,8 @@ class KcacheCacheManager(CacheManager):
         if kind == KIND_AUX and self._store is not None and not self._store.trust_host_code:
             _untrusted_store(self._store)
             kind = None  # never stored in (nor served from) a store that failed its checks
+        if kind == KIND_AUTOTUNE and not tuning.usable(blob):
+            kind = None  # every config failed: not a result to reuse (see tuning.py)
         if kind is not None and self._store is not None:
             try:
                 t0 = self._miss_t.pop(filename, None)

@@ -52,11 +52,16 @@ def _scalar(v: Any) -> bool:
     return t in (int, float) and math.isfinite(v) and abs(v) < 1 << 63
 
 
+def _time(x: Any) -> bool:
+    # +inf is Triton's time for a config that failed to run (out of resources, ...): it loses
+    return type(x) in (int, float) and (math.isfinite(x) or x == math.inf)
+
+
 def _timing(t: Any) -> tuple[str, int] | None:
     """The shape of a timing (a number, or a list of n numbers), or None when it is not one."""
-    if type(t) in (int, float) and math.isfinite(t):
+    if _time(t):
         return ("n", 0)
-    if type(t) is list and 0 < len(t) <= 16 and all(type(x) in (int, float) and math.isfinite(x) for x in t):
+    if type(t) is list and 0 < len(t) <= 16 and all(_time(x) for x in t):
         return ("l", len(t))
     return None
 
@@ -107,6 +112,8 @@ def _problem(blob: bytes) -> str | None:
         shapes.add(shape)
     if len(shapes) > 1:
         return "timings that do not compare"
+    if not any(math.isfinite(t if type(t) is not list else t[0]) for _, t in pairs):
+        return "every config failed to run: the winner would be one that failed"
     return None
 
 
