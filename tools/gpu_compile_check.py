@@ -1,12 +1,15 @@
 """torch.compile through kcache on the GPU machine: per-shape first-call times in fresh processes.
 
-    python3 tools/gpu_compile_check.py [--model bert|gpt2|tiny] [--device cuda|cpu]
-                                       [--plan main,cold,precompile,aot,bothwarm,autotune]
-                                       [--mode MODE] [--shapes N] [--job-id ID] [--budget S]
-                                       [--child-env K=V ...] [--log FILE]
+    python3 tools/gpu_compile_check.py [--model bert|gpt2|tiny|fn] [--device cuda|cpu]
+                                       [--plan main,cold,precompile,aot,bothwarm,autotune,
+                                               reduce-overhead,max-autotune-no-cudagraphs,dynamic,
+                                               default,bisect]
+                                       [--mode MODE] [--dynamic] [--shapes N] [--pairs N]
+                                       [--job-id ID] [--budget S] [--child-env K=V ...] [--log FILE]
 
 A model (BERT-base or GPT-2 small from transformers' default configs, random weights, fp16, eval;
-or the small encoder of docs/examples/torch_compile on any machine) is torch.compile'd and called
+the small encoder of docs/examples/torch_compile on any machine; or ``fn``, a tiny pointwise
+function of the token embeddings: the smallest torch.compile program) is torch.compile'd and called
 at the shape sequence (1, 64), (8, 256), (8, 256), (1, 64), (8, 256), (8, 64) (the first N with
 ``--shapes``), one fresh process per condition, each with its own directories.
 
@@ -46,6 +49,28 @@ then cold and warm-folder runs without, one more warm pair, and kcache with both
 counters show how often coordinate descent benchmarked a config (``coordesc_tuning_bench``):
 torch 2.11 tunes again in warm processes (pytorch#172819), where kcache applies the cached winner.
 
+Plans ``reduce-overhead``, ``max-autotune-no-cudagraphs``, ``dynamic`` and ``default`` (issue 27:
+does kcache change what Inductor compiles, or slow it, in the other modes; what does a whole
+process take?): ``mode="reduce-overhead"`` (CUDA graphs), ``mode="max-autotune-no-cudagraphs"``,
+Inductor's default mode with ``dynamic=True``, and Inductor's default mode. Each: ``--pairs`` (default 3) ``plain-cold``/``kcache-cold`` pairs, each run on
+its own empty folder and store, then ``--pairs`` pairs of ``kcache-warm-store`` (the first kcache
+cold run's store, a new empty Inductor folder) against ``plain-warm`` (the first plain cold run's
+folder), the order alternating. The summary (``compare`` in the JSON) gives per condition the
+median first call, the median of the six calls' sum and the median exec-to-exit time of the
+process (``wall_s``: from the spawn to the exit, imports and the compile-worker pool's shutdown
+included), the ratios kcache-warm-store / plain-warm, whether Inductor's own counters
+(``async_compile_cache_hit/miss``, the FX graph and AOTAutograd cache counters, ...) are equal
+with and without kcache (cold against cold, warm against warm), and whether every call's output
+is bit-identical between the two (``out_sha``: sha256 of each call's output bytes). Each run also
+lists, in order, its AOTAutograd and FX graph lookups and the kernels Inductor handed to
+``async_compile.triton`` (``events``): ``compare`` names the kernels loaded a different number of
+times with and without kcache (``events_differ_cold/warm``).
+
+Plan ``bisect`` (with ``--mode reduce-overhead``): plain and kcache cold runs, and kcache cold
+runs with each remote cache kcache turns on kept off by the user's setting (kcache leaves a
+switch the user set alone): which one changes Inductor's ``async_compile`` counters, its outputs,
+and which kernels plain loads that kcache does not.
+
 ``--job-id`` sets ``TORCH_COMPILE_JOB_ID`` in every process, which turns on Dynamo's profile of
 dynamic dimensions (PGO); without it (the default, as in issue 14's figures) there is none.
 
@@ -61,6 +86,7 @@ Inductor's and kcache's cache counters. Results are written after every process 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -100,6 +126,22 @@ def build(model_name: str, device: str) -> tuple[Any, Any]:
             return {"input_ids": torch.randint(0, vocab, (b, s), generator=g).to(device)}
 
         return model, make
+    if model_name == "fn":  # the smallest torch.compile program: a pointwise function
+        dtype = torch.float16 if device == "cuda" else torch.float32
+        table = torch.randn(1000, 64, generator=torch.Generator().manual_seed(0)).to(
+            device=device, dtype=dtype
+        )
+
+        class Fn(torch.nn.Module):
+            def forward(self, ids: Any) -> Any:
+                x = table[ids]
+                return (torch.sin(x) * 2 + 1).relu().sum(-1)
+
+        def make_ids(b: int, s: int) -> dict[str, Any]:
+            g = torch.Generator().manual_seed(b * 1000 + s)
+            return {"ids": torch.randint(0, 1000, (b, s), generator=g).to(device)}
+
+        return Fn(), make_ids
     sys.path.insert(0, str(REPO / "docs" / "examples" / "torch_compile"))
     from model import make_inputs, make_model
 
@@ -122,6 +164,80 @@ def call_model(m: Any, x: Any) -> Any:
     return out[0] if isinstance(out, tuple) or hasattr(out, "last_hidden_state") else out
 
 
+def trace_compile_events() -> list[str]:
+    """What Inductor looked up and loaded, in order: AOTAutograd and FX graph lookups (key,
+    hit or miss) and every kernel handed to ``async_compile.triton`` (name, and whether it was in
+    Inductor's in-memory table: ``async_compile_cache_hit``). Tells which graph's kernels a run
+    loads more often than another (issue 27: under reduce-overhead the counters differ)."""
+    events: list[str] = []
+    try:
+        from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+        from torch._inductor import async_compile
+        from torch._inductor.codecache import FxGraphCache
+
+        own_triton = async_compile.AsyncCompile.triton
+
+        def triton(self: Any, kernel_name: str, source_code: str, *a: Any, **k: Any) -> Any:
+            hit = async_compile.CompiledTritonKernels.get(source_code) is not None
+            events.append(f"triton:{kernel_name}:{'mem' if hit else 'new'}")
+            return own_triton(self, kernel_name, source_code, *a, **k)
+
+        async_compile.AsyncCompile.triton = triton
+
+        def wrap(cls: Any, name: str, tag: str) -> None:
+            own = getattr(cls, name)
+
+            def lookup(*a: Any, **k: Any) -> Any:
+                res = own(*a, **k)
+                key = next((x for x in a if isinstance(x, str)), "?")
+                found = res[0] if isinstance(res, tuple) else res
+                events.append(f"{tag}:{key[:10]}:{'hit' if found is not None else 'miss'}")
+                return res
+
+            setattr(cls, name, staticmethod(lookup))
+
+        wrap(FxGraphCache, "_lookup_graph", "fx")
+        wrap(AOTAutogradCache, "_lookup", "aot")
+    except Exception as e:  # noqa: BLE001 - a torch without these keeps the rest of the result
+        events.append(f"not traced: {e!r}"[:200])
+    return events
+
+
+def watch_compile_pool(t0: float) -> dict[str, float]:
+    """When Inductor's compile-worker pool was created and when it became ready (seconds from
+    ``t0``): Inductor hands kernels to the workers at code generation only if the pool is ready
+    then, so the race decides its ``async_compile`` counters (issue 27, reduce-overhead)."""
+    import threading
+
+    times: dict[str, float] = {}
+
+    def watch() -> None:
+        try:
+            import torch._inductor.async_compile as ac
+        except Exception:  # noqa: BLE001
+            return
+        while "ready" not in times:
+            if "started" not in times and ac._pool_set:
+                times["started"] = round(time.perf_counter() - t0, 3)
+            fut = ac.AsyncCompile._ready_future
+            if fut is not None and fut.done():
+                times["ready"] = round(time.perf_counter() - t0, 3)
+            time.sleep(0.005)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return times
+
+
+def compile_pool_started() -> bool | None:
+    """Whether Inductor started its pool of compile workers in this process."""
+    try:
+        import torch._inductor.async_compile as ac
+
+        return bool(ac._pool_set)
+    except Exception:  # noqa: BLE001 - a torch without this keeps the rest of the result
+        return None
+
+
 def compile_breakdown() -> dict[str, float]:
     """Dynamo's own timers (``dynamo_timed``), summed over the process, in seconds."""
     try:
@@ -134,7 +250,7 @@ def compile_breakdown() -> dict[str, float]:
 
 
 def child(model_name: str, device: str, mode: str | None, shapes: int, aot: str | None,
-          aot_dir: str | None) -> dict[str, Any]:  # fmt: skip
+          aot_dir: str | None, dynamic: bool = False) -> dict[str, Any]:  # fmt: skip
     t_import = time.perf_counter()
     import torch
 
@@ -153,6 +269,8 @@ def child(model_name: str, device: str, mode: str | None, shapes: int, aot: str 
     import torch._inductor.compile_fx  # noqa: F401
 
     out["import_compiler_ms"] = round(1e3 * (time.perf_counter() - t), 1)
+    events = trace_compile_events()
+    pool_times = watch_compile_pool(t_import)
     files = {shape: Path(aot_dir or ".") / f"{shape[0]}x{shape[1]}.aot" for shape in sequence}
     if aot == "save":  # one static function per distinct shape, compiled ahead and saved
         compile_s = {}
@@ -177,10 +295,13 @@ def child(model_name: str, device: str, mode: str | None, shapes: int, aot: str 
 
     t = time.perf_counter()
     if aot != "load":  # timed: with caching precompile, torch loads its package here, not at the call
-        compiled = torch.compile(model, mode=mode) if mode else torch.compile(model)
+        kwargs: dict[str, Any] = {"mode": mode} if mode else {}
+        if dynamic:
+            kwargs["dynamic"] = True
+        compiled = torch.compile(model, **kwargs)
     out["wrap_ms"] = round(1e3 * (time.perf_counter() - t), 2)
     setup_s = time.perf_counter() - t_import
-    first_ms, diffs = [], []
+    first_ms, diffs, shas = [], [], []
     with torch.no_grad():
         for shape, x, ref in zip(sequence, inputs, eager):
             sync()
@@ -188,7 +309,9 @@ def child(model_name: str, device: str, mode: str | None, shapes: int, aot: str 
             y = aot_call(shape, x) if aot == "load" else compiled(**x)
             sync()
             first_ms.append(round(1e3 * (time.perf_counter() - t), 2))
-            diffs.append(float((first_tensor(y).float().cpu() - ref).abs().max()))
+            got = first_tensor(y).detach().cpu().contiguous()
+            diffs.append(float((got.float() - ref).abs().max()))
+            shas.append(hashlib.sha256(got.view(torch.uint8).numpy().tobytes()).hexdigest()[:16])
         steady = {}
         for b, s in dict.fromkeys(sequence):
             x = make(b, s)
@@ -211,6 +334,11 @@ def child(model_name: str, device: str, mode: str | None, shapes: int, aot: str 
         "first_ms": first_ms,
         "steady_ms": steady,
         "max_abs_diff": max(diffs),
+        "abs_diff": [round(d, 6) for d in diffs],
+        "out_sha": shas,  # bit-identity across runs with the same Inductor state
+        "pool_started": compile_pool_started(),
+        "events": events,
+        "pool_s": pool_times,  # when the compile pool was started and became ready (from import torch)
         "compile_times_s": compile_breakdown(),
         "caching_precompile": bool(getattr(torch._dynamo.config, "caching_precompile", False)),
         "dynamo_cache": dict(counters["dynamo_cache"]),
@@ -248,6 +376,8 @@ class Check:
         self.args, self.work = args, work
         self.deadline = time.monotonic() + args.budget
         self.later: list[Any] = []
+        self.mode: str | None = None  # a plan's own mode (else --mode)
+        self.dynamic = False
         self.result: dict[str, Any] = {"model": args.model, "device": args.device, "mode": args.mode,
                                        "plan": args.plan, "job_id": args.job_id,
                                        "sequence": SEQUENCE[: args.shapes], "runs": []}  # fmt: skip
@@ -287,8 +417,11 @@ class Check:
         t = time.monotonic()
         cmd = [sys.executable, __file__, "--child", "--model", self.args.model, "--device", self.args.device,
                "--shapes", str(self.args.shapes), *child_args]  # fmt: skip
-        if self.args.mode:
-            cmd += ["--mode", self.args.mode]
+        mode = self.mode if self.mode is not None else self.args.mode
+        if mode:
+            cmd += ["--mode", mode]
+        if self.dynamic or self.args.dynamic:
+            cmd += ["--dynamic"]
         stderr = ""
         try:
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(30.0, self.left()))
@@ -303,7 +436,8 @@ class Check:
             res = {"error": "timed out"}
         except (ValueError, IndexError):
             res = {"error": f"no result: {stderr[-3000:]}"}
-        res = {"name": name, "wall_s": round(time.monotonic() - t, 1), **res}
+        res = {"name": name, "wall_s": round(time.monotonic() - t, 2), "mode": mode, "dynamic": self.dynamic or
+               self.args.dynamic, **res}  # fmt: skip
         if self.args.log:  # every child's stderr, for TORCH_LOGS and KCACHE_LOG
             with open(self.args.log, "a", encoding="utf-8") as f:
                 f.write(f"===== {name}\n{scrub(stderr, self.work)}\n")
@@ -327,7 +461,7 @@ class Check:
     def main(self) -> None:
         plans = self.args.plan.split(",")
         for plan in plans:
-            getattr(self, f"plan_{plan}")()
+            getattr(self, f"plan_{plan.replace('-', '_')}")()
         for later in self.later:
             later()
         if "main" in plans or "precompile" in plans:
@@ -433,6 +567,88 @@ class Check:
         self.run("plain-warm#2", self.env(None, w / "ind-at-plain"), 10)
         self.run("kcache-both-warm", self.env(store, w / "ind-at-kcache"), 10)
 
+    def compare(self, tag: str, mode: str | None, dynamic: bool) -> None:
+        """Cold pairs, then warm pairs (see the module doc), in ``mode``; the summary in
+        ``result["compare"][tag]``."""
+        w = self.work / tag
+        self.mode, self.dynamic = mode, dynamic
+        names = []
+        try:
+            for i in range(self.args.pairs):
+                pair = [("plain-cold", None), ("kcache-cold", w / f"store-{i}")]
+                for name, store in pair if i % 2 == 0 else pair[::-1]:
+                    names.append(f"{tag}:{name}#{i}")
+                    self.run(names[-1], self.env(store, w / f"ind-{name}-{i}"), 30)
+            for i in range(self.args.pairs):
+                pair = [
+                    ("plain-warm", None, w / "ind-plain-cold-0"),
+                    ("kcache-warm-store", w / "store-0", None),
+                ]
+                for name, store, folder in pair if i % 2 == 0 else pair[::-1]:
+                    names.append(f"{tag}:{name}#{i}")
+                    self.run(names[-1], self.env(store, folder or w / f"ind-fresh-{i}"), 10)
+        finally:
+            self.mode, self.dynamic = None, False
+        self.result.setdefault("compare", {})[tag] = summarize_compare(
+            [r for r in self.result["runs"] if r.get("name") in names]
+        )
+        print(json.dumps({tag: self.result["compare"][tag]}, indent=1))
+
+    def plan_bisect(self) -> None:
+        """Which of the remote caches kcache turns on changes what Inductor compiles (meant with
+        ``--mode reduce-overhead``): cold runs with kcache, each with one of them kept off by the
+        user's own setting (which kcache leaves alone), against plain and kcache cold runs. The
+        switch whose absence gives plain's counters is the one."""
+        w = self.work / "bisect"
+        off = {
+            "no-fx": {"TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "0"},
+            "no-aot": {"TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE": "0"},
+            "no-autotune": {"TORCHINDUCTOR_AUTOTUNE_REMOTE_CACHE": "0"},
+            "no-pgo": {"TORCH_DYNAMO_AUTOMATIC_DYNAMIC_REMOTE_PGO": "0"},
+        }
+        runs = [("plain-cold", None, {}), ("kcache-cold", w / "store", {})]
+        runs += [(f"kcache-cold-{k}", w / f"store-{k}", v) for k, v in off.items()]
+        got = {}
+        for name, store, extra in runs:
+            r = self.run(f"bisect:{name}", self.env(store, w / f"ind-{name}", **extra), 30)
+            if r and not r.get("error"):
+                got[name] = {
+                    "async_compile": {
+                        k: v for k, v in r.get("inductor", {}).items() if k.startswith("async_compile")
+                    },
+                    "out_sha": r.get("out_sha"),
+                    "events": r.get("events", []),
+                }
+        plain = got.get("plain-cold")
+        summary: dict[str, Any] = {}
+        for name, g in got.items():
+            summary[name] = {"async_compile": g["async_compile"]}
+            if plain is not None and name != "plain-cold":
+                summary[name]["same_as_plain"] = g["async_compile"] == plain["async_compile"]
+                summary[name]["outputs_as_plain"] = g["out_sha"] == plain["out_sha"]
+                extra_loads = [e for e in plain["events"] if e.startswith("triton:")]
+                for e in g["events"]:
+                    if e in extra_loads:
+                        extra_loads.remove(e)
+                summary[name]["loaded_by_plain_only"] = extra_loads
+        self.result["bisect"] = summary
+        print(json.dumps({"bisect": summary}, indent=1))
+
+    def plan_reduce_overhead(self) -> None:
+        """CUDA graphs (``mode="reduce-overhead"``)."""
+        self.compare("reduce-overhead", "reduce-overhead", False)
+
+    def plan_max_autotune_no_cudagraphs(self) -> None:
+        self.compare("max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs", False)
+
+    def plan_default(self) -> None:
+        """Inductor's default mode: the whole-process figures (``wall_s``) of issue 27's point 3."""
+        self.compare("default", None, False)
+
+    def plan_dynamic(self) -> None:
+        """Inductor's default mode, ``dynamic=True``."""
+        self.compare("dynamic", None, True)
+
     def summarize(self) -> None:
         by: dict[str, list[list[float]]] = {}
         for r in self.result["runs"]:
@@ -457,13 +673,85 @@ class Check:
         print(json.dumps({k: v for k, v in self.result.items() if k.startswith(("median", "ratio"))}))
 
 
+def summarize_compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians per condition, kcache / Inductor ratios, and whether Inductor's counters and the
+    outputs are the same with and without kcache (cold against cold, warm against warm)."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in runs:
+        if r.get("first_ms"):
+            by.setdefault(r["name"].split(":", 1)[1].split("#")[0], []).append(r)
+
+    def med(rs: list[dict[str, Any]], f: Any) -> float:
+        return round(statistics.median(f(r) for r in rs), 2)
+
+    out: dict[str, Any] = {
+        "runs": {k: len(v) for k, v in by.items()},
+        "errors": [r["name"] for r in runs if r.get("error")],
+    }
+    for name, rs in by.items():
+        out[name] = {
+            "first_ms": med(rs, lambda r: r["first_ms"][0] + r.get("wrap_ms", 0.0)),
+            "six_calls_ms": med(rs, lambda r: sum(r["first_ms"]) + r.get("wrap_ms", 0.0)),
+            "wall_s": med(rs, lambda r: r["wall_s"]),
+            "pool_started": sorted({str(r.get("pool_started")) for r in rs}),
+        }
+    if "kcache-warm-store" in out and "plain-warm" in out:
+        a, b = out["kcache-warm-store"], out["plain-warm"]
+        out["ratio_warm"] = {
+            k: round(a[k] / b[k], 3) if b[k] else None for k in ("first_ms", "six_calls_ms", "wall_s")
+        }
+    if "kcache-cold" in out and "plain-cold" in out:
+        a, b = out["kcache-cold"], out["plain-cold"]
+        out["ratio_cold"] = {
+            k: round(a[k] / b[k], 3) if b[k] else None for k in ("first_ms", "six_calls_ms", "wall_s")
+        }
+    for temp in ("cold", "warm"):
+        k_runs = by.get("kcache-cold" if temp == "cold" else "kcache-warm-store", [])
+        p_runs = by.get(f"plain-{temp}", [])
+        if not k_runs or not p_runs:
+            continue
+
+        def kinds(rs: list[dict[str, Any]], only: str = "") -> set[str]:
+            return {json.dumps({k: v for k, v in r.get("inductor", {}).items() if k.startswith(only)},
+                               sort_keys=True) for r in rs}  # fmt: skip
+
+        # what Inductor compiled (async_compile_*), then every cache counter it keeps
+        out[f"async_compile_equal_{temp}"] = kinds(k_runs, "async_compile") == kinds(p_runs, "async_compile")
+        out[f"counters_equal_{temp}"] = kinds(k_runs) == kinds(p_runs)
+        if kinds(k_runs) != kinds(p_runs):
+            out[f"counters_{temp}"] = {"kcache": sorted(kinds(k_runs)), "plain": sorted(kinds(p_runs))}
+
+        def loads(rs: list[dict[str, Any]]) -> dict[str, int]:
+            seen: dict[str, int] = {}
+            for e in rs[0].get("events", []):  # the first run of each: one process's order
+                seen[e] = seen.get(e, 0) + 1
+            return seen
+
+        kl, pl = loads(k_runs), loads(p_runs)
+        out[f"events_differ_{temp}"] = {
+            e: {"kcache": kl.get(e, 0), "plain": pl.get(e, 0)}
+            for e in sorted(set(kl) | set(pl))
+            if kl.get(e, 0) != pl.get(e, 0) and not e.startswith(("fx:", "aot:"))
+        }
+        shas = {tuple(r.get("out_sha", ())) for r in k_runs} | {tuple(r.get("out_sha", ())) for r in p_runs}
+        out[f"outputs_identical_{temp}"] = len(shas) == 1
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="bert", choices=("bert", "gpt2", "tiny"))
+    ap.add_argument("--model", default="bert", choices=("bert", "gpt2", "tiny", "fn"))
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--mode", default=None, help="torch.compile mode (default: Inductor's default)")
+    ap.add_argument("--dynamic", action="store_true", help="torch.compile(dynamic=True) in every run")
     ap.add_argument(
-        "--plan", default="main", help="comma-separated: main, cold, precompile, aot, bothwarm, autotune"
+        "--pairs", type=int, default=3, help="alternating pairs per condition in the compare plans"
+    )
+    ap.add_argument(
+        "--plan",
+        default="main",
+        help="comma-separated: main, cold, precompile, aot, bothwarm, autotune, reduce-overhead, "
+        "max-autotune-no-cudagraphs, dynamic, default, bisect",
     )
     ap.add_argument("--job-id", default=None, help="TORCH_COMPILE_JOB_ID for every process (turns PGO on)")
     ap.add_argument("--shapes", type=int, default=len(SEQUENCE), help="the first N shapes of the sequence")
@@ -483,13 +771,17 @@ def main() -> int:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     for plan in args.plan.split(","):
-        if not hasattr(Check, f"plan_{plan}"):
+        if not hasattr(Check, f"plan_{plan.replace('-', '_')}"):
             ap.error(f"unknown plan {plan!r}")
     for kv in args.child_env:
         if "=" not in kv:
             ap.error(f"--child-env wants K=V, not {kv!r}")
     if args.child:
-        print(json.dumps(child(args.model, args.device, args.mode, args.shapes, args.aot, args.aot_dir)))
+        print(
+            json.dumps(
+                child(args.model, args.device, args.mode, args.shapes, args.aot, args.aot_dir, args.dynamic)
+            )
+        )
         return 0
     work = Path(tempfile.mkdtemp(prefix="kcache-gpu-compile-"))
     try:
