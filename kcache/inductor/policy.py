@@ -58,15 +58,6 @@ _fresh: set[str] = set()
 #: The folder in use when torch last called ``clear_caches()``, until the next lookup.
 _armed: list[str] = []
 
-ALL_KINDS = (
-    _kinds.INDUCTOR_FX,
-    _kinds.INDUCTOR_AOT,
-    _kinds.INDUCTOR_AUTOTUNE,
-    _kinds.INDUCTOR_PGO,
-    _kinds.INDUCTOR_CPP,
-    _kinds.INDUCTOR_PRECOMPILE,
-)
-
 
 def _cfg(name: str) -> Any:
     return sys.modules.get(name)
