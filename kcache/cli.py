@@ -722,12 +722,12 @@ def _remote_args(p: argparse.ArgumentParser) -> None:
         "--limit",
         type=_count,
         default=10_000,
-        help="check at most N entries of the index, newest first (default 10000; 0: all)",
+        help="look at most N entry keys, a page of each node in turn (default 10000; 0: all)",
     )
 
 
 def _remote_run(args: argparse.Namespace) -> int:
-    """the shared tier (KCACHE_REMOTE): whether it answers, the server, and what kcache holds there"""
+    """the shared tier (KCACHE_REMOTE): whether it answers, each node, and what kcache holds there"""
     from .config import format_size
     from .maintenance.remote import remote_report
 
@@ -740,37 +740,64 @@ def _remote_run(args: argparse.Namespace) -> int:
     if wants_json(args):
         print_json(res)
         return 0 if res["reachable"] and "error" not in res else 1
-    rows = [
-        ["url", res["url"]],
+
+    def memory(srv: dict[str, Any]) -> str:
+        if "used_memory" not in srv:
+            return "?"
+        mm = int(srv.get("maxmemory") or 0)
+        return f"{format_size(int(srv['used_memory']))} of {format_size(mm) if mm else 'no maxmemory'}"
+
+    rows = [["url", res["url"]]]
+    cl = res.get("cluster")
+    if cl is not None:
+        roles = [n["role"] for n in res.get("nodes", [])]
+        rows.append(
+            [
+                "cluster",
+                f"{cl.get('state', '?')}: {roles.count('master')} masters, {roles.count('replica')} replicas",
+            ]
+        )
+    rows += [
         ["prefix", res["prefix"]],
         ["signed", "yes (KCACHE_SECRET)" if res["signed"] else "no (host code and pickles stay local)"],
         ["reachable", "yes" if res["reachable"] else "no"],
     ]
     if res["reachable"]:
         rows.append(["ping", f"{res['ping_ms']:.2f} ms"])
-        srv = res.get("server", {})
-        if "error" in srv:
+        srv = res.get("server")
+        if srv is not None and "error" in srv:
             rows.append(["server", f"INFO refused: {srv['error']}"])
-        else:
+        elif srv is not None:
             version = srv.get("valkey_version") and f"valkey {srv['valkey_version']}"
             rows.append(["server", version or f"redis {srv.get('redis_version', '?')}"])
-            mm = int(srv.get("maxmemory") or 0)
-            used = format_size(int(srv.get("used_memory") or 0))
-            rows.append(["memory", f"{used} of {format_size(mm) if mm else 'no maxmemory'}"])
+            rows.append(["memory", memory(srv)])
             rows.append(["policy", srv.get("maxmemory_policy", "?")])
             rows.append(["evicted", srv.get("evicted_keys", "?")])
     if "entries" in res:
         rows.append(["entries", f"{res['entries']} ({format_size(res['bytes'])})"])
-        rows.append(["indexed", f"{res['indexed']}; checked {res['checked']}, {res['gone']} gone (evicted)"])
-        rows.append(["newest", fmt_time(res["newest"])])
+        seen = "all" if res["complete"] else f"not all (checked {res['checked']} keys: --limit)"
+        rows.append(["seen", seen])
+    if res.get("scan_error"):
+        rows.append(["scan", res["scan_error"]])
     if "error" in res:
         rows.append(["error", res["error"]])
     print(table(["", ""], rows).split("\n", 1)[1])
     print(f"\n{res['trust']}")
+    if cl is not None and res.get("nodes"):
+        nrows = []
+        for n in res["nodes"]:
+            srv = n.get("server", {})
+            role = n["role"] + (" (fail)" if "fail" in n.get("flags", ()) else "")
+            held = f"{n['entries']} ({format_size(n['bytes'])})" if "entries" in n else ""
+            if n["role"] == "replica":
+                held = f"of {n.get('master', '?')}"
+            nrows.append([n["address"], role, "yes" if n["reachable"] else "no", memory(srv), held])
+        print()
+        print(table(["node", "role", "reachable", "memory", "entries"], nrows))
     if res.get("by_kind"):
         print()
-        krows = [[k, v["entries"], format_size(v["bytes"]), v["gone"]] for k, v in res["by_kind"].items()]
-        print(table(["kind", "entries", "size", "gone"], krows, right=(1, 2, 3)))
+        krows = [[k, v["entries"], format_size(v["bytes"])] for k, v in res["by_kind"].items()]
+        print(table(["kind", "entries", "size"], krows, right=(1, 2)))
     return 0 if res["reachable"] and "error" not in res else 1
 
 

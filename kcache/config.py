@@ -261,7 +261,9 @@ ENV = {
 REMOTE = frozenset(n for n in ENV if n.startswith("remote"))
 #: Settings whose values are never printed (a problem with one names the variable only).
 _SECRET_NAMES = frozenset({"secret", "remote_password"})
-_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:/{}-]{1,64}$")
+# No '{' or '}': Redis Cluster hashes only the first {...} of a key, and the shared tier's keys carry
+# their entry id in one, so that an entry and its lock live on one node (docs/remote.md).
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:/-]{1,64}$")
 
 
 # ------------------------------------------------------------------ secrets never printed
@@ -286,8 +288,25 @@ def _redact_one(m: re.Match[str]) -> str:
         user, colon, _password = rest[:at].partition(":")
         rest = (f"{user}:***" if colon and _SAFE_USER_RE.match(user) else "***") + rest[at:]
     else:  # no user info; a "port" that is not a number may be a password without its '@'
-        rest = _BAD_PORT_RE.sub(r"\1:***", rest)
+        rest = _mask_bad_ports(rest)
     return scheme + _QUERY_SECRET_RE.sub(r"\1***", rest)
+
+
+def _mask_bad_ports(rest: str) -> str:
+    """The authority's first ``host:port`` whose port is not a number, masked with all that
+    follows it up to the path (a cluster URL lists ``host:port,host:port``; a password typed
+    where a port goes may hold ',' too)."""
+    cut = len(rest)
+    for sep in "/?#":
+        i = rest.find(sep)
+        if 0 <= i < cut:
+            cut = i
+    hosts = rest[:cut].split(",")
+    for i, h in enumerate(hosts):
+        m = _BAD_PORT_RE.match(h)
+        if m:
+            return ",".join([*hosts[:i], m.group(1) + ":***"]) + rest[cut:]
+    return rest
 
 
 def redact(text: Any) -> str:
@@ -329,9 +348,14 @@ def _remote_url(raw: Any) -> str | None:
     if not text:
         return None
     _remember_url_secrets(text)
+    if _CLUSTER_URL_RE.match(text):
+        return _cluster_url(text)
     # The schemes redis-py's parse_url takes, in any case (it lowers them, as RFC 3986 says).
     if not re.match(r"(?i)^(redis|rediss|unix)://", text):
-        raise ValueError(f"expected redis://host:port/db, rediss://... or unix:///path, got {redact(text)!r}")
+        raise ValueError(
+            "expected redis://host:port/db, rediss://..., unix:///path or "
+            f"redis+cluster://host:port[,host:port...], got {redact(text)!r}"
+        )
     from urllib.parse import urlsplit
 
     try:
@@ -350,6 +374,32 @@ def _remote_url(raw: Any) -> str | None:
         db = u.path.strip("/")
         if db and not db.isdigit():
             raise ValueError(f"the database must be a number, got {redact(db)[:40]!r}")
+    return text
+
+
+#: A Redis Cluster (or Valkey cluster): ``redis+cluster://[user:password@]host:port[,host:port...]``,
+#: ``rediss+cluster://`` with TLS; the hosts are where the client starts, it finds the others.
+_CLUSTER_URL_RE = re.compile(r"(?i)^rediss?\+cluster://")
+_CLUSTER_HOST_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::([0-9]{1,5}))?$")
+
+
+def _cluster_url(text: str) -> str:
+    from urllib.parse import parse_qs, urlsplit
+
+    try:
+        u = urlsplit(text)
+        query = parse_qs(u.query)
+    except ValueError:
+        raise ValueError(f"not a Redis Cluster URL: {redact(text)!r}") from None
+    hosts = u.netloc.rpartition("@")[2]
+    if not hosts:
+        raise ValueError(f"no host in {redact(text)!r} (expected redis+cluster://host:port,host:port)")
+    for h in hosts.split(","):
+        m = _CLUSTER_HOST_RE.match(h)
+        if m is None or (m.group(2) is not None and not 0 < int(m.group(2)) < 65536):
+            raise ValueError(f"not a host:port in {redact(text)!r}: {redact('x://' + h)[4:][:60]!r}")
+    if u.path.strip("/") not in ("", "0") or query.get("db", ["0"]) != ["0"]:
+        raise ValueError(f"a Redis Cluster has only database 0, got {redact(text)!r}")
     return text
 
 
@@ -381,7 +431,7 @@ def _convert(name: str, raw: Any) -> Any:
     if name == "remote_prefix":
         text = str(raw)
         if not _PREFIX_RE.match(text):
-            raise ValueError("expected 1 to 64 letters, digits or _.:/{}- (e.g. kcache: or team-a:kcache:)")
+            raise ValueError("expected 1 to 64 letters, digits or _.:/- (e.g. kcache: or team-a:kcache:)")
         return text
     if name == "secret":
         remember_secret(raw)

@@ -26,6 +26,7 @@ from kcache.bundle import export_bundle, import_bundle
 from kcache.store import Store
 from kcache.store.records import Record
 from kcache.store.tiers import redis as rt
+from kcache.store.tiers import redis_keys as rk
 
 PYTHON = sys.executable
 ESC = "\x1b]0;owned\x07\x1b[2J\x1b[31m"  # set the title, clear the screen, turn red
@@ -78,7 +79,7 @@ def test_a_bad_record_from_the_shared_tier_is_refused_and_the_index_keeps_workin
         assert a.remote_tier().flush(60.0)
         # The attacker: the record changed, its own crc32 and the entry's value rebuilt.
         r = redis_server.client()
-        key = f"{prefix}e:{a.entry_id('triton', 'K')}"
+        key = rk.entry_key(prefix, "triton", a.entry_id("triton", "K"))
         d = msgpack.unpackb(r.get(key), raw=False)
         rec = Record.decode(d["r"])
         change(rec)

@@ -25,6 +25,7 @@ from kcache import config
 from kcache.store import Store
 from kcache.store.records import Record
 from kcache.store.tiers import redis as rt
+from kcache.store.tiers import redis_keys as rk
 
 PYTHON = sys.executable
 SECRET = "s3cret-for-tests"
@@ -127,7 +128,7 @@ def test_remote_hit_on_a_read_only_store_is_served_from_memory(redis_server, sto
     assert hit is not None and Path(hit.paths["k.cubin"]).read_bytes() == hit.read("k.cubin")
     assert ro.read_record(ro.entry_id("triton", "K"))[0] is None  # nothing written
     assert ro.put("triton", "K2", group(100)) is None
-    assert redis_server.client().get(f"{prefix}e:{ro.entry_id('triton', 'K2')}") is None
+    assert redis_server.client().get(rk.entry_key(prefix, "triton", ro.entry_id("triton", "K2"))) is None
 
 
 def test_prefixes_and_key_tags_keep_apart(redis_server, stores, prefix) -> None:
@@ -138,7 +139,7 @@ def test_prefixes_and_key_tags_keep_apart(redis_server, stores, prefix) -> None:
     assert stores("other-tag", redis_server.url, prefix, KCACHE_KEY_TAG="v2").get("triton", "K") is None
     assert stores("same", redis_server.url, prefix).get("triton", "K") is not None
     keys = {k.decode() for k in redis_server.client().scan_iter(f"{prefix}*")}
-    assert keys == {f"{prefix}e:{a.entry_id('triton', 'K')}", f"{prefix}index"}
+    assert keys == {rk.entry_key(prefix, "triton", a.entry_id("triton", "K"))}  # no index: nothing else
 
 
 def test_unix_socket_url(redis_server, stores, prefix) -> None:
@@ -206,8 +207,8 @@ def test_host_code_and_pickles_cross_only_signed(redis_server, stores, prefix) -
     assert d.get("triton-aux", "L") is None and "remote_misses" not in counts(d, "triton-aux")
 
 
-def _set_raw(server: Any, prefix: str, ident: str, value: bytes) -> None:
-    server.client().set(f"{prefix}e:{ident}", value)
+def _set_raw(server: Any, prefix: str, rec: Record, value: bytes) -> None:
+    server.client().set(rk.entry_key(prefix, rec.kind, rec.id), value)
 
 
 def _record_for(store: Store, kind: str, key: str, files: dict[str, bytes]) -> Record:
@@ -220,11 +221,11 @@ def test_unsigned_so_refused_with_secret_set(redis_server, stores, prefix, kcach
     b = stores("b", redis_server.url, prefix, KCACHE_SECRET=SECRET)
     so = {"launcher.so": b"\x7fELF" + os.urandom(1000)}
     rec = _record_for(b, "triton-aux", "L", so)
-    _set_raw(redis_server, prefix, rec.id, rt.pack_entry(rec.encode(), so, None))  # unsigned
+    _set_raw(redis_server, prefix, rec, rt.pack_entry(rec.encode(), so, None))  # unsigned
     assert b.get("triton-aux", "L") is None
     files = group(300)
     rec2 = _record_for(b, "triton", "K", files)
-    _set_raw(redis_server, prefix, rec2.id, rt.pack_entry(rec2.encode(), files, None))
+    _set_raw(redis_server, prefix, rec2, rt.pack_entry(rec2.encode(), files, None))
     assert b.get("triton", "K") is None  # with a secret, every entry must be signed
     assert counts(b, "triton-aux")["remote_refused"] == 1 and counts(b)["remote_refused"] == 1
     assert b.read_record(rec.id)[0] is None  # nothing committed
@@ -241,7 +242,7 @@ def test_tampered_entries_refused(redis_server, stores, prefix, kcache_warnings)
     files = group(4096)
     a.put("triton", "K", files)
     flushed(a)
-    key = f"{prefix}e:{a.entry_id('triton', 'K')}"
+    key = rk.entry_key(prefix, "triton", a.entry_id("triton", "K"))
     r = redis_server.client()
     d = msgpack.unpackb(r.get(key), raw=False)
     cubin = bytearray(d["m"]["k.cubin"])
@@ -257,7 +258,11 @@ def test_tampered_entries_refused(redis_server, stores, prefix, kcache_warnings)
     other = stores("o", redis_server.url, prefix)
     other.put("triton", "OTHER", group(100))
     flushed(other)
-    for bad in (b"garbage", r.get(f"{prefix}e:{a.entry_id('triton', 'OTHER')}"), b"\x81\xa1f\x01"):
+    for bad in (
+        b"garbage",
+        r.get(rk.entry_key(prefix, "triton", a.entry_id("triton", "OTHER"))),
+        b"\x81\xa1f\x01",
+    ):
         r.set(key, bad)
         c = stores(f"c{uuid.uuid4().hex[:4]}", redis_server.url, prefix)
         assert c.get("triton", "K") is None and counts(c)["remote_refused"] == 1
@@ -268,7 +273,7 @@ def test_tampered_record_with_a_secret_refused(redis_server, stores, prefix) -> 
     files = group(1000)
     a.put("triton", "K", files, summary={"name": "k"})
     flushed(a)
-    key = f"{prefix}e:{a.entry_id('triton', 'K')}"
+    key = rk.entry_key(prefix, "triton", a.entry_id("triton", "K"))
     r = redis_server.client()
     d = msgpack.unpackb(r.get(key), raw=False)
     rec = Record.decode(d["r"])
@@ -475,7 +480,7 @@ def test_single_flight_across_stores(redis_server, stores, prefix) -> None:
     t.join(10)
     assert not t.is_alive() and got["hit"] is not None and got["hit"].read("k.cubin") == files["k.cubin"]
     assert counts(b)["remote_waited"] == 1
-    assert redis_server.client().get(f"{prefix}l:{a.entry_id('triton', 'K')}") is None
+    assert redis_server.client().get(rk.lock_key(prefix, a.entry_id("triton", "K"))) is None
 
 
 def test_single_flight_holder_that_fails_lets_the_others_go(redis_server, stores, prefix) -> None:
@@ -501,18 +506,20 @@ def test_single_flight_lost_holder_is_waited_for_only_until_its_lock_expires(
     ident = b.entry_id("triton", "L")
     r = redis_server.client()
     # a kcache holder that died: its last heartbeat, expiring on its own
-    r.set(f"{prefix}l:{ident}", rl.encode_lock(ident, rl.new_holder(), 3, None), px=400)
+    r.set(rk.lock_key(prefix, ident), rl.encode_lock(ident, rl.new_holder(), 3, None), px=400)
     hit, dt = _timed(lambda: b.remote_flight("triton", "L"))
     assert hit is None and 0.3 < dt < rl.FRUITLESS_BUDGET_S + 0.5, dt
-    value = r.get(f"{prefix}l:{ident}")  # then b took the lock: the others wait on b's compile
-    assert value is not None and value.startswith(rl.FORMAT) and 0 < r.pttl(f"{prefix}l:{ident}") <= 3000
+    value = r.get(rk.lock_key(prefix, ident))  # then b took the lock: the others wait on b's compile
+    assert (
+        value is not None and value.startswith(rl.FORMAT) and 0 < r.pttl(rk.lock_key(prefix, ident)) <= 3000
+    )
     b.remote_unlock("triton", "L")
-    assert b.remote_tier().flush(5.0) and r.get(f"{prefix}l:{ident}") is None
+    assert b.remote_tier().flush(5.0) and r.get(rk.lock_key(prefix, ident)) is None
     # a lock that is not kcache's, with no expiry: not waited on, and replaced by b's
-    r.set(f"{prefix}l:{ident}", "a-holder-that-hangs")
+    r.set(rk.lock_key(prefix, ident), "a-holder-that-hangs")
     hit, dt = _timed(lambda: b.remote_flight("triton", "L"))
     assert hit is None and dt < 0.5, dt
-    assert r.get(f"{prefix}l:{ident}").startswith(rl.FORMAT)
+    assert r.get(rk.lock_key(prefix, ident)).startswith(rl.FORMAT)
     assert counts(b)["remote_ignored"] == 1
     assert any("with no expiry" in m for m in kcache_warnings), kcache_warnings
 

@@ -122,7 +122,7 @@ def test_a_hung_holder_on_another_machine_blocks_only_for_the_lease(redis_server
             assert holder.poll() is None, holder.stderr.read() if holder.stderr else ""
             assert time.monotonic() < deadline
             time.sleep(0.02)
-        locks = list(redis_server.client().scan_iter(f"{prefix}l:*"))
+        locks = list(redis_server.client().scan_iter(f"{prefix}l:*"))  # <prefix>l:{<id>}
         assert len(locks) == 1  # the holder took the kernel's lock in Redis
         t = time.monotonic()
         w = run_kernels(

@@ -26,6 +26,7 @@ from kernels.harness import PYTHON, REPO, clean_env, entries_of_kind, run_kernel
 
 from kcache.store.records import Record, file_info  # noqa: E402
 from kcache.store.tiers import redis as rt  # noqa: E402
+from kcache.store.tiers import redis_keys as rk  # noqa: E402
 
 
 def _env(tmp: Path, machine: str, **extra: str) -> dict[str, str]:
@@ -79,7 +80,7 @@ def test_a_planted_group_from_the_shared_tier_is_quarantined_and_compiled(redis_
     ((_entry, rec),) = entries_of_kind(tmp_path / "a" / "store", "triton")
     files = _poison({f.name: (_entry / f.name).read_bytes() for f in rec.files}, _planted=1)
     r = server.client()
-    r.set(f"{prefix}e:{rec.id}", rt.pack_entry(_replant(rec, files).encode(), files, None))
+    r.set(rk.entry_key(prefix, rec.kind, rec.id), rt.pack_entry(_replant(rec, files).encode(), files, None))
 
     # (a timeout far above Redis's answer on a loaded box: the test is about trust, not time)
     env_b = _env(
@@ -96,7 +97,7 @@ def test_a_planted_group_from_the_shared_tier_is_quarantined_and_compiled(redis_
     assert "cannot be used" in b["stderr"] and "Traceback" not in b["stderr"]
     # The shared tier no longer holds the planted group: dropped (then replaced by b's own).
     assert c.get("remote_marked_bad") == 1, c
-    value = r.get(f"{prefix}e:{rec.id}")
+    value = r.get(rk.entry_key(prefix, rec.kind, rec.id))
     assert value is None or all(b"_planted" not in v for v in msgpack.unpackb(value, raw=False)["m"].values())
 
     # Redis emptied: b's store serves the good kernel from now on, the planted one never again.

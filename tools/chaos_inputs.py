@@ -627,13 +627,14 @@ if mode == "plant":
 elif mode == "redis":  # straight into a shared tier, as the remote store packs its entries
     import redis
     from kcache.store.tiers.redis import pack_entry
+    from kcache.store.tiers.redis_keys import entry_key
     url, prefix = target.split("|", 1)
     r = redis.Redis.from_url(url)
     n = 0
     for (what, key), ans in keys.items():
         name = "output" if what == "tool" else "digest"
         rec = ci.make_record("triton-meta", key, {{name: ans}})
-        r.set(f"{{prefix}}e:{{rec.id}}", pack_entry(rec.encode(), {{name: ans}}, {secret!r}))
+        r.set(entry_key(prefix, rec.kind, rec.id), pack_entry(rec.encode(), {{name: ans}}, {secret!r}))
         n += 1
     print(json.dumps({{"planted": n}}))
 else:

@@ -253,14 +253,17 @@ class Attack:
             self._stop.wait(pause)
 
     def _once(self) -> None:
+        from kcache.store.tiers import redis_keys as rk
+
         r = self.server.client()
         if self.name == "huge-values":
-            for i, (_kind, _key, ident) in enumerate(self.ids):
-                r.setrange(f"{self.prefix}e:{ident}", (100_000_000 if i == 0 else 16_000_000) - 1, b"x")
+            for i, (kind, _key, ident) in enumerate(self.ids):
+                size = 100_000_000 if i == 0 else 16_000_000
+                r.setrange(rk.entry_key(self.prefix, kind, ident), size - 1, b"x")
                 self.count += 1
         elif self.name == "bad-records":
             for i, (kind, key, ident) in enumerate(self.ids):
-                r.set(f"{self.prefix}e:{ident}", _bad_value(kind, key, ident, i))
+                r.set(rk.entry_key(self.prefix, kind, ident), _bad_value(kind, key, ident, i))
                 self.count += 1
         elif self.name == "noeviction":
             used = int(r.info("memory")["used_memory"])
@@ -270,24 +273,27 @@ class Attack:
 
     # each returns the pause before its next act
     def _planted_locks(self, r: Any) -> float:
+        from kcache.store.tiers import redis_keys as rk
+
         p = r.pipeline(transaction=False)
-        for _kind, _key, ident in self.ids:
-            p.delete(f"{self.prefix}e:{ident}")
-            p.set(f"{self.prefix}l:{ident}", "compiling-forever")
+        for kind, _key, ident in self.ids:
+            p.delete(rk.entry_key(self.prefix, kind, ident))
+            p.set(rk.lock_key(self.prefix, ident), "compiling-forever")
         p.execute()
         return 0.05
 
     def _fake_heartbeats(self, r: Any) -> float:
+        from kcache.store.tiers import redis_keys as rk
         from kcache.store.tiers import redis_lock as rl
 
         self._seq = getattr(self, "_seq", 0) + 1
         holder = getattr(self, "_holder", None) or rl.new_holder()
         self._holder = holder
         p = r.pipeline(transaction=False)
-        for _kind, _key, ident in self.ids:
-            p.delete(f"{self.prefix}e:{ident}")
+        for kind, _key, ident in self.ids:
+            p.delete(rk.entry_key(self.prefix, kind, ident))
             p.set(
-                f"{self.prefix}l:{ident}",
+                rk.lock_key(self.prefix, ident),
                 rl.encode_lock(ident, holder, self._seq, b"another-secret" if self.secret else None),
                 px=2000,
             )

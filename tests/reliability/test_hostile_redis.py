@@ -29,6 +29,7 @@ from kcache import config
 from kcache.store import Store
 from kcache.store.records import Record, file_info
 from kcache.store.tiers import redis as rt
+from kcache.store.tiers import redis_keys as rk
 from kcache.store.tiers import redis_lock as rl
 
 PYTHON = sys.executable
@@ -86,7 +87,7 @@ class FakeHeartbeats:
 
     def __init__(self, server: Any, prefix: str, idents: list[str], secret: bytes | None = None) -> None:
         self.r = server.client()
-        self.keys = {ident: f"{prefix}l:{ident}" for ident in idents}
+        self.keys = {ident: rk.lock_key(prefix, ident) for ident in idents}
         self.secret = secret
         self.stop = threading.Event()
         self.beats = 0
@@ -128,9 +129,9 @@ def test_planted_locks_on_every_kernel_cost_a_process_at_most_the_budget(
     keys = [f"K{i}" for i in range(8)]
     idents = [b.entry_id("triton", k) for k in keys]
     fake = rl.encode_lock(idents[2], rl.new_holder(), 1, b"not-the-secret")
-    r.set(f"{prefix}l:{idents[0]}", "held-forever")  # foreign, no expiry
-    r.set(f"{prefix}l:{idents[1]}", rl.encode_lock(idents[1], rl.new_holder(), 1, None))  # no expiry
-    r.set(f"{prefix}l:{idents[2]}", fake, px=600_000)  # forged signature, an expiry of 10 minutes
+    r.set(rk.lock_key(prefix, idents[0]), "held-forever")  # foreign, no expiry
+    r.set(rk.lock_key(prefix, idents[1]), rl.encode_lock(idents[1], rl.new_holder(), 1, None))  # no expiry
+    r.set(rk.lock_key(prefix, idents[2]), fake, px=600_000)  # forged signature, an expiry of 10 minutes
     t0 = time.monotonic()
     with FakeHeartbeats(redis_server, prefix, idents[3:]):
         for k in keys:
@@ -408,7 +409,7 @@ def test_a_huge_planted_value_is_never_read(redis_server, tmp_path, prefix) -> N
 
     ident = entry_id("triton", "HUGE")
     r = redis_server.client()
-    r.setrange(f"{prefix}e:{ident}", 100_000_000 - 1, b"x")  # 100 MB made on the server
+    r.setrange(rk.entry_key(prefix, "triton", ident), 100_000_000 - 1, b"x")  # 100 MB made on the server
     sent = int(r.info("stats")["total_net_output_bytes"])
     p = subprocess.run(
         [PYTHON, "-c", PEAK, str(tmp_path / "s"), redis_server.url, prefix, "HUGE"],
@@ -428,8 +429,8 @@ def test_a_huge_planted_lock_value_is_never_read(redis_server, stores, prefix) -
     b = stores("b", redis_server.url, prefix)
     ident = b.entry_id("triton", "L")
     r = redis_server.client()
-    r.setrange(f"{prefix}l:{ident}", 50_000_000 - 1, b"x")
-    r.pexpire(f"{prefix}l:{ident}", 2000)
+    r.setrange(rk.lock_key(prefix, ident), 50_000_000 - 1, b"x")
+    r.pexpire(rk.lock_key(prefix, ident), 2000)
     sent = int(r.info("stats")["total_net_output_bytes"])
     assert b.remote_flight("triton", "L") is None
     assert int(r.info("stats")["total_net_output_bytes"]) - sent < 1 << 20
@@ -446,7 +447,7 @@ def _plant(server: Any, prefix: str, store: Store, key: str, rec_fields: dict[st
         [file_info(n, b) for n, b in files.items()],
         **rec_fields,
     )
-    server.client().set(f"{prefix}e:{rec.id}", rt.pack_entry(rec.encode(), files, None))
+    server.client().set(rk.entry_key(prefix, rec.kind, rec.id), rt.pack_entry(rec.encode(), files, None))
 
 
 @pytest.mark.parametrize(
@@ -487,7 +488,7 @@ def test_an_entry_whose_use_raised_is_marked_bad_remotely(redis_server, stores, 
     a.put("triton", "BAD", group(1000))
     flushed(a)
     r = redis_server.client()
-    ekey = f"{prefix}e:{b.entry_id('triton', 'BAD')}"
+    ekey = rk.entry_key(prefix, "triton", b.entry_id("triton", "BAD"))
     value = r.get(ekey)
     assert b.get("triton", "BAD") is not None  # served from Redis; its use then raises:
     b.remove([b.entry_id("triton", "BAD")])  # the local quarantine (the integration's part)
@@ -512,7 +513,7 @@ def test_mark_bad_leaves_a_newer_value_alone(redis_server, stores, prefix) -> No
     flushed(a)
     b.remote_tier().mark_bad("triton", b.entry_id("triton", "X"))
     flushed(b)
-    assert redis_server.client().get(f"{prefix}e:{b.entry_id('triton', 'X')}") is not None
+    assert redis_server.client().get(rk.entry_key(prefix, "triton", b.entry_id("triton", "X"))) is not None
     assert counts(b).get("remote_marked_bad", 0) == 0
 
 
@@ -544,9 +545,8 @@ def test_planted_host_code_and_pickles_are_never_taken(redis_server, tmp_path, p
         from kcache.store.records import entry_id
 
         rec = Record(kind, "P", entry_id(kind, "P"), [file_info(n, b) for n, b in files.items()])
-        r.set(
-            f"{prefix}e:{rec.id}", rt.pack_entry(rec.encode(), files, b"another-secret" if secret else None)
-        )
+        value = rt.pack_entry(rec.encode(), files, b"another-secret" if secret else None)
+        r.set(rk.entry_key(prefix, rec.kind, rec.id), value)
     p = subprocess.run(
         [PYTHON, "-c", SO_AND_PICKLE, str(tmp_path / "s"), redis_server.url, prefix, secret or ""],
         capture_output=True,
@@ -582,11 +582,12 @@ def test_planted_locks_never_stall_real_compiles(redis_server, tmp_path, prefix,
 
     a = run_kernels(env("a"), tmp_path / "a" / "r.json", specs="add,row_sum")
     r = redis_server.client()
-    idents = [k.decode().rpartition(":")[2] for k in r.scan_iter(f"{prefix}e:*")]
+    entries = [rk.parse_entry_key(prefix, k) for k in r.scan_iter(rk.entry_pattern(prefix))]
+    idents = [ident for _kind, ident in entries]
     assert len(idents) >= 2
-    for ident in idents:
-        r.delete(f"{prefix}e:{ident}")
-        r.set(f"{prefix}l:{ident}", "compiling-forever")
+    for kind, ident in entries:
+        r.delete(rk.entry_key(prefix, kind, ident))
+        r.set(rk.lock_key(prefix, ident), "compiling-forever")
     if secret:
         b = run_kernels(env("b"), tmp_path / "b" / "r.json", specs="add,row_sum")
     else:

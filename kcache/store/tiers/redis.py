@@ -10,13 +10,15 @@ does ``kcache remote`` through :func:`connect`):
 - A local put is also sent to Redis by a background thread (a bounded queue: what does not fit
   is dropped and counted; batches go in one pipeline); the compile never waits for it. At exit
   the queue is flushed for at most :data:`EXIT_FLUSH_S`.
-- One Redis key per entry, ``<prefix>e:<entry id>``, holding one msgpack map: the entry's
+- One Redis key per entry, ``<prefix>e:<kind>:{<entry id>}`` (:mod:`.redis_keys`: the layout,
+  the same for a single server and a cluster), holding one msgpack map: the entry's
   record (:meth:`Record.encode`, with every member's size, crc32 and sha256), its members
   ``{name: bytes}`` and, with ``KCACHE_SECRET``, an HMAC-SHA256 over the record. Members are
   checked against the record's sha256 before anything is committed, so the signature over the
   record covers them; the record's own fields are validated (:func:`records.validate`).
-  Never pickle. ``<prefix>index`` is a sorted set (``"<kind> <id>"`` by put time, the newest
-  :data:`INDEX_MAX` kept) for ``kcache remote``.
+  Never pickle. No key that every machine writes: ``kcache remote`` lists entries by ``SCAN``.
+- A Redis Cluster (``redis+cluster://``, :mod:`.redis_cluster`): the same calls through a
+  redis-py ``RedisCluster``; each names one entry's keys (one node), the breaker is per node.
 - Trust: machine-local kinds never go to or come from Redis. Kinds that are host code or
   pickles (``kinds.needs_signature``) go and come only signed; without a secret they stay local.
   With a secret, every entry read must carry a valid signature: unsigned or wrongly signed
@@ -27,12 +29,12 @@ does ``kcache remote`` through :func:`connect`):
   within ``KCACHE_REMOTE_TIMEOUT`` (100 ms), a value's read within that plus
   :data:`TRANSFER_S_PER_MIB` per MiB of its size; no call reads more than it asked for, and a
   value over ``KCACHE_REMOTE_MAX_ENTRY`` (plus :data:`VALUE_OVERHEAD` for its record) is never
-  read. No retries, and a circuit breaker: after :data:`BREAKER_FAILURES` failures within
-  :data:`BREAKER_WINDOW_S` the tier is skipped for :data:`BREAKER_COOLDOWN_S`, then one call
-  probes it. No error ever reaches
-  the caller.
+  read. No retries, and a circuit breaker (:mod:`.redis_breaker`; per node on a cluster): after
+  :data:`BREAKER_FAILURES` failures within :data:`BREAKER_WINDOW_S` the server is skipped for
+  :data:`BREAKER_COOLDOWN_S` (a cluster's node: :data:`NODE_COOLDOWN_S`, doubling while it keeps
+  failing), then one call probes it. No error ever reaches the caller.
 - Single flight across machines (:meth:`RemoteTier.flight`, the lock in :mod:`.redis_lock`): the
-  first machine takes ``<prefix>l:<id>`` and keeps it alive with heartbeats; the others wait only
+  first machine takes ``<prefix>l:{<id>}`` and keeps it alive with heartbeats; the others wait only
   while it shows progress, within the lease and a per-process budget of fruitless waiting.
 - An entry whose use raised (:meth:`RemoteTier.mark_bad`) is deleted from Redis if it is still
   the value this process was served, and never taken again by this process.
@@ -57,21 +59,23 @@ import msgpack
 from ... import kinds as _kinds
 from ...log import logger, warn_once
 from ..records import CorruptRecord, Record, crc32, validate
-from . import redis_io
+from . import redis_cluster, redis_io
+from . import redis_keys as rk
 from . import redis_lock as rl
+from .redis_breaker import Breakers
 
 FORMAT = 1
 SIG_DOMAIN = b"kcache-remote/1\0"
 BREAKER_FAILURES = 3  # failures within BREAKER_WINDOW_S that turn the tier off for a while
 BREAKER_WINDOW_S = 10.0
 BREAKER_COOLDOWN_S = 30.0  # then one call probes it
+NODE_COOLDOWN_S = 1.0  # a cluster's node: its first cool-down (a failover takes 1 to 3 s); doubles
 QUEUE_ITEMS = 1024  # entries waiting for the writer, at most
 QUEUE_BYTES = 64 << 20  # and their bytes, at most (or one entry of KCACHE_REMOTE_MAX_ENTRY)
 BATCH_ITEMS, BATCH_BYTES = 64, 8 << 20  # one pipeline
 EXIT_FLUSH_S = 2.0  # at exit (and close), the writer gets this long to empty its queue
 WRITE_TIMEOUT_MIN_S = 1.0  # the writer's deadline, at least (plus its bytes' transfer time)
 TRANSFER_S_PER_MIB = 1 / 32  # a value's read or write may take this much longer per MiB (32 MiB/s)
-INDEX_MAX = 100_000  # entries kept in the listing index
 POLL_MIN_S, POLL_MAX_S = 0.01, 0.1  # a single-flight waiter looks at Redis this often
 RECORD_MAX = 1 << 20
 VALUE_OVERHEAD = 64 << 10  # a value may exceed KCACHE_REMOTE_MAX_ENTRY by this (record, framing)
@@ -132,12 +136,13 @@ class RemoteConfig:
         self.secret, self.key_tag = secret, key_tag
 
     @classmethod
-    def from_settings(cls, s: Any) -> RemoteConfig | None:
-        """The tier's configuration, or None when no (usable) shared tier is configured."""
-        if not getattr(s, "remote", None) or getattr(s, "remote_problems", None):
+    def from_settings(cls, s: Any, url: str | None = None) -> RemoteConfig | None:
+        """The tier's configuration (for ``url``, default the settings' own), or None when no
+        (usable) shared tier is configured."""
+        if not (url or getattr(s, "remote", None)) or getattr(s, "remote_problems", None):
             return None
         return cls(
-            s.remote,
+            url or s.remote,
             password=s.remote_password,
             prefix=s.remote_prefix,
             max_entry=s.remote_max_entry,
@@ -162,15 +167,16 @@ class RemoteConfig:
         """The deadline of a call that moves ``nbytes`` of values."""
         return max(self.timeout_s, floor or 0.0) + nbytes / (1 << 20) * TRANSFER_S_PER_MIB
 
-    def entry_key(self, ident: str) -> str:
-        return f"{self.prefix}e:{ident}"
+    @property
+    def cluster(self) -> bool:
+        """A Redis Cluster (``redis+cluster://``, ``rediss+cluster://``)."""
+        return redis_cluster.is_cluster(self.url)
+
+    def entry_key(self, kind: str, ident: str) -> str:
+        return rk.entry_key(self.prefix, kind, ident)
 
     def lock_key(self, ident: str) -> str:
-        return f"{self.prefix}l:{ident}"
-
-    @property
-    def index_key(self) -> str:
-        return f"{self.prefix}index"
+        return rk.lock_key(self.prefix, ident)
 
 
 def trust_line(secret: bytes | None) -> str:
@@ -182,8 +188,12 @@ def trust_line(secret: bytes | None) -> str:
 
 def connect(cfg: RemoteConfig, timeout_s: float | None = None) -> Any:
     """A redis-py client for ``cfg`` whose calls honour :func:`redis_io.bounded` (see
-    :func:`redis_io.connect`). Raises ImportError without redis."""
-    return redis_io.connect(cfg.url, cfg.password, cfg.timeout_s if timeout_s is None else timeout_s)
+    :func:`redis_io.connect`; a cluster's: :func:`redis_cluster.connect`). Raises ImportError
+    without redis."""
+    t = cfg.timeout_s if timeout_s is None else timeout_s
+    if cfg.cluster:
+        return redis_cluster.connect(cfg.url, cfg.password, t)
+    return redis_io.connect(cfg.url, cfg.password, t)
 
 
 def eligible(kind: str, secret: bytes | None) -> bool:
@@ -257,56 +267,10 @@ def unpack_entry(
 def _error_reply(e: BaseException) -> bool:
     """An error Redis answered (WRONGTYPE on a key someone else set, ...), as opposed to a call
     that failed: it says nothing about the server's health."""
+    if getattr(e, "unavailable", False):  # CLUSTERDOWN (redis_io.cluster_down): the node fails
+        return False
     names = {c.__name__ for c in type(e).__mro__}
     return "ResponseError" in names and "OutOfMemoryError" not in names and "maxmemory" not in str(e)
-
-
-class _Breaker:
-    """Closed (calls go through) until :data:`BREAKER_FAILURES` failures within
-    :data:`BREAKER_WINDOW_S` (successes between them do not reset the count: a link that answers
-    small calls but cuts every large one must not be asked forever); then open for
-    :data:`BREAKER_COOLDOWN_S`; then one call at a time probes it (success closes it)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._recent: collections.deque[float] = collections.deque()  # times of recent failures
-        self.open_until = 0.0
-        self._open = False
-        self._probing = False
-        self.trips = 0
-
-    def allow(self) -> bool:
-        with self._lock:
-            if not self._open:
-                return True
-            now = time.monotonic()
-            if now < self.open_until or self._probing:
-                return False
-            self._probing = True  # one probe; the others keep skipping until it answers
-            return True
-
-    def ok(self) -> None:
-        with self._lock:
-            if self._open:
-                logger.info("kcache: the shared tier answers again")
-                self._recent.clear()
-            self._open = self._probing = False
-
-    def fail(self) -> bool:
-        """Count a failure; True when this one opened the breaker."""
-        with self._lock:
-            now = time.monotonic()
-            self._probing = False
-            self._recent.append(now)
-            while self._recent and now - self._recent[0] > BREAKER_WINDOW_S:
-                self._recent.popleft()
-            if self._open or len(self._recent) >= BREAKER_FAILURES:
-                opened = not self._open
-                self._open = True
-                self.open_until = now + BREAKER_COOLDOWN_S
-                self.trips += opened
-                return opened
-            return False
 
 
 class _Digests:
@@ -350,10 +314,18 @@ class RemoteTier:
         self._busy = False
         self._thread: threading.Thread | None = None
         self._closing = False
-        self._breaker = _Breaker()
+        if self.cfg.cluster:  # per node: a failover turns off a master's slots for seconds
+            self._breakers = Breakers(BREAKER_FAILURES, BREAKER_WINDOW_S, NODE_COOLDOWN_S, BREAKER_COOLDOWN_S)
+        else:
+            self._breakers = Breakers(BREAKER_FAILURES, BREAKER_WINDOW_S, BREAKER_COOLDOWN_S)
         self.budget = rl.FruitlessBudget()
         self.keeper = rl.LockKeeper(
-            self.cfg.lock_key, self.cfg.secret, self.cfg.lease_s, lambda fn: self._call("", fn), _FAIL
+            self.cfg.lock_key,
+            self.cfg.secret,
+            self.cfg.lease_s,
+            lambda fn, route: self._call("", fn, route=route),
+            _FAIL,
+            split=self._split,
         )
         self._served = _Digests(SERVED_REMEMBERED)  # entry id -> digest of the value taken
         self._bad = _Digests(BAD_REMEMBERED)  # (entry id, digest) refused from now on
@@ -361,6 +333,21 @@ class RemoteTier:
     def _mine(self) -> None:
         if self._pid != os.getpid():
             self._reset()
+
+    def describe(self) -> dict[str, Any]:
+        """What this tier is and how it fares in this process (no network; no secret): its URL
+        (password masked), a server or a cluster, and each breaker that has seen a failure (a
+        cluster's: by node). ``kcache remote`` asks the nodes themselves
+        (:func:`.redis_survey.survey`)."""
+        return {
+            "name": "redis",
+            "url": self.cfg.shown_url,
+            "mode": "cluster" if self.cfg.cluster else "server",
+            "prefix": self.cfg.prefix,
+            "signed": bool(self.cfg.secret),
+            "off": self.off,
+            "breakers": self._breakers.states(),
+        }
 
     # ------------------------------------------------------------------ calls
     def warm_up(self) -> None:
@@ -408,18 +395,22 @@ class RemoteTier:
         seconds: float | None = None,
         max_bytes: int = SMALL_REPLY,
         timed: bool = True,
+        route: str = "",
     ) -> Any:
         """``fn(client)`` on the caller's thread, ending within ``seconds`` (default: the
         timeout) and reading at most ``max_bytes``; :data:`_FAIL` when it fails or the breaker
-        is open (counted; one warning). An error reply (a key of the wrong type) fails the call
-        without counting against the server. ``timed``: its time counts as ``remote_s`` (not
-        the looks of a single-flight wait, which count as waiting)."""
+        is open (counted; one warning). ``route``: a key the call touches (a cluster's breaker
+        is the one of that key's node; every key of one call is in one slot). An error reply (a
+        key of the wrong type) fails the call without counting against the server. ``timed``:
+        its time counts as ``remote_s`` (not the looks of a single-flight wait, which count as
+        waiting)."""
         self._mine()
-        if not self._breaker.allow():
-            self._count(kind, remote_bypassed=1)
-            return _FAIL
         clients = self._clients()
         if clients is None:
+            return _FAIL
+        breaker = self._breaker(clients[0], route)
+        if not breaker.allow():
+            self._count(kind, remote_bypassed=1)
             return _FAIL
         t0 = time.perf_counter()
         try:
@@ -430,21 +421,45 @@ class RemoteTier:
                 self._count(kind, remote_s=time.perf_counter() - t0)
             if _error_reply(e):
                 self._count(kind, remote_refused=1)
-                logger.info("kcache: the shared tier answered an error: %s", e)
-                self._breaker.ok()
+                self._answered_error(e)
+                breaker.ok()
                 return _FAIL
-            self._failed(kind, e)
+            self._failed(kind, e, breaker=breaker)
             return _FAIL
         if timed:
             self._count(kind, remote_s=time.perf_counter() - t0)
-        self._breaker.ok()
+        breaker.ok()
         return out
+
+    def _breaker(self, r: Any, route: str) -> Any:
+        """The breaker of the node that holds ``route`` (a single server: its one breaker)."""
+        node = r.node_of(route) if route and isinstance(r, redis_cluster.ClusterClient) else ""
+        return self._breakers.get(node)
+
+    def _split(self, items: list[Any], key: Callable[[Any], str]) -> list[tuple[str, list[Any]]]:
+        """``items`` grouped by the node of each one's key, each group with a key of it to route
+        its call by (one group on a single server, and on a cluster not yet asked for its slots)."""
+        clients = self._clients()
+        if not items or clients is None or not isinstance(clients[0], redis_cluster.ClusterClient):
+            return [(key(items[0]), items)] if items else []
+        return [(key(group[0]), group) for _node, group in clients[0].split(items, key)]
+
+    def _answered_error(self, e: BaseException) -> None:
+        if {"MovedError", "AskError"} & {c.__name__ for c in type(e).__mro__}:
+            warn_once(
+                "remote-moved",
+                f"the shared tier at {self.cfg.shown_url} is a Redis Cluster node, which has only "
+                "some of the keys: name its nodes as KCACHE_REMOTE=redis+cluster://host:port,... "
+                "(docs/remote.md)",
+            )
+        else:
+            logger.info("kcache: the shared tier answered an error: %s", e)
 
     def _count(self, kind: str, **deltas: float) -> None:
         if kind:  # the lock keeper's calls belong to no kind
             self.counts.add(kind, **deltas)
 
-    def _failed(self, kind: str, e: BaseException, n: int = 1) -> None:
+    def _failed(self, kind: str, e: BaseException, n: int = 1, breaker: Any = None) -> None:
         if n:
             self._count(kind, remote_errors=n)
         name = type(e).__name__
@@ -455,12 +470,21 @@ class RemoteTier:
                 "(set a maxmemory-policy such as allkeys-lru: docs/remote.md)",
             )
             return  # reads still work: not a reason to stop asking
-        opened = self._breaker.fail()
-        if opened:
+        if breaker is None:
+            breaker = self._breakers.get()
+        opened = breaker.fail()
+        if opened and breaker.name:  # a cluster's node
+            warn_once(
+                "remote-down",
+                f"a node of the shared tier at {self.cfg.shown_url} fails ({breaker.name}: {name}: "
+                f"{e}); its keys are compiled and cached locally, trying it again in "
+                f"{breaker.cooldown:.0f} s or less",
+            )
+        elif opened:
             warn_once(
                 "remote-down",
                 f"the shared tier at {self.cfg.shown_url} fails ({name}: {e}); compiling and caching "
-                f"locally, trying it again every {BREAKER_COOLDOWN_S:.0f} s",
+                f"locally, trying it again every {breaker.max_cooldown:.0f} s",
             )
         else:
             logger.info("kcache: shared tier call failed: %s: %s", name, e)
@@ -477,7 +501,8 @@ class RemoteTier:
         large (never read), or the call failed."""
         if self.off or not eligible(kind, self.cfg.secret):
             return None
-        size = self._call(kind, lambda r: r.strlen(self.cfg.entry_key(ident)))
+        ekey = self.cfg.entry_key(kind, ident)
+        size = self._call(kind, lambda r: r.strlen(ekey), route=ekey)
         if size is _FAIL:
             return None
         if not size:
@@ -499,11 +524,13 @@ class RemoteTier:
                 f"{self.cfg.shown_url} (over KCACHE_REMOTE_MAX_ENTRY); compiling instead",
             )
             return None
+        ekey = self.cfg.entry_key(kind, ident)
         raw = self._call(
             kind,
-            lambda r: r.getrange(self.cfg.entry_key(ident), 0, limit - 1),
+            lambda r: r.getrange(ekey, 0, limit - 1),
             seconds=self.cfg.transfer_s(size),
             max_bytes=limit + 4096,
+            route=ekey,
         )
         if raw is _FAIL or not raw:
             return None
@@ -645,30 +672,33 @@ class RemoteTier:
                     self._cond.notify_all()
 
     def _write(self, batch: list[tuple[Any, ...]]) -> None:
-        puts = [it for it in batch if it[0] == "put"]
-        if not self._breaker.allow():
-            for it in puts:
-                self.counts.add(it[1], remote_dropped=1)
-            return  # locks: they expire on their own
         clients = self._clients()
         if clients is None:
             return
-        r = clients[1]
+        # One pipeline per node (a single server: one): a failing node holds up only its own.
+        for route, group in self._split(batch, lambda it: self.cfg.lock_key(it[2])):
+            self._write_group(clients[1], route, group)
+
+    def _write_group(self, r: Any, route: str, batch: list[tuple[Any, ...]]) -> None:
+        puts = [it for it in batch if it[0] == "put"]
+        breaker = self._breaker(r, route)
+        if not breaker.allow():
+            for it in puts:
+                self.counts.add(it[1], remote_dropped=1)
+            return  # locks: they expire on their own
         pipe = r.pipeline(transaction=False)
         plan: list[tuple[str, tuple[Any, ...], int]] = []  # what each command's reply belongs to
-        now = time.time()
         nbytes = 0
         for it in batch:
             op, kind, ident = it[0], it[1], it[2]
             if op == "bad":
                 digest = it[4]
+                ekey = self.cfg.entry_key(kind, ident)
                 if digest is not None:  # only the value this process was served
-                    pipe.eval(_DELETE_IF_SAME, 1, self.cfg.entry_key(ident), digest)
+                    pipe.execute_command("EVAL", _DELETE_IF_SAME, 1, ekey, digest)
                 else:
-                    pipe.delete(self.cfg.entry_key(ident))
+                    pipe.delete(ekey)
                 plan.append(("bad", it, 0))
-                pipe.zrem(self.cfg.index_key, f"{kind} {ident}")
-                plan.append(("index", it, 0))
                 continue
             prefix = it[3]
             if op == "put":
@@ -678,16 +708,11 @@ class RemoteTier:
                     self.counts.add(kind, remote_too_large=1)
                 else:
                     nbytes += len(value)
-                    pipe.set(self.cfg.entry_key(ident), value)
+                    pipe.set(self.cfg.entry_key(kind, ident), value)
                     plan.append(("set", it, len(value)))
-                    pipe.zadd(self.cfg.index_key, {f"{kind} {ident}": now})
-                    plan.append(("index", it, 0))
-            if prefix:
-                pipe.eval(rl.UNLOCK_LUA, 1, self.cfg.lock_key(ident), prefix)
+            if prefix:  # a cluster's pipeline runs no pipe.eval(): the command itself
+                pipe.execute_command("EVAL", rl.UNLOCK_LUA, 1, self.cfg.lock_key(ident), prefix)
                 plan.append(("unlock", it, 0))
-        if puts:
-            pipe.zremrangebyrank(self.cfg.index_key, 0, -INDEX_MAX - 1)
-            plan.append(("trim", batch[0], 0))
         if not plan:
             return
         try:
@@ -695,11 +720,11 @@ class RemoteTier:
                 replies = pipe.execute(raise_on_error=False)
         except Exception as e:
             if puts:
-                for it in puts[1:]:
+                for it in puts[1:]:  # an error per entry, one failure for the breaker
                     self.counts.add(it[1], remote_errors=1)
-                self._failed(puts[0][1], e)  # one failure for the breaker; an error per entry
+                self._failed(puts[0][1], e, breaker=breaker)
             else:
-                self._failed("", e, n=0)  # only lock releases: their expiry ends them
+                self._failed("", e, n=0, breaker=breaker)  # only lock releases: their expiry ends them
             return
         failure: BaseException | None = None
         for (what, it, n), reply in zip(plan, replies):
@@ -714,9 +739,9 @@ class RemoteTier:
             elif what == "bad" and reply:
                 self.counts.add(it[1], remote_marked_bad=1)
         if failure is not None:
-            self._failed("", failure, n=0)  # counted per entry above
+            self._failed("", failure, n=0, breaker=breaker)  # counted per entry above
         else:
-            self._breaker.ok()
+            breaker.ok()
 
     def flush(self, timeout: float = EXIT_FLUSH_S) -> bool:
         """Wait until the queue is written (at most ``timeout`` s); True when it is."""
@@ -771,7 +796,7 @@ class RemoteTier:
     def _take(self, kind: str, ident: str, holder: str, timed: bool = True) -> Any:
         """SET the lock NX (ours if free), then what is there now: (taken, lock value, its PTTL,
         the entry's size)."""
-        lkey, ekey = self.cfg.lock_key(ident), self.cfg.entry_key(ident)
+        lkey, ekey = self.cfg.lock_key(ident), self.cfg.entry_key(kind, ident)
         value = self.keeper.value(ident, holder)
         ttl = max(1, int(rl.LOCK_TTL_S * 1000))
 
@@ -783,7 +808,7 @@ class RemoteTier:
             p.strlen(ekey)
             return p.execute(raise_on_error=False)
 
-        res = self._call(kind, take, timed=timed)
+        res = self._call(kind, take, timed=timed, route=lkey)
         if res is _FAIL:
             return _FAIL
         got, raw, pttl, size = res
@@ -794,7 +819,7 @@ class RemoteTier:
 
     def _look(self, kind: str, ident: str) -> Any:
         """(lock value, its PTTL, the entry's size) now."""
-        lkey, ekey = self.cfg.lock_key(ident), self.cfg.entry_key(ident)
+        lkey, ekey = self.cfg.lock_key(ident), self.cfg.entry_key(kind, ident)
 
         def look(r: Any) -> Any:
             p = r.pipeline(transaction=False)
@@ -803,7 +828,7 @@ class RemoteTier:
             p.strlen(ekey)
             return p.execute(raise_on_error=False)
 
-        res = self._call(kind, look, timed=False)
+        res = self._call(kind, look, timed=False, route=lkey)
         if res is _FAIL:
             return _FAIL
         raw, pttl, size = res
@@ -909,9 +934,8 @@ class RemoteTier:
             return
         value = self.keeper.value(ident, holder)
         ttl = str(int(rl.LOCK_TTL_S * 1000))
-        res = self._call(
-            kind, lambda r: r.eval(rl.TAKEOVER_LUA, 1, self.cfg.lock_key(ident), seen, value, ttl)
-        )
+        lkey = self.cfg.lock_key(ident)
+        res = self._call(kind, lambda r: r.eval(rl.TAKEOVER_LUA, 1, lkey, seen, value, ttl), route=lkey)
         if res is not _FAIL and _int(res, 0) == 1:
             self.keeper.hold(ident, holder)
 

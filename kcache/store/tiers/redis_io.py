@@ -47,6 +47,23 @@ def bounded(seconds: float, max_bytes: int | None = None) -> Iterator[None]:
         _local.until, _local.left = saved
 
 
+@contextlib.contextmanager
+def aside(seconds: float, max_bytes: int | None = None) -> Iterator[None]:
+    """Like :func:`bounded`, inside a bounded call, for work that is not the call's own (making a
+    cluster client, once per process): its time and bytes are bounded by these, and neither
+    counts against the call's (whose deadline moves later by the time spent here)."""
+    saved = (getattr(_local, "until", None), getattr(_local, "left", None))
+    t0 = time.monotonic()
+    _local.until = t0 + max(0.0, seconds)
+    _local.left = max_bytes
+    try:
+        yield
+    finally:
+        until, left = saved
+        _local.until = None if until is None else until + (time.monotonic() - t0)
+        _local.left = left
+
+
 def _time_left(base: float | None) -> float | None:
     """The timeout for the next socket operation: ``base`` (redis-py's own), cut to what is left
     of the call; raises :class:`CallBound` when nothing is."""
@@ -116,7 +133,8 @@ class _BoundedSocket:
 
 class _BoundedMixin:
     """Put before a redis-py connection class: its sockets are :class:`_BoundedSocket`, and
-    connecting takes at most what is left of the call."""
+    connecting takes at most what is left of the call. A ``CLUSTERDOWN`` reply is raised as
+    :func:`cluster_down` (see there)."""
 
     socket_connect_timeout: float | None
 
@@ -129,6 +147,14 @@ class _BoundedMixin:
             self.socket_connect_timeout = configured
         return _BoundedSocket(sock)
 
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        from redis.exceptions import ClusterDownError
+
+        try:
+            return super().read_response(*args, **kwargs)  # type: ignore[misc]
+        except ClusterDownError as e:
+            raise cluster_down()(*e.args) from None
+
 
 _classes: dict[type, type] = {}
 
@@ -138,6 +164,38 @@ def bounded_class(cls: type) -> type:
     out = _classes.get(cls)
     if out is None:
         out = _classes[cls] = type(f"Bounded{cls.__name__}", (_BoundedMixin, cls), {})
+    return out
+
+
+_made: dict[str, type] = {}
+
+
+def cluster_down() -> type:
+    """The error a ``CLUSTERDOWN`` reply (a cluster without a master for some slots: the
+    seconds of a failover) is raised as on kcache's connections. redis-py's cluster client
+    answers its own ``ClusterDownError`` by sleeping 0.25 s and asking the cluster for its
+    slots again, inside the call and past its deadline; this one is a plain error reply to it,
+    raised to the caller at once (and counted by the tier as a failed call: ``unavailable``)."""
+    out = _made.get("down")
+    if out is None:
+        from redis.exceptions import ResponseError
+
+        out = _made["down"] = type("ClusterDownReply", (ResponseError,), {"unavailable": True})
+    return out
+
+
+def bounded_pool_class() -> type:
+    """A redis-py connection pool whose connections are :func:`bounded_class` of the class it is
+    given (how a cluster client's pools, one per node, are made bounded: redis-py 5.x builds
+    them from the class of a URL, not from the one passed)."""
+    out = _made.get("pool")
+    if out is None:
+        import redis
+
+        def __init__(self: Any, connection_class: type = redis.Connection, **kw: Any) -> None:
+            redis.ConnectionPool.__init__(self, connection_class=bounded_class(connection_class), **kw)
+
+        out = _made["pool"] = type("BoundedConnectionPool", (redis.ConnectionPool,), {"__init__": __init__})
     return out
 
 
@@ -164,14 +222,14 @@ def connect(url: str, password: str | None, timeout_s: float) -> Any:
         health_check_interval=0,
     )
     cls = kw.get("connection_class", redis.Connection)
-    kw.update(_no_setinfo(cls))
+    kw.update(no_setinfo(cls))
     kw.setdefault("protocol", 2)  # RESP2: no HELLO round trip on connect; any Redis or Valkey
     kw.pop("retry_on_timeout", None)
     kw["connection_class"] = bounded_class(cls)
     return redis.Redis(connection_pool=redis.ConnectionPool(**kw))
 
 
-def _no_setinfo(cls: type) -> dict[str, Any]:
+def no_setinfo(cls: type) -> dict[str, Any]:
     """The keyword that turns off the CLIENT SETINFO round trips on connect, in this redis-py:
     ``driver_info=None`` (8.x) or ``lib_name=None`` (5.x to 7.x, deprecated in 8)."""
     import inspect

@@ -1,6 +1,7 @@
 """Single flight across machines: the lock a holder keeps alive, and the evidence a waiter needs.
 
-The lock of entry ``<id>`` is the Redis key ``<prefix>l:<id>``, holding one short ASCII value::
+The lock of entry ``<id>`` is the Redis key ``<prefix>l:{<id>}`` (:mod:`.redis_keys`), holding one
+short ASCII value::
 
     kcl1 <holder> <seq> <t_ms> <sig>
 
@@ -233,18 +234,22 @@ class _Held:
 
 class LockKeeper:
     """The locks this process holds, renewed by a thread every :data:`HEARTBEAT_S` for at most
-    ``lease_s`` each. ``run(fn)`` runs ``fn(client)`` bounded in time, returning its result or
-    ``fail`` (a call that failed); the keeper never raises."""
+    ``lease_s`` each. ``run(fn, route)`` runs ``fn(client)`` bounded in time, returning its result
+    or ``fail`` (a call that failed); ``route`` is a key it touches. ``split(items, key)`` groups
+    items by the node of each one's key, each group with a key to route it by (a cluster: one
+    call per node, so that a failing node holds up only its own locks). The keeper never raises."""
 
     def __init__(
         self,
         lock_key: Callable[[str], str],
         secret: bytes | None,
         lease_s: float,
-        run: Callable[[Callable[[Any], Any]], Any],
+        run: Callable[[Callable[[Any], Any], str], Any],
         fail: object,
+        split: Callable[[list[Any], Callable[[Any], str]], list[tuple[str, list[Any]]]] | None = None,
     ) -> None:
         self._key, self._secret, self._lease, self._run, self._fail = lock_key, secret, lease_s, run, fail
+        self._split = split or (lambda items, key: [(key(items[0]), items)] if items else [])
         self._cond = threading.Condition(threading.Lock())
         self._held: dict[str, _Held] = {}
         self._thread: threading.Thread | None = None
@@ -315,21 +320,22 @@ class LockKeeper:
                     self._thread = None
                     return
                 due = self._due()
-            if not due:
-                continue
+            for route, group in self._split(due, lambda d: self._key(d[0])):
+                self._renew(group, route, ttl)
 
-            def renew(r: Any, due: list[tuple[str, bytes, bytes]] = due) -> Any:
-                p = r.pipeline(transaction=False)
-                for ident, prefix, value in due:
-                    p.eval(RENEW_LUA, 1, self._key(ident), prefix, value, ttl)
-                return p.execute(raise_on_error=False)
+    def _renew(self, due: list[tuple[str, bytes, bytes]], route: str, ttl: str) -> None:
+        def renew(r: Any) -> Any:
+            p = r.pipeline(transaction=False)
+            for ident, prefix, value in due:  # a cluster's pipeline runs no p.eval(): the command
+                p.execute_command("EVAL", RENEW_LUA, 1, self._key(ident), prefix, value, ttl)
+            return p.execute(raise_on_error=False)
 
-            res = self._run(renew)
-            if res is self._fail:
-                continue  # Redis does not answer: the locks may expire, and the waiters go on
-            self.renewals += len(due)
-            with self._cond:
-                for (ident, _prefix, _value), ok in zip(due, res):
-                    h = self._held.get(ident)
-                    if ok == 0 and h is not None and not h.releasing:
-                        del self._held[ident]  # lost (expired, or taken over): stop renewing
+        res = self._run(renew, route)
+        if res is self._fail:
+            return  # Redis does not answer: the locks may expire, and the waiters go on
+        self.renewals += len(due)
+        with self._cond:
+            for (ident, _prefix, _value), ok in zip(due, res):
+                h = self._held.get(ident)
+                if ok == 0 and h is not None and not h.releasing:
+                    del self._held[ident]  # lost (expired, or taken over): stop renewing
