@@ -314,10 +314,11 @@ class RemoteTier:
         self._busy = False
         self._thread: threading.Thread | None = None
         self._closing = False
-        if self.cfg.cluster:  # per node: a failover turns off a master's slots for seconds
-            self._breakers = Breakers(BREAKER_FAILURES, BREAKER_WINDOW_S, NODE_COOLDOWN_S, BREAKER_COOLDOWN_S)
-        else:
-            self._breakers = Breakers(BREAKER_FAILURES, BREAKER_WINDOW_S, BREAKER_COOLDOWN_S)
+        # A cluster's nodes: short cool-downs, doubling (a failover turns a master's slots off
+        # for seconds); the cluster as a whole (its client cannot be made) and a single server:
+        # the long one.
+        node_s = NODE_COOLDOWN_S if self.cfg.cluster else BREAKER_COOLDOWN_S
+        self._breakers = Breakers(BREAKER_FAILURES, BREAKER_WINDOW_S, BREAKER_COOLDOWN_S, node_s)
         self.budget = rl.FruitlessBudget()
         self.keeper = rl.LockKeeper(
             self.cfg.lock_key,
@@ -408,8 +409,8 @@ class RemoteTier:
         clients = self._clients()
         if clients is None:
             return _FAIL
-        breaker = self._breaker(clients[0], route)
-        if not breaker.allow():
+        breaker = self._admit(clients[0], route)
+        if breaker is None:
             self._count(kind, remote_bypassed=1)
             return _FAIL
         t0 = time.perf_counter()
@@ -436,13 +437,37 @@ class RemoteTier:
         node = r.node_of(route) if route and isinstance(r, redis_cluster.ClusterClient) else ""
         return self._breakers.get(node)
 
-    def _split(self, items: list[Any], key: Callable[[Any], str]) -> list[tuple[str, list[Any]]]:
-        """``items`` grouped by the node of each one's key, each group with a key of it to route
-        its call by (one group on a single server, and on a cluster not yet asked for its slots)."""
+    def _admit(self, r: Any, route: str) -> Any:
+        """The breaker of a call that may go ahead, or None (skip it). On a cluster, a call whose
+        node's breaker is open first has the client ask for the slots again (at most once a
+        second): a replica that took over a dead master's slots is used at once, not after the
+        dead node's cool-down (its client would not learn of it while it sends nothing there)."""
+        breaker = self._breaker(r, route)
+        if breaker.allow():
+            return breaker
+        if not (route and isinstance(r, redis_cluster.ClusterClient) and breaker.name):
+            return None
+        try:
+            with redis_io.bounded(self.cfg.timeout_s):
+                if not r.refresh():
+                    return None
+        except Exception as e:  # no node answers: the breaker stays as it is
+            logger.debug("kcache: shared tier: asking the cluster for its slots: %s", e)
+            return None
+        breaker = self._breaker(r, route)
+        return breaker if breaker.allow() else None
+
+    def _split(
+        self, items: list[Any], key: Callable[[Any], str], writer: bool = False
+    ) -> list[tuple[str, list[Any]]]:
+        """``items`` grouped by the node of each one's key as the callers' (or the ``writer``'s)
+        client knows it, each group with a key of it to route its call by (one group on a single
+        server, and on a cluster not yet asked for its slots)."""
         clients = self._clients()
-        if not items or clients is None or not isinstance(clients[0], redis_cluster.ClusterClient):
+        r = None if clients is None else clients[1 if writer else 0]
+        if not items or not isinstance(r, redis_cluster.ClusterClient):
             return [(key(items[0]), items)] if items else []
-        return [(key(group[0]), group) for _node, group in clients[0].split(items, key)]
+        return [(key(group[0]), group) for _node, group in r.split(items, key)]
 
     def _answered_error(self, e: BaseException) -> None:
         if {"MovedError", "AskError"} & {c.__name__ for c in type(e).__mro__}:
@@ -676,17 +701,17 @@ class RemoteTier:
         if clients is None:
             return
         # One pipeline per node (a single server: one): a failing node holds up only its own.
-        for route, group in self._split(batch, lambda it: self.cfg.lock_key(it[2])):
+        for route, group in self._split(batch, lambda it: self.cfg.lock_key(it[2]), writer=True):
             self._write_group(clients[1], route, group)
 
     def _write_group(self, r: Any, route: str, batch: list[tuple[Any, ...]]) -> None:
         puts = [it for it in batch if it[0] == "put"]
-        breaker = self._breaker(r, route)
-        if not breaker.allow():
+        breaker = self._admit(r, route)
+        if breaker is None:
             for it in puts:
                 self.counts.add(it[1], remote_dropped=1)
             return  # locks: they expire on their own
-        pipe = r.pipeline(transaction=False)
+        cmds: list[tuple[Any, ...]] = []  # one pipeline's commands
         plan: list[tuple[str, tuple[Any, ...], int]] = []  # what each command's reply belongs to
         nbytes = 0
         for it in batch:
@@ -695,9 +720,9 @@ class RemoteTier:
                 digest = it[4]
                 ekey = self.cfg.entry_key(kind, ident)
                 if digest is not None:  # only the value this process was served
-                    pipe.execute_command("EVAL", _DELETE_IF_SAME, 1, ekey, digest)
+                    cmds.append(("EVAL", _DELETE_IF_SAME, 1, ekey, digest))
                 else:
-                    pipe.delete(ekey)
+                    cmds.append(("DEL", ekey))
                 plan.append(("bad", it, 0))
                 continue
             prefix = it[3]
@@ -708,15 +733,18 @@ class RemoteTier:
                     self.counts.add(kind, remote_too_large=1)
                 else:
                     nbytes += len(value)
-                    pipe.set(self.cfg.entry_key(kind, ident), value)
+                    cmds.append(("SET", self.cfg.entry_key(kind, ident), value))
                     plan.append(("set", it, len(value)))
-            if prefix:  # a cluster's pipeline runs no pipe.eval(): the command itself
-                pipe.execute_command("EVAL", rl.UNLOCK_LUA, 1, self.cfg.lock_key(ident), prefix)
+            if prefix:
+                cmds.append(("EVAL", rl.UNLOCK_LUA, 1, self.cfg.lock_key(ident), prefix))
                 plan.append(("unlock", it, 0))
         if not plan:
             return
         try:
             with redis_io.bounded(self.cfg.transfer_s(nbytes, WRITE_TIMEOUT_MIN_S), SMALL_REPLY):
+                pipe = r.pipeline(transaction=False)  # (a cluster's client is made here, bounded)
+                for args in cmds:  # (a cluster's pipeline has no eval(): the commands themselves)
+                    pipe.execute_command(*args)
                 replies = pipe.execute(raise_on_error=False)
         except Exception as e:
             if puts:

@@ -87,13 +87,12 @@ class Breaker:
 
 
 class Breakers:
-    """The breakers of one tier, by node name ("" for a single server, and for a cluster whose
-    nodes are not known yet)."""
+    """The breakers of one tier, by node name: "" for a single server, and for a cluster whose
+    client could not be made (no node answers: ``cooldown_s``); a cluster's nodes open for
+    ``node_cooldown_s`` first, doubling up to ``cooldown_s``."""
 
-    def __init__(
-        self, failures: int, window_s: float, cooldown_s: float, max_cooldown_s: float | None = None
-    ) -> None:
-        self._args = (failures, window_s, cooldown_s, max_cooldown_s)
+    def __init__(self, failures: int, window_s: float, cooldown_s: float, node_cooldown_s: float) -> None:
+        self._args = (failures, window_s, cooldown_s, node_cooldown_s)
         self._lock = threading.Lock()
         self._by_name: collections.OrderedDict[str, Breaker] = collections.OrderedDict()
 
@@ -101,7 +100,9 @@ class Breakers:
         with self._lock:
             b = self._by_name.get(name)
             if b is None:
-                b = self._by_name[name] = Breaker(*self._args, name=name)
+                failures, window_s, cooldown_s, node_s = self._args
+                first = node_s if name else cooldown_s
+                b = self._by_name[name] = Breaker(failures, window_s, first, cooldown_s, name=name)
                 while len(self._by_name) > NODES_KEPT:
                     self._by_name.popitem(last=False)
             return b

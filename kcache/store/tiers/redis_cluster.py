@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -32,6 +33,7 @@ DEFAULT_PORT = 6379
 MAKE_S = 0.5  # making a client (slots, command table), at least: once per process and client
 MAKE_BYTES = 4 << 20  # and the bytes it may read
 MAKE_RETRIES = 2  # masters that do not answer, passed over while making a client
+REFRESH_S = 1.0  # the slots are asked for again at most this often (while a node fails)
 
 T = TypeVar("T")
 
@@ -150,6 +152,7 @@ class ClusterClient:
         self.timeout_s = timeout_s
         self._rc: Any = None
         self._lock = threading.Lock()
+        self._refreshed = 0.0  # when refresh() last asked (monotonic)
 
     @property
     def cluster(self) -> Any:
@@ -183,6 +186,18 @@ class ClusterClient:
         except Exception:  # a slot the topology does not cover (redis-py's SlotNotCoveredError)
             return ""
         return node.name if node is not None else ""
+
+    def refresh(self) -> bool:
+        """Ask the cluster for its slots again, unless that was done less than :data:`REFRESH_S`
+        ago (or the client is not made yet): False then. Network: call it inside a bound."""
+        now = time.monotonic()
+        with self._lock:
+            if self._rc is None or now - self._refreshed < REFRESH_S:
+                return False
+            self._refreshed = now
+            rc = self._rc
+        rc.nodes_manager.initialize()
+        return True
 
     def split(self, items: Iterable[T], key: Callable[[T], str]) -> list[tuple[str, list[T]]]:
         """``items`` grouped by the master of each one's key (in order of first appearance)."""
