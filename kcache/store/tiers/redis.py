@@ -470,7 +470,8 @@ class RemoteTier:
         return [(key(group[0]), group) for _node, group in r.split(items, key)]
 
     def _answered_error(self, e: BaseException) -> None:
-        if {"MovedError", "AskError"} & {c.__name__ for c in type(e).__mro__}:
+        moved = {"MovedError", "AskError"} & {c.__name__ for c in type(e).__mro__}
+        if moved or str(e).startswith(("MOVED ", "ASK ")):  # (redis-py 5.x: a plain ResponseError)
             warn_once(
                 "remote-moved",
                 f"the shared tier at {self.cfg.shown_url} is a Redis Cluster node, which has only "
