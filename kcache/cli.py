@@ -994,7 +994,7 @@ def _undo_new_store(path: str, fresh: str) -> None:
     removed, unless it holds an entry (another process started using it meanwhile)."""
     import shutil
 
-    from .store.local import MARKER, SUBDIRS
+    from .store.opening import MARKER, SUBDIRS
 
     try:
         entries = os.path.join(path, "entries")

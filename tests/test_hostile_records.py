@@ -76,7 +76,7 @@ def test_a_bad_record_from_the_shared_tier_is_refused_and_the_index_keeps_workin
     try:
         a = make("a")
         a.put("triton", "K", _files("k"), summary={"name": "k"}, compile_s=0.5)
-        assert a.remote_tier().flush(60.0)
+        assert a.tiers[0].flush(60.0)
         # The attacker: the record changed, its own crc32 and the entry's value rebuilt.
         r = redis_server.client()
         key = rk.entry_key(prefix, "triton", a.entry_id("triton", "K"))

@@ -83,7 +83,7 @@ def group(n: int = 4096, tag: bytes = b"") -> dict[str, bytes]:
 
 
 def flushed(store: Store) -> None:
-    tier = store.remote_tier()
+    tier = store.tiers[0]
     assert tier is not None and tier.flush(5.0)
 
 
@@ -345,18 +345,18 @@ def test_stopped_restarted_and_flushed(redis_private, stores, prefix, monkeypatc
     for i in range(5):
         assert b.get("triton", f"gone{i}") is None  # refused connections: quick misses
         assert a.put("triton", f"gone{i}", group(100)) is not None
-    assert a.remote_tier().flush(3.0)
+    assert a.tiers[0].flush(3.0)
     assert counts(b)["remote_errors"] >= 1
     server.start()  # the same port, empty (no persistence): a restart
     time.sleep(0.4)  # past the breaker's cool-down: the next call probes and closes it
     assert b.get("triton", "K1") is not None  # b has it locally by now
     assert b.get("triton", "after") is None
     a.put("triton", "K2", group(500))
-    assert a.remote_tier().flush(3.0)
+    assert a.tiers[0].flush(3.0)
     deadline = time.monotonic() + 5
     while counts(a).get("remote_puts", 0) < 2 and time.monotonic() < deadline:
         a.put("triton", f"retry{time.monotonic()}", group(50))  # the writer's breaker probes too
-        a.remote_tier().flush(1.0)
+        a.tiers[0].flush(1.0)
         time.sleep(0.1)
     assert stores("c", server.url, prefix).get("triton", "K2") is not None
     server.client().flushall()  # flushed: a miss, never an error
@@ -454,7 +454,7 @@ def test_forked_child_writes_its_own_entries(redis_server, stores, prefix) -> No
         code = 1
         try:
             a.put("triton", "child", group(100))
-            code = 0 if a.remote_tier().flush(5.0) else 2
+            code = 0 if a.tiers[0].flush(5.0) else 2
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
@@ -469,14 +469,16 @@ def test_single_flight_across_stores(redis_server, stores, prefix) -> None:
     a = stores("a", redis_server.url, prefix)
     b = stores("b", redis_server.url, prefix)
     assert a.get("triton", "K") is None and b.get("triton", "K") is None
-    assert a.remote_flight("triton", "K") is None  # a holds the lock: it compiles
+    fa = a.single_flight("triton", "K")
+    assert fa.hit is None and fa.held  # a holds the locks: it compiles
     got: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: got.update(hit=b.remote_flight("triton", "K")))
+    t = threading.Thread(target=lambda: got.update(hit=b.single_flight("triton", "K").hit))
     t.start()
     time.sleep(0.3)
     assert t.is_alive()  # b waits for a's compile
     files = group(3000)
     a.put("triton", "K", files)  # written to Redis, then the lock released, in one pipeline
+    fa.release()
     t.join(10)
     assert not t.is_alive() and got["hit"] is not None and got["hit"].read("k.cubin") == files["k.cubin"]
     assert counts(b)["remote_waited"] == 1
@@ -486,13 +488,14 @@ def test_single_flight_across_stores(redis_server, stores, prefix) -> None:
 def test_single_flight_holder_that_fails_lets_the_others_go(redis_server, stores, prefix) -> None:
     a = stores("a", redis_server.url, prefix)
     b = stores("b", redis_server.url, prefix)
-    assert a.remote_flight("triton", "F") is None
+    fa = a.single_flight("triton", "F")
+    assert fa.hit is None
     got: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: got.update(hit=b.remote_flight("triton", "F")))
+    t = threading.Thread(target=lambda: got.update(hit=b.single_flight("triton", "F").hit))
     t.start()
     time.sleep(0.2)
     t0 = time.monotonic()
-    a.remote_unlock("triton", "F")  # a's compile failed: no entry
+    fa.release()  # a's compile failed: no entry
     t.join(10)
     assert got["hit"] is None and time.monotonic() - t0 < 1.0  # b compiles now, without waiting on
 
@@ -507,18 +510,16 @@ def test_single_flight_lost_holder_is_waited_for_only_until_its_lock_expires(
     r = redis_server.client()
     # a kcache holder that died: its last heartbeat, expiring on its own
     r.set(rk.lock_key(prefix, ident), rl.encode_lock(ident, rl.new_holder(), 3, None), px=400)
-    hit, dt = _timed(lambda: b.remote_flight("triton", "L"))
-    assert hit is None and 0.3 < dt < rl.FRUITLESS_BUDGET_S + 0.5, dt
+    fb, dt = _timed(lambda: b.single_flight("triton", "L"))
+    assert fb.hit is None and 0.3 < dt < rl.FRUITLESS_BUDGET_S + 0.5, dt
     value = r.get(rk.lock_key(prefix, ident))  # then b took the lock: the others wait on b's compile
-    assert (
-        value is not None and value.startswith(rl.FORMAT) and 0 < r.pttl(rk.lock_key(prefix, ident)) <= 3000
-    )
-    b.remote_unlock("triton", "L")
-    assert b.remote_tier().flush(5.0) and r.get(rk.lock_key(prefix, ident)) is None
+    assert value is not None and value.startswith(rl.FORMAT) and 0 < r.pttl(rk.lock_key(prefix, ident)) <= 3000
+    fb.release()
+    assert b.tiers[0].flush(5.0) and r.get(rk.lock_key(prefix, ident)) is None
     # a lock that is not kcache's, with no expiry: not waited on, and replaced by b's
     r.set(rk.lock_key(prefix, ident), "a-holder-that-hangs")
-    hit, dt = _timed(lambda: b.remote_flight("triton", "L"))
-    assert hit is None and dt < 0.5, dt
+    fb, dt = _timed(lambda: b.single_flight("triton", "L"))
+    assert fb.hit is None and dt < 0.5, dt
     assert r.get(rk.lock_key(prefix, ident)).startswith(rl.FORMAT)
     assert counts(b)["remote_ignored"] == 1
     assert any("with no expiry" in m for m in kcache_warnings), kcache_warnings
@@ -563,7 +564,7 @@ ENABLE = """
 import kcache, json
 ok = kcache.enable()
 st = kcache.active_store()
-print(json.dumps({"ok": ok, "remote": st._remote_cfg is not None}))
+print(json.dumps({"ok": ok, "remote": bool(st.tiers)}))
 """
 
 
@@ -688,7 +689,7 @@ from kcache import config
 from kcache.store import Store
 s = Store.open(sys.argv[1])
 s.attach_remote(config.load({"KCACHE_REMOTE": sys.argv[2], "KCACHE_REMOTE_PREFIX": "w:"}))
-print("redis" in sys.modules, s.remote_tier() is not None and s.remote_tier()._clients_ is not None)
+print("redis" in sys.modules, bool(s.tiers) and s.tiers[0]._clients_ is not None)
 """
 
 

@@ -46,7 +46,7 @@ PROGRAM = textwrap.dedent(
     out = {"enable": kcache.enable(), "enabled": kcache.is_enabled()}
     out["store"] = kcache.active_store() is not None
     out["stats"] = sorted(kcache.stats())
-    tier = kcache.active_store().remote_tier() if out["store"] else None
+    tier = (kcache.active_store().tiers or [None])[0] if out["store"] else None
     out["remote"] = tier is not None
     print(json.dumps(out))
     """

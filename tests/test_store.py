@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from kcache.maintenance.stats import store_stats
 from kcache.store import Store, StoreError, fs, tunables
-from kcache.store import local as store_local
+from kcache.store import opening as store_local
 from kcache.store.index import Index
 from kcache.store.records import RECORD_NAME, FileInfo, Record, crc32, valid_name
 from kcache.store.safety import fs_type, is_network_fs
@@ -64,7 +64,7 @@ def backdate(store: Store, ident: str, seconds_ago: float) -> None:
     t = time.time() - seconds_ago
     os.utime(os.path.join(store.entry_dir(ident), RECORD_NAME), (t, t))
     store.flush(force=True)  # a put's row is written by the flush thread: written now
-    with store._index_lock:
+    with store.disk.catalogue._index_lock:
         cur = store.index().conn.execute("UPDATE entries SET last_used = ? WHERE id = ?", (t, ident))
     assert cur.rowcount == 1, ident
 
@@ -530,7 +530,7 @@ def test_an_entry_hit_by_another_process_is_evicted_last(store_dir: Path) -> Non
     hit = reader.get("triton", "k3", files=True)
     assert hit is not None
     assert writer.index().row(ids[3]) is not None
-    one = writer._evictor.usage.total() // 10 + 1  # room for one entry
+    one = writer.disk.evictor.usage.total() // 10 + 1  # room for one entry
     removed, _ = writer.evict(target=one)
     assert removed == 9
     assert writer.get("triton", "k3", count=False) is not None
@@ -603,17 +603,17 @@ def test_counters_are_kept_when_the_index_is_busy(store_dir: Path, monkeypatch) 
     s = Store.open(store_dir)
     s.put("triton", "k", {"a.bin": b"a"})
     s.flush(force=True)
-    real = s._index_call
+    real = s.disk.catalogue.call
 
     def busy(fn):
-        s._index_off_until = time.monotonic() + 30
+        s.disk.catalogue._index_off_until = time.monotonic() + 30
         return None
 
-    monkeypatch.setattr(s, "_index_call", busy)
+    monkeypatch.setattr(s.disk.catalogue, "call", busy)
     assert s.get("triton", "k") is not None
     s.flush(force=True)  # fails: the counts must come back for the next flush
-    monkeypatch.setattr(s, "_index_call", real)
-    s._index_off_until = 0.0
+    monkeypatch.setattr(s.disk.catalogue, "call", real)
+    s.disk.catalogue._index_off_until = 0.0
     s.flush(force=True)
     assert s.index().counters()["triton"]["hits"] == 1
     s.close()
@@ -1076,7 +1076,7 @@ def test_index_waits_briefly_on_a_locked_database(store: Store, tmp_path: Path) 
     finally:
         holder.execute("ROLLBACK")
         holder.close()
-    store._index_off_until = 0.0
+    store.disk.catalogue._index_off_until = 0.0
     store.flush(force=True)
     assert store.entry_id("triton", "k1") in store.index().ids(), "the row was kept for a later flush"
 

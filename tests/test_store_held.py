@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from kcache.store import Store, fs, tunables
-from kcache.store import local as local_mod
+from kcache.store import hit as hit_mod
 from kcache.store import served as served_mod
 
 PYTHON = sys.executable
@@ -43,9 +43,9 @@ def test_eviction_of_a_held_entry_keeps_its_files_until_let_go(tmp_path: Path, m
     reader.put("triton", "k", {"a.bin": b"A" * 5000})
     hit = reader.get("triton", "k", files=True)
     evictor = Store.open(root, max_size=1)
-    before = evictor._evictor.usage.total()
+    before = evictor.disk.evictor.usage.total()
     assert evictor.evict(target=0)[0] == 1
-    assert evictor._evictor.usage.total() == before - 5000
+    assert evictor.disk.evictor.usage.total() == before - 5000
     assert evictor.get("triton", "k") is None and reader.get("triton", "k") is None
     assert Path(hit.paths["a.bin"]).read_bytes() == b"A" * 5000  # still there, unchanged
     (held,) = _trash(root)
@@ -54,7 +54,7 @@ def test_eviction_of_a_held_entry_keeps_its_files_until_let_go(tmp_path: Path, m
     assert _trash(root) == [held]
     reader.close()  # lets go: what it held goes
     assert _trash(root) == []
-    assert evictor._evictor.usage.total() == before - 5000  # not twice
+    assert evictor.disk.evictor.usage.total() == before - 5000  # not twice
     evictor.close()
 
 
@@ -195,17 +195,17 @@ def test_a_network_filesystem_holds_nothing(tmp_path: Path) -> None:
     hit = s.get("triton", "k", files=True)
     assert hit._pin is None and Path(hit.paths["a.bin"]).read_bytes() == b"N" * 100
     assert s.get("triton", "k", files=True).read("a.bin") == b"N" * 100  # no memo either
-    assert not s._memo
+    assert not len(s.disk.memo)
     s.close()
 
 
 def test_memo_entries_are_bounded(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(local_mod, "_MEMO_MAX", 3)
+    monkeypatch.setattr(hit_mod, "MEMO_MAX", 3)
     s = Store.open(tmp_path / "store")
     for i in range(5):
         s.put("triton", f"k{i}", {"a.bin": bytes([i])})
         assert s.get("triton", f"k{i}", files=True) is not None
-    assert len(s._memo) == 3
+    assert len(s.disk.memo) == 3
     s.close()
 
 

@@ -72,7 +72,7 @@ def test_fork_while_another_thread_holds_the_stores_locks(tmp_path: Path, hold_s
     taken = threading.Event()
 
     def hold() -> None:
-        with s._index_lock, s._lock, s.counts._lock:
+        with s.disk.catalogue._index_lock, s.disk.catalogue._lock, s.counts._lock:
             taken.set()
             time.sleep(hold_s)
 
@@ -253,15 +253,15 @@ def test_served_bytes_are_the_verified_ones_even_if_replaced_in_between(tmp_path
     a = Store.open(root)
     other = Store.open(root)
     a.put("triton", "k", {"a.bin": b"1" * 4096})
-    real_serve = a._served_files.serve_held
+    real_serve = a.disk.served.serve_held
 
     def serve_after_a_swap(hit, fds=None, dfd=None):  # noqa: ANN001, ANN202
         assert other.replace("triton", "k", {"a.bin": b"2" * 4096}) is not None
         return real_serve(hit, fds, dfd)
 
-    a._served_files.serve_held = serve_after_a_swap  # type: ignore[method-assign]
+    a.disk.served.serve_held = serve_after_a_swap  # type: ignore[method-assign]
     hit = a.get("triton", "k", files=True)
-    a._served_files.serve_held = real_serve  # type: ignore[method-assign]
+    a.disk.served.serve_held = real_serve  # type: ignore[method-assign]
     assert hit is not None and hit.read("a.bin") == b"1" * 4096
     assert Path(hit.paths["a.bin"]).read_bytes() == b"1" * 4096
     fresh = a.get("triton", "k", files=True)
@@ -378,7 +378,7 @@ def test_autotune_results_are_not_kept_when_the_gpu_is_unknown(monkeypatch) -> N
 def test_two_threads_forking_at_once_leave_no_lock_held(tmp_path: Path) -> None:
     # The fork handlers of two threads interleave (CPython runs them before its own lock): one
     # thread's after-fork must let go of its own locks only, never the other's.
-    from kcache.store import local
+    from kcache.store import forks
 
     s = Store.open(tmp_path / "store")
     old = sys.getswitchinterval()
@@ -388,8 +388,8 @@ def test_two_threads_forking_at_once_leave_no_lock_held(tmp_path: Path) -> None:
     def forker() -> None:
         try:
             for _ in range(2000):
-                local._before_fork()
-                local._after_fork_parent()
+                forks._before()
+                forks._after_parent()
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
@@ -402,7 +402,7 @@ def test_two_threads_forking_at_once_leave_no_lock_held(tmp_path: Path) -> None:
     finally:
         sys.setswitchinterval(old)
     assert not errors
-    for lk in local._store_locks(s):
+    for lk in s.fork_locks() + s.disk.fork_locks():
         assert lk.acquire(timeout=1), "a lock stayed held by a thread that has finished"
         lk.release()
     assert s.put("triton", "k", {"a.bin": b"a"}) is not None and s.get("triton", "k") is not None
@@ -417,7 +417,7 @@ def test_a_fork_does_not_wait_for_a_long_eviction(tmp_path: Path) -> None:
     taken = threading.Event()
 
     def evicting() -> None:
-        with s._flush_lock, s._index_lock:
+        with s.disk.catalogue._flush_lock, s.disk.catalogue._index_lock:
             taken.set()
             time.sleep(3.0)
 
@@ -485,7 +485,7 @@ def test_no_thread_for_the_flush_is_not_an_error(tmp_path: Path, monkeypatch) ->
     assert s.get("triton", "missing") is None
     monkeypatch.setattr(threading.Thread, "start", real_start)
     assert s.put("triton", "b", {"a.bin": b"b"}) is not None
-    assert s._flusher_pid == os.getpid(), "the flush thread was started at the next put"
+    assert s.disk.catalogue._flusher_pid == os.getpid(), "the flush thread was started at the next put"
     s.close()
     r = Store.open(tmp_path / "store", readonly=True)
     assert len(r.index().ids()) == 2

@@ -20,6 +20,7 @@ from kernels.harness import PYTHON, clean_env  # noqa: E402
 from triton.runtime.cache import FileCacheManager  # noqa: E402
 
 import kcache  # noqa: E402
+from kcache.store import cache as cache_mod  # noqa: E402
 from kcache.triton import manager as mgr_mod  # noqa: E402
 from kcache.triton.manager import KcacheCacheManager, kind_of  # noqa: E402
 
@@ -185,7 +186,7 @@ def test_read_only_store_returns_real_files_outside_it(tmp_path: Path, monkeypat
     assert kcache.enable(dir=store_dir, readonly=True, triton=False, nvfuser=False)
     try:
         m = KcacheCacheManager(KEY)
-        assert m.get_group("k.json") is None and m._lock is None  # no lock in a read-only store
+        assert m.get_group("k.json") is None and not (m._flight and m._flight.held)  # no lock: read-only
         group = {"k.cubin": m.put(b"\x01\x02", "k.cubin"), "k.json": m.put("{}", "k.json", binary=False)}
         so = m.put(b"ELF", "x.cpython-311.so")
         for p in [*group.values(), so]:
@@ -209,16 +210,16 @@ def _record_waits(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
     """Every wait for a kernel's lock: (thread id, whether it ended holding the lock). Waiting on a
     lock this process holds would end without it after LOCK_TIMEOUT_S, shortened here so that such
     a regression fails in seconds: the outcome is checked, not the time (machines are shared)."""
-    monkeypatch.setattr(mgr_mod, "LOCK_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(cache_mod, "LOCK_TIMEOUT_S", 2.0)
     waits: list[tuple[int, bool]] = []
-    real = mgr_mod._wait_for_kernel
+    real = cache_mod.TieredCache._wait_for
 
-    def wait(store: Any, skey: str) -> tuple[Any, Any]:
-        got = real(store, skey)
+    def wait(self: Any, kind: str, key: str, files: bool) -> tuple[Any, Any]:
+        got = real(self, kind, key, files)
         waits.append((threading.get_ident(), got[0] is not None))
         return got
 
-    monkeypatch.setattr(mgr_mod, "_wait_for_kernel", wait)
+    monkeypatch.setattr(cache_mod.TieredCache, "_wait_for", wait)
     return waits
 
 
@@ -228,24 +229,24 @@ def test_a_failed_compile_does_not_make_this_process_wait_on_itself(
     waits = _record_waits(monkeypatch)
     me = threading.get_ident()
     failed = KcacheCacheManager(KEY)  # missed, took the lock, then its compile raised: still alive
-    assert failed.get_group("k.json") is None and failed._lock is not None
+    assert failed.get_group("k.json") is None and failed._flight.held
     again = KcacheCacheManager(KEY)
     assert again.get_group("k.json") is None
-    assert not failed._lock[1].held  # this thread's next lookup let the stale lock go
-    assert again._lock is not None, "the next compile of the kernel did not get its lock"
+    assert not failed._flight.held  # this thread's next lookup let the stale lock go
+    assert again._flight.held, "the next compile of the kernel did not get its lock"
     assert waits == [(me, True), (me, True)]  # each got the lock at once, none waited it out
     # another thread, while a compile of the same kernel is under way here, does not wait either
     busy = KcacheCacheManager(KEY2)
-    assert busy.get_group("k.json") is None and busy._lock is not None
+    assert busy.get_group("k.json") is None and busy._flight.held
     out: list[Any] = []
     t = threading.Thread(target=lambda: out.append(KcacheCacheManager(KEY2).get_group("k.json")))
     t.start()
     t.join(120)  # a hang guard only
     assert not t.is_alive() and out == [None]
     assert [w for w in waits if w[0] != me] == [], "the other thread waited for this thread's lock"
-    assert busy._lock is not None  # still held by its own thread
+    assert busy._flight.held  # still held by its own thread
     busy.put_group("k.json", {"k.json": busy.put("{}", "k.json", binary=False)})
-    assert busy._lock is None and not mgr_mod._held
+    assert busy._flight is None and not kstore._flights
 
 
 def test_compile_errors_twice_in_one_process_fail_fast(tmp_path: Path) -> None:
@@ -258,14 +259,15 @@ import kcache.triton.manager as mm
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kernels.broken import broken_kernel
-mm.LOCK_TIMEOUT_S = 5.0
+import kcache.store.cache as sc
+sc.LOCK_TIMEOUT_S = 5.0
 waits = []
-real = mm._wait_for_kernel
-def wait(store, skey):
-    got = real(store, skey)
+real = sc.TieredCache._wait_for
+def wait(self, kind, key, files):
+    got = real(self, kind, key, files)
     waits.append(got[0] is not None)
     return got
-mm._wait_for_kernel = wait
+sc.TieredCache._wait_for = wait
 for i in range(3):
     try:
         triton.compile(ASTSource(broken_kernel, {"x_ptr": "*fp32", "BLOCK": "constexpr"}, {"BLOCK": 64}),

@@ -118,7 +118,7 @@ def hit_latency(redis: Redis, tmp: Path, size: int, iters: int, secret: str | No
     a = Store.open(tmp / f"a{size}{bool(secret)}")
     a.attach_remote(_settings(redis.url, prefix, secret))
     a.put(KIND, key, files, compile_s=1.0)
-    assert a.remote_tier().flush(10)
+    assert a.tiers[0].flush(10)
     b = Store.open(tmp / f"b{size}{bool(secret)}")
     b.attach_remote(_settings(redis.url, prefix, secret))
     ident = b.entry_id(KIND, key)
@@ -126,13 +126,13 @@ def hit_latency(redis: Redis, tmp: Path, size: int, iters: int, secret: str | No
     local, remote = [], []
     for _ in range(iters):
         b.remove([ident])
-        b._served_files._cache.clear()
+        b.disk.served._cache.clear()
         t = time.perf_counter()
         h = b.get(KIND, key)
         _ = h.paths  # type: ignore[union-attr]
         remote.append(time.perf_counter() - t)
         assert b.counts.process_totals()[KIND].get("remote_refused", 0) == 0
-        b._served_files._cache.clear()  # as a new process: its served files made anew
+        b.disk.served._cache.clear()  # as a new process: its served files made anew
         t = time.perf_counter()
         h = b.get(KIND, key)
         _ = h.paths  # type: ignore[union-attr]

@@ -437,7 +437,7 @@ class Bench:
         store = self.Store.open(kroot, max_size=1 << 50)
         stats_t, rows_t = [], []
         for _ in range(max(3, self.runs)):
-            store._index = None  # a cold open, as a fresh `kcache` process would have
+            store.disk.catalogue._index = None  # a cold open, as a fresh `kcache` process would have
             t = time.perf_counter()
             st = store_stats(store)
             stats_t.append(time.perf_counter() - t)

@@ -442,14 +442,14 @@ class Worker:
         that a hit whose files vanish can be attributed (explicit removal or eviction)."""
         if self.events is None:
             return
-        orig = store._remove_dirs
+        entries = store.disk.entries
+        orig = entries.remove
         orig_evict = store.evict
 
-        def remove_dirs(ids: list[str]) -> int:
-            why = "evict" if self.evicting else self.current
-            for i in ids:
-                self.event(f"D {time.time():.6f} {why} {i}")
-            return orig(ids)
+        def remove(ident: str, *, later: bool = False) -> Any:
+            why = "evict" if self.evicting or later else self.current
+            self.event(f"D {time.time():.6f} {why} {ident}")
+            return orig(ident, later=later)
 
         def evict(*a: Any, **k: Any) -> Any:
             self.evicting = True
@@ -458,7 +458,7 @@ class Worker:
             finally:
                 self.evicting = False
 
-        store._remove_dirs = remove_dirs
+        entries.remove = remove
         store.evict = evict
 
     def event(self, line: str) -> None:
@@ -573,7 +573,7 @@ def worker_main(a: argparse.Namespace) -> int:
     ops = {"concurrent": OPS_CONCURRENT, "writers": OPS_WRITERS}.get(a.mix, OPS_CRASH)
     w = Worker(a.dir, a.seed, a.keys, a.max_size, a.journal, ops, a.scratch, a.events)
     if a.warm:  # the index opened before the kill points count (the first open runs a dozen statements)
-        w.store._index_call(lambda idx: idx.total_bytes())
+        w.store.disk.catalogue.call(lambda idx: idx.total_bytes())
     if a.kill_at:
         KillPoints(a.kill_at, a.dir, a.kill_log).install(w.store)
     print("READY", flush=True)

@@ -33,7 +33,7 @@ def config_report(settings: Settings) -> dict[str, Any]:
     store["fs_type"] = fs_type(probe)
     store["network_fs"] = is_network_fs(probe)
     if root.is_dir():
-        from ..store.local import MARKER
+        from ..store.opening import MARKER
 
         store["is_store"] = (root / MARKER).is_file()
         try:

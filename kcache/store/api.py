@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
 if TYPE_CHECKING:
+    from .hit import Hit
     from .index import Index
-    from .local import Hit
     from .records import Record
 
 #: Key components for ``kcache explain``: a mapping, or a function that gives one (called only

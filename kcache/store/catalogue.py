@@ -1,10 +1,11 @@
-"""The store's catalogue: opening, filling and writing its index, and eviction.
+"""The store's catalogue: its index (SQLite), and what hits, misses and puts note for it.
 
-A mixin of :class:`~kcache.store.local.Store` (it uses the store's descriptors and locks). The
-index is never on a lookup's path: hits and puts only note what to write, and a daemon thread
-(one per process) writes it at most once a second and evicts when the store is over its bound.
-Every index operation holds ``_index_lock``: one SQLite connection serves the process, and a
-transaction must not be shared between threads.
+The index is never on a lookup's path: hits and puts only note what to write
+(:meth:`Catalogue.note_use`, :meth:`~Catalogue.note_put`, :meth:`~Catalogue.note_miss`), and a
+daemon thread (one per process) writes it at most once a second, and gives the disk tier its
+turn then (eviction, clean-up of ``trash/``; see :mod:`.disk`). Every index operation holds
+``_index_lock``: one SQLite connection serves the process, and a transaction must not be shared
+between threads.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from .. import counters as _counters
 from ..log import logger, warn_once
 from . import fs
 from . import tunables as T
+from .clock import Clock
+from .entries import Entries
 from .errors import StoreError
-from .eviction import sweep
+from .housekeeping import iter_entry_ids
 from .index import DB_NAME, Index, IndexTooNew, is_corrupt_db
 from .records import Record
 
@@ -42,9 +45,132 @@ def _unlink_db(ifd: int, *, strict: bool = False) -> None:
             os.unlink(name, dir_fd=ifd)
 
 
-class CatalogueMixin:
-    """Index and eviction methods of :class:`~kcache.store.local.Store`."""
+class Catalogue:
+    """The index of one store in one process, and what waits to be written to it."""
 
+    def __init__(
+        self,
+        entries: Entries,
+        counts: _counters.Counters,
+        *,
+        index_timeout: float,
+        drain_global: bool,
+    ) -> None:
+        self.entries = entries
+        self.folders = entries.folders
+        self.clock: Clock = entries.clock
+        self.counts = counts
+        self.index_timeout = index_timeout
+        #: Also write kcache's process-wide counters (those of integrations that are not the
+        #: store, see :mod:`kcache.counters`): the program's own store does.
+        self.drain_global = drain_global
+        #: Called at each of the flush thread's turns, before the index is written (eviction,
+        #: clean-up), and after a reconcile (recount): set by the disk tier.
+        self.on_turn: Callable[[], None] = lambda: None
+        self.after_reconcile: Callable[[], None] = lambda: None
+        self._lock = threading.RLock()  # the buffers below
+        self._index_lock = threading.RLock()  # one SQLite connection: one thread at a time
+        self._index: Index | None = None
+        self._index_pid = 0
+        self._index_off_until = 0.0
+        self._busy_count = 0
+        self._touches: dict[str, tuple[float, int]] = {}
+        self._touch_since = 0.0  # monotonic: when the oldest last use not yet written was noted
+        self._touched_records: dict[str, Record] = {}
+        self._misses: list[tuple[float, str, str, dict[str, Any]]] = []
+        self._pending: dict[str, tuple[Record, float | None]] = {}
+        self._dropped: set[str] = set()  # rows of entries removed here, for the next flush to drop
+        self._flush_lock = threading.Lock()
+        self._flusher_pid: int | None = None
+        self._wake = threading.Event()  # set: the flush thread's turn now (the store is past its bound)
+        self._next_reconcile = 0.0  # monotonic; the flush thread's first turn asks the index
+
+    @property
+    def readonly(self) -> bool:
+        return self.folders.readonly
+
+    @property
+    def closed(self) -> bool:
+        return self.folders.closed
+
+    # ------------------------------------------------------------------ forks
+    def fork_locks(self) -> list[Any]:
+        # Only the lock of the buffers, held for microseconds. The index and flush locks are
+        # held across SQLite work and eviction (seconds): the child gets new ones and never uses
+        # its parent's connection, so a fork need not wait for them.
+        return [self._lock]
+
+    def after_fork_child(self, keep: list[Any]) -> None:
+        """In a forked child: new locks, empty buffers (what the parent has yet to write is the
+        parent's to write), and the parent's SQLite connection put in ``keep``, unused: SQLite
+        forbids carrying one across a fork, and closing it could checkpoint or unlock the
+        parent's files."""
+        if self._index is not None:
+            keep.append(self._index)
+            self._index = None
+        self._flush_lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._index_lock = threading.RLock()
+        self._touches, self._touched_records, self._misses, self._pending = {}, {}, [], {}
+        self._dropped, self._wake = set(), threading.Event()
+
+    # ------------------------------------------------------------------ what waits to be written
+    def note_use(self, rec: Record) -> None:
+        """A hit of ``rec``: its last use and hit count, written by the next flush."""
+        if self.readonly:
+            return
+        with self._lock:
+            _, n = self._touches.get(rec.id, (0.0, 0))
+            self._touches[rec.id] = (self.clock.now(), n + 1)
+            self._touched_records[rec.id] = rec
+            if not self._touch_since:
+                self._touch_since = time.monotonic()
+        # The flush thread writes last uses at most once a second (and the store at exit): a hit
+        # does not start it, a hit a second after the first unwritten one does. (A process's
+        # first hits pay no thread start; a put or a miss starts it at once.)
+        if self._flusher_pid != os.getpid() and time.monotonic() - self._touch_since >= T.FLUSH_EVERY_S:
+            self.maybe_flush()
+
+    def note_miss(self, kind: str, key: str, components: dict[str, Any]) -> None:
+        """A miss, for ``kcache explain``."""
+        if self.readonly:
+            return
+        with self._lock:
+            self._misses.append((self.clock.now(), kind, key, components))
+        self.maybe_flush()
+
+    def note_put(self, rec: Record, access: float) -> None:
+        """A committed entry's row: written by the flush thread (a SQLite transaction, and the
+        index's first opening, cost milliseconds a compiling thread need not wait for); until
+        then the entry is on disk, served, and found by ``verify``."""
+        with self._lock:
+            if len(self._pending) < T.MAX_PENDING:
+                self._pending[rec.id] = (rec, access)
+
+    def forget(self, ident: str) -> None:
+        """An entry removed here: its row and last use, not yet written, are not written."""
+        with self._lock:
+            self._pending.pop(ident, None)
+            self._touches.pop(ident, None)
+            self._touched_records.pop(ident, None)
+
+    def drop_row(self, ident: str) -> None:
+        """Have the next flush drop the index row of an entry removed here (eviction)."""
+        with self._lock:
+            if len(self._dropped) < T.MAX_PENDING:
+                self._dropped.add(ident)
+
+    def own_touches(self) -> dict[str, tuple[float, int]]:
+        """This process's hits not written to the index yet: id -> (last use, hits)."""
+        with self._lock:
+            return dict(self._touches)
+
+    def wake(self) -> None:
+        """The flush thread's turn now (the store is past its bound), not in a second."""
+        self.maybe_flush()
+        self._wake.set()
+
+    # ------------------------------------------------------------------ the index
     def index(self) -> Index:
         """The index, opened on first use (read-only on a read-only store). Raises if it cannot
         be opened (callers catch). A new index (first use, an older kcache's index, one that was
@@ -54,7 +180,7 @@ class CatalogueMixin:
                 if self._index is not None and self._index_pid == os.getpid():
                     return self._index
                 self._index = None  # a forked child never uses its parent's connection
-                ifd = self._fd("index")
+                ifd = self.folders.fd("index")
                 if self.readonly:
                     self._index = self._open_index_readonly(ifd)
                 else:
@@ -73,7 +199,7 @@ class CatalogueMixin:
         ``kcache verify --fix``). Counters and the miss log start anew."""
         if self.readonly:
             raise StoreError("the store is read-only")
-        ifd = self._fd("index")
+        ifd = self.folders.fd("index")
         if ifd is None:
             raise StoreError("the store has no index folder")
         with self._index_lock, self._lock:
@@ -87,7 +213,7 @@ class CatalogueMixin:
     def index_readonly(self) -> Index:
         """A new connection to the index that never writes, creates or checkpoints anything (it
         works on a full disk and while another process holds the index); close it when done."""
-        return self._open_index_readonly(self._fd("index"))
+        return self._open_index_readonly(self.folders.fd("index"))
 
     def _open_index_readonly(self, ifd: int | None) -> Index:
         if ifd is None:
@@ -97,14 +223,14 @@ class CatalogueMixin:
         except FileNotFoundError:
             return Index.open_readonly(None)
         if not stat.S_ISREG(st.st_mode):
-            raise StoreError(f"{self.index_dir}/{DB_NAME} is not a regular file")
+            raise StoreError(f"{self.folders.index_dir}/{DB_NAME} is not a regular file")
         try:
             os.stat(DB_NAME + "-wal", dir_fd=ifd, follow_symlinks=False)
             immutable = False
         except FileNotFoundError:
             immutable = True
         return Index.open_readonly(
-            fs.fd_path(ifd, DB_NAME, fallback=str(self.index_dir)), immutable=immutable
+            fs.fd_path(ifd, DB_NAME, fallback=str(self.folders.index_dir)), immutable=immutable
         )
 
     def _open_index(self, ifd: int) -> Index:
@@ -119,31 +245,35 @@ class CatalogueMixin:
                 st = os.stat(name, dir_fd=ifd, follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            if not stat.S_ISREG(st.st_mode) or (self._owners is not None and st.st_uid not in self._owners):
+            if not stat.S_ISREG(st.st_mode) or (
+                self.folders.owners is not None and st.st_uid not in self.folders.owners
+            ):
                 # A link or someone else's file where the database goes: SQLite would follow or
                 # write it. Remove it (only our folder's entry, never what it points to).
-                warn_once("index-unsafe", f"{self.index_dir}/{name} is not a file of ours; removed")
+                warn_once("index-unsafe", f"{self.folders.index_dir}/{name} is not a file of ours; removed")
                 fs.rmtree_at(ifd, name)
-        path = fs.fd_path(ifd, DB_NAME, fallback=str(self.index_dir))
+        path = fs.fd_path(ifd, DB_NAME, fallback=str(self.folders.index_dir))
         try:
             return Index.open(path, timeout=self.index_timeout)
         except Exception as e:
             if isinstance(e, IndexTooNew) or not is_corrupt_db(e):
                 raise
             # A broken index is replaced, not fatal: entries are intact and self-describing.
-            warn_once("index-corrupt", f"the index at {self.index_dir} is corrupt ({e}); starting a new one")
+            warn_once(
+                "index-corrupt", f"the index at {self.folders.index_dir} is corrupt ({e}); starting a new one"
+            )
             _unlink_db(ifd)
             return Index.open(path, timeout=self.index_timeout)
 
     def _records_on_disk(self, skip: Container[str] = ()) -> Iterator[tuple[Record, float | None]]:
         """(record, its mtime: the entry's last use) of every intact entry whose id is not in
         ``skip``, read from the entry folders."""
-        for ident in self.iter_entry_ids():
+        for ident in iter_entry_ids(self.folders):
             if ident in skip:
                 continue
-            rec, _why = self.read_record(ident)
+            rec, _why = self.entries.read_record(ident)
             if rec is not None:
-                yield rec, self.record_mtime(ident)
+                yield rec, self.entries.record_mtime(ident)
 
     def _fill_index(self, idx: Index) -> None:
         """Add every intact entry's record to a new index (last use: the record's mtime)."""
@@ -165,11 +295,11 @@ class CatalogueMixin:
                 f"could not fill the new index from the entries ({e}); `kcache verify --fix` does",
             )
 
-    def _index_call(self, fn: Callable[[Index], Any]) -> Any:
+    def call(self, fn: Callable[[Index], Any]) -> Any:
         """``fn(index)``, or None when the index cannot be used now (never raises). One
         connection serves the process: threads take turns (``_index_lock``), so that one
         thread's transaction never swallows or rolls back another's."""
-        if self.readonly or self._closed or time.monotonic() < self._index_off_until:
+        if self.readonly or self.closed or time.monotonic() < self._index_off_until:
             return None
         try:
             with self._index_lock:
@@ -213,19 +343,19 @@ class CatalogueMixin:
                         with contextlib.suppress(Exception):
                             self._index.close()
                     self._index = None
-                    ifd = self._fd("index")
+                    ifd = self.folders.fd("index")
                     if ifd is not None:
                         _unlink_db(ifd)
                 self._index_off_until = 0.0
             return None
 
-    def _maybe_flush(self) -> None:
+    def maybe_flush(self) -> None:
         """Have the batched index writes done soon, off the caller's path.
 
         A hit or miss only notes what to write; a daemon thread (one per process, started on
         first need, again in a forked child) writes it at most once a second. Opening the index
         and a SQLite transaction cost milliseconds: they must not land inside a kernel launch."""
-        if self.readonly or self._closed:
+        if self.readonly or self.closed:
             return
         if self._flusher_pid != os.getpid():
             with self._lock:
@@ -245,17 +375,14 @@ class CatalogueMixin:
         took it there), and batched index writes. Both are off the compiling threads' path (a
         put only notes its row)."""
         pid = os.getpid()
-        while not self._closed and os.getpid() == pid:
+        while not self.closed and os.getpid() == pid:
             self._wake.wait(T.FLUSH_EVERY_S)
             self._wake.clear()
-            if self._closed or os.getpid() != pid:
+            if self.closed or os.getpid() != pid:
                 return
             try:
-                if self._evictor.due():
-                    self._evictor.run()
+                self.on_turn()
                 self.flush()
-                if self._trash_left:
-                    self.sweep_trash()
                 if time.monotonic() >= self._next_reconcile:
                     self._next_reconcile = time.monotonic() + T.RECONCILE_CHECK_S
                     self.reconcile()
@@ -272,7 +399,7 @@ class CatalogueMixin:
         index; ``force`` ignores it), by whichever process finds it due, which also counts the
         store's bytes again (the size count drifts when a process is killed between a commit
         and its count). Never raises."""
-        now = self.now()
+        now = self.clock.now()
 
         def due(idx: Index) -> set[str] | None:
             with idx.transaction():  # one process claims the turn
@@ -285,7 +412,7 @@ class CatalogueMixin:
                 idx.set_meta("reconciled_at", repr(now))
             return idx.ids()
 
-        known = self._index_call(due)
+        known = self.call(due)
         if known is None:
             return 0
         batch: list[tuple[Record, float | None]] = []
@@ -293,13 +420,13 @@ class CatalogueMixin:
             batch.extend(self._records_on_disk(skip=known))
         except Exception as e:
             logger.debug("reconcile: %s", e)
-        if batch and self._index_call(lambda idx: idx.insert_many(batch) or True) is None:
+        if batch and self.call(lambda idx: idx.insert_many(batch) or True) is None:
             return 0
         if batch:
             logger.info("added %d index rows for entries written by processes that ended early", len(batch))
         try:
-            self._evictor.recount()
-        except Exception as e:
+            self.after_reconcile()
+        except Exception as e:  # a recount is best effort: the next reconcile tries again
             logger.debug("recount: %s", e)
         return len(batch)
 
@@ -309,7 +436,7 @@ class CatalogueMixin:
             self._flush_locked(force)
 
     def _flush_locked(self, force: bool) -> None:
-        if self.readonly or self._closed:
+        if self.readonly or self.closed:
             return
         if force:
             self._index_off_until = 0.0  # at exit and on request: one more try, bounded by the timeout
@@ -326,14 +453,14 @@ class CatalogueMixin:
                 deltas[k] = deltas.get(k, 0.0) + v
         if not (touches or misses or deltas or pending or dropped):
             return
-        self._refresh_clock()
+        self.clock.refresh()
 
         def write(idx: Index) -> bool:
             with idx.transaction():
                 if dropped:  # evicted here; a put of the same entry since then keeps its row
-                    idx.remove([i for i in dropped if self.record_mtime(i) is None])
+                    idx.remove([i for i in dropped if self.entries.record_mtime(i) is None])
                 for rec, access in pending.values():
-                    if self.record_mtime(rec.id) is not None:  # not removed since its put
+                    if self.entries.record_mtime(rec.id) is not None:  # not removed since its put
                         idx.insert(rec, last_used=access)
                 if deltas:
                     idx.add_counters(deltas)
@@ -341,13 +468,13 @@ class CatalogueMixin:
                     for ident in idx.touch(touches):
                         # on disk but not in the index (a crash, a new index): add it; but not an
                         # entry removed since its hit (here or by another process' clear)
-                        if ident in recs and self.record_mtime(ident) is not None:
+                        if ident in recs and self.entries.record_mtime(ident) is not None:
                             idx.insert(recs[ident], last_used=touches[ident][0], hits=touches[ident][1])
                 if misses:
                     idx.add_misses(misses)
             return True
 
-        if not self._index_call(write):
+        if not self.call(write):
             self.counts.restore(deltas)  # keep the counts and rows for the next flush
             with self._lock:
                 for ident, item in pending.items():
@@ -356,34 +483,3 @@ class CatalogueMixin:
                 for ident in dropped:
                     if len(self._dropped) < T.MAX_PENDING:
                         self._dropped.add(ident)
-
-    # ------------------------------------------------------------------ eviction
-    def sweep_trash(self, budget_s: float | None = None, *, closing: bool = False) -> None:
-        """What removals left in ``trash/``: empty folders (evictions leave them for later), and,
-        at most every :data:`~.tunables.HELD_SWEEP_S`, folders that a process held and no longer
-        does. Never raises."""
-        trfd = self._fd("trash")
-        if trfd is None or self.readonly or (self._closed and not closing):
-            return
-        now = time.monotonic()
-        held = now - self._trash_swept >= T.HELD_SWEEP_S
-        if held:
-            self._trash_swept = now
-        try:
-            sweep(trfd, T.FLUSH_EVERY_S / 2 if budget_s is None else budget_s, held=held)
-            self._trash_left = bool(os.listdir(trfd))
-        except OSError:
-            pass
-
-    def evict(self, target: int | None = None) -> tuple[int, int]:
-        """Remove least recently used entries until the store holds at most ``target`` bytes
-        (default 90% of the bound), then write the index (see :mod:`.eviction`). One process
-        evicts at a time; this returns at once when another one does. Returns (entries, bytes).
-
-        The store also evicts on its own: its flush thread as soon as a put passes the bound,
-        and a put itself when the store is far past it."""
-        if self.readonly or self._closed:
-            return 0, 0
-        out = self._evictor.run(target)
-        self.flush(force=True)
-        return out

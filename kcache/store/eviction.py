@@ -37,7 +37,7 @@ import stat
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from ..kinds import valid_id
@@ -48,7 +48,10 @@ from .locks import Lock
 from .records import RECORD_NAME, Record
 
 if TYPE_CHECKING:
-    from .local import Store
+    from .catalogue import Catalogue
+    from .clock import Clock
+    from .entries import Entries
+    from .opening import Folders
 
 USAGE_NAME = "usage"
 _USAGE = struct.Struct("<qq")  # bytes, 1 once counted (0: puts added since the file was made)
@@ -168,8 +171,8 @@ def is_protected(rec: Record | None, mtime: float, hits: int, now: float) -> boo
 class Usage:
     """The store's committed bytes, shared by its processes through ``locks/usage``."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, folders: Folders) -> None:
+        self._folders = folders
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._pid = 0
@@ -195,8 +198,8 @@ class Usage:
     def _file(self) -> int | None:
         if self._fd is not None and self._pid == os.getpid():
             return self._fd
-        lfd = self._store._fd("locks")
-        if lfd is None or self._broken or self._store.readonly:
+        lfd = self._folders.fd("locks")
+        if lfd is None or self._broken or self._folders.readonly:
             return None
         try:
             fd = os.open(USAGE_NAME, os.O_RDWR | os.O_CREAT | fs.O_NOFOLLOW | fs.O_CLOEXEC, 0o600, dir_fd=lfd)
@@ -207,7 +210,7 @@ class Usage:
             warn_once("usage", f"cannot keep count of the store's size ({e}); its size bound is not kept")
             return None
         st = os.fstat(fd)
-        owners = self._store._owners  # None: a store used despite its checks (KCACHE_ALLOW_INSECURE=1)
+        owners = self._folders.owners  # None: a store used despite its checks (KCACHE_ALLOW_INSECURE=1)
         if not stat.S_ISREG(st.st_mode) or (owners is not None and st.st_uid not in owners):
             os.close(fd)
             self._broken = True
@@ -222,8 +225,8 @@ class Usage:
     def start_if_new(self) -> None:
         """A new store (no entries, no count yet) starts counted at 0, so that its count is
         exact from its first put (an older store is counted by the flush thread instead)."""
-        st = self._store
-        lfd, efd = st._fd("locks"), st._fd("entries")
+        st = self._folders
+        lfd, efd = st.fd("locks"), st.fd("entries")
         if lfd is None or efd is None or st.readonly:
             return
         try:
@@ -340,13 +343,24 @@ class Usage:
 
 
 class Evictor:
-    """Keeps one store under its bound (see the module doc). The store calls :meth:`after_put`
-    after every commit, :meth:`due` and :meth:`run` from its flush thread, :meth:`at_exit` when it
-    closes."""
+    """Keeps one store under its bound (see the module doc). The disk tier calls
+    :meth:`after_put` after every commit, :meth:`due` and :meth:`run` from its flush thread,
+    :meth:`at_exit` when it closes. ``bound()`` is the store's bound now; ``remove(id)`` removes
+    an entry for eviction (the bytes freed, or None when it was not there)."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.usage = Usage(store)
+    def __init__(
+        self,
+        entries: Entries,
+        catalogue: Catalogue,
+        *,
+        bound: Callable[[], int],
+        remove: Callable[[str], int | None],
+    ) -> None:
+        self.folders: Folders = entries.folders
+        self.clock: Clock = entries.clock
+        self.entries, self.catalogue = entries, catalogue
+        self.bound, self.remove = bound, remove
+        self.usage = Usage(self.folders)
         # id -> (protect_until, record mtime when seen): not read again until one of them changes
         self._protected: dict[str, tuple[float, float]] = {}
         self._shards: list[str] = []
@@ -362,23 +376,22 @@ class Evictor:
     def after_put(self, size: int, ident: str) -> None:
         """A put committed ``size`` bytes: count them; past the bound, have the flush thread
         evict now; far past it, free about as much here."""
-        st = self.store
         total = self.usage.add(size)
         if total is None:  # not counted yet (a new store): the flush thread counts it
-            st._wake_flush()
+            self.catalogue.wake()
             return
-        if total <= st.max_size:
+        bound = self.bound()
+        if total <= bound:
             return
-        st._wake_flush()
-        if total > st.max_size * T.HELP_OVER:
-            self.help(min(total - st.max_size, 2 * size), exclude=ident)
+        self.catalogue.wake()
+        if total > bound * T.HELP_OVER:
+            self.help(min(total - bound, 2 * size), exclude=ident)
 
     def help(self, need: int, exclude: str = "") -> int:
         """Free about ``need`` bytes now, without a lock: the oldest unprotected entry of a
         random sample, a few times at most. Returns the bytes freed."""
-        st = self.store
         freed = 0
-        now = st.now()
+        now = self.clock.now()
         for _ in range(4):
             if freed >= need:
                 break
@@ -399,7 +412,7 @@ class Evictor:
         at the last listing first: a small store leaves most of its 256 shards empty)."""
         import random  # only when a put has to help
 
-        efd = self.store._fd("entries")
+        efd = self.folders.fd("entries")
         if efd is None:
             return []
         if time.monotonic() - self._shards_at > 10.0 or not self._shards:
@@ -435,7 +448,7 @@ class Evictor:
         """Whether :meth:`run` has work: the store past its bound, or not counted yet."""
         self.usage.flush(0.0)
         r = self.usage.read()
-        return r is not None and (not r[1] or r[0] > self.store.max_size)
+        return r is not None and (not r[1] or r[0] > self.bound())
 
     def run(
         self, target: int | None = None, *, lock_wait: float = 0.0, deadline: float | None = None
@@ -443,11 +456,11 @@ class Evictor:
         """Evict least recently used entries until the store holds at most ``target`` bytes
         (default :data:`~.tunables.EVICT_TO` of the bound). One process at a time; another
         one's turn is waited for at most ``lock_wait`` seconds. Returns (entries, bytes)."""
-        st = self.store
+        st = self.folders
         if st.readonly or st.closed:
             return 0, 0
-        target = int(st.max_size * T.EVICT_TO) if target is None else target
-        lfd = st._fd("locks")
+        target = int(self.bound() * T.EVICT_TO) if target is None else target
+        lfd = st.fd("locks")
         if lfd is None:
             return 0, 0
         lk = Lock(lfd, "evict.lock")
@@ -463,7 +476,7 @@ class Evictor:
                 total = self.recount(locked=True)
             if total is None or total <= target:
                 return 0, 0
-            now = st._refresh_clock()
+            now = self.clock.refresh()
             exhausted = True
             for last, mtime, ident, hits in self._candidates():
                 if total <= target or (deadline is not None and time.monotonic() > deadline):
@@ -491,24 +504,22 @@ class Evictor:
 
     def at_exit(self) -> None:
         """A process ending with the store past its bound brings it under (bounded time)."""
-        st = self.store
         self.usage.flush(min(1.0, T.EXIT_EVICT_S / 2))  # bytes a busy count carried, not lost
         total = self.usage.total()
-        if total is None or total <= st.max_size:
+        if total is None or total <= self.bound():
             return
         deadline = time.monotonic() + T.EXIT_EVICT_S
         self.run(lock_wait=min(1.0, T.EXIT_EVICT_S / 2), deadline=deadline)
         while time.monotonic() < deadline:
             total = self.usage.total()
-            if total is None or total <= st.max_size or not self.help(total - st.max_size):
+            bound = self.bound()
+            if total is None or total <= bound or not self.help(total - bound):
                 break
 
     def _candidates(self) -> list[tuple[float, float, str, int]]:
         """(last use, record mtime, id, index hits) of every entry, least recently used first."""
-        st = self.store
-        index: dict[str, tuple[float, int]] = st._index_call(lambda idx: idx.last_uses()) or {}
-        with st._lock:
-            own = dict(st._touches)  # this process's hits, not written to the index yet
+        index: dict[str, tuple[float, int]] = self.catalogue.call(lambda idx: idx.last_uses()) or {}
+        own = self.catalogue.own_touches()  # this process's hits, not written to the index yet
         out = []
         for ident, mtime in self.scan():
             at, hits = index.get(ident, (0.0, 0))
@@ -520,30 +531,29 @@ class Evictor:
     def _evict_one(self, ident: str, mtime: float, hits: int, now: float) -> int | None:
         """Remove one candidate unless it was used since it was listed or is protected. The bytes
         freed, or None when it stays (or was gone)."""
-        st = self.store
-        mt = st.record_mtime(ident)
+        mt = self.entries.record_mtime(ident)
         if mt is None or abs(mt - mtime) > 1e-6:
             return None  # gone, or a hit refreshed it since it was listed
         known = self._protected.get(ident)
         if known is not None and known[1] == mt and known[0] > now:
             return None
-        rec, _why = st.read_record(ident)
+        rec, _why = self.entries.read_record(ident)
         if is_protected(rec, mt, hits, now):
             assert rec is not None
             self._protected[ident] = (rec.protect_until, mt)
             return None
         self._protected.pop(ident, None)
-        got = st._remove_entry(ident, later=True)
+        got = self.remove(ident)
         if got is not None:
-            st.counts.add("store", evictions=1)
-            st._drop_row(ident)
+            self.catalogue.counts.add("store", evictions=1)
+            self.catalogue.drop_row(ident)
         return got
 
     # ------------------------------------------------------------------ listing and counting
     def _folders(self) -> Iterator[tuple[int, str]]:
         """(shard folder's descriptor, entry id) of every entry folder; the descriptor is valid
         until the next item."""
-        efd = self.store._fd("entries")
+        efd = self.folders.fd("entries")
         if efd is None:
             return
         try:
@@ -586,12 +596,12 @@ class Evictor:
         """Count the bytes of every entry on disk and make that the shared number (a new store,
         a store older than the count, a count that drifted). Under ``locks/evict.lock`` (taken
         here unless ``locked``). Returns the new total."""
-        st = self.store
+        st = self.folders
         if st.readonly or st.closed:
             return None
         lk = None
         if not locked:
-            lfd = st._fd("locks")
+            lfd = st.fd("locks")
             if lfd is None:
                 return None
             lk = Lock(lfd, "evict.lock")

@@ -1,19 +1,33 @@
-"""Opening a store's folders: the marker, its own folders, the node-local index folder.
+"""Opening a store: the checks, and the pinned folders every later call goes through.
 
-Functions used by :meth:`kcache.store.local.Store.open`: everything here works on descriptors
-(see :mod:`kcache.store.fs`) and raises ``UnsafeStore`` or ``StoreError`` with a reason.
+:func:`open_folders` checks the store's path, root, marker and own folders and returns them as
+:class:`Folders`: open descriptors (the root, ``entries/``, ``tmp/``, ``trash/``, ``locks/``,
+``index/``) and what the checks found (read-only, trusted, on a network filesystem). Every later
+open, create, rename and remove in the store is relative to these descriptors (see
+:mod:`kcache.store.fs`), never to a path name that could have been swapped since. Raises
+``UnsafeStore`` or ``StoreError`` with a reason.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 from pathlib import Path
 
 import msgpack
 
+from ..log import warn_once
 from . import fs
 from .errors import StoreError
-from .safety import UnsafeStore, insecure_parent, insecure_path, make_private_dir
+from .safety import (
+    UnsafeStore,
+    check_root,
+    insecure_parent,
+    insecure_path,
+    is_network_fs,
+    make_private_dir,
+)
 
 MARKER = "KCACHE_STORE"
 STORE_SCHEMA = 1
@@ -117,3 +131,135 @@ def unwritable(root_fd: int) -> str | None:
                 else f"is not writable ({sub} denies this user)"
             )
     return None
+
+
+class Folders:
+    """A store's pinned folders: their descriptors and what opening found. Passed to every part
+    of the store instead of the store itself (see :mod:`.disk`)."""
+
+    def __init__(
+        self,
+        root: Path,
+        fds: dict[str, int | None],
+        *,
+        owners: frozenset[int] | None,
+        readonly: bool,
+        trusted: bool,
+        network_fs: bool,
+        index_dir: str | None,
+    ) -> None:
+        self.root = root
+        #: Who may own what is read from the store (None: a store used despite its checks).
+        self.owners = owners
+        self.readonly = readonly
+        #: False when the store failed a check and was opened anyway (KCACHE_ALLOW_INSECURE=1).
+        self.trusted = trusted
+        self.network_fs = network_fs
+        #: What a reading command reports: the index's folder (node-local on a network filesystem).
+        self.index_dir = Path(index_dir) if index_dir else root / "index"
+        self.tmp, self.trash, self.locks = root / "tmp", root / "trash", root / "locks"
+        self.closed = False
+        self._fds = fds
+
+    def fd(self, sub: str) -> int | None:
+        """The descriptor of ``sub`` ("root", "entries", "tmp", "trash", "locks", "index"); None
+        when it is absent or the store is closed."""
+        return self._fds.get(sub)
+
+    def close(self) -> None:
+        self.closed = True
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
+def open_folders(
+    path: str, *, readonly: bool, allow_insecure: bool, create: bool, network_fs: bool | None
+) -> Folders:
+    """Check and pin the store at ``path`` (absolute). See :meth:`kcache.store.Store.open`."""
+    trust = True
+    # The path as named: a link on the way is fine if this user (or root) made it, in a
+    # folder nobody else can write; one another user planted decides where the store is.
+    why_named = insecure_path(path) if os.path.realpath(path) != os.path.abspath(path) else None
+    if why_named:
+        if not allow_insecure:
+            raise UnsafeStore(
+                f"{path}: another user decides where this path leads ({why_named}); {INSECURE_HINT}"
+            )
+        trust = False
+    real = os.path.realpath(path)  # a link the user made to their store is fine; from here on, no links
+    if not os.path.lexists(real):
+        if readonly or not create:
+            raise StoreError(f"{path} does not exist" + (" (read-only: nothing to read)" if readonly else ""))
+        make_private_dir(Path(real))
+    why_parent = insecure_parent(real)
+    if why_parent:
+        if not allow_insecure:
+            raise UnsafeStore(
+                f"{path}: another user can replace the store ({why_parent}); move the store to a "
+                f"folder only you (or root) can write, or {INSECURE_HINT}"
+            )
+        trust = False
+    owners: frozenset[int] | None = fs.trusted_owners(readonly)
+    try:
+        root_fd = fs.open_dir(real, str(path), None)
+    except fs.UnsafePath:
+        raise StoreError(f"{path} exists and is not a directory") from None
+    fds: dict[str, int | None] = {"root": root_fd}
+    try:
+        st = os.fstat(root_fd)
+        try:
+            check_root(st, path, readonly=readonly)
+        except UnsafeStore:
+            if not allow_insecure:
+                raise
+            trust = False
+            owners = None
+        if not readonly:
+            why = unwritable(root_fd)
+            if why:
+                # Used as KCACHE_READONLY=1 would: hits served, nothing written, one warning.
+                warn_once(
+                    "store-unwritable", f"{path} {why}: using it read-only (new kernels are not cached)"
+                )
+                readonly = True
+                if owners is not None:
+                    owners = fs.trusted_owners(True)
+        check_marker(root_fd, path, readonly=readonly, create=create)
+        nfs = is_network_fs(Path(real)) if network_fs is None else network_fs
+        for sub in SUBDIRS:
+            if sub == "index" and nfs:
+                fds[sub] = None  # no SQLite file on a network filesystem (below)
+                continue
+            fds[sub] = open_sub(root_fd, sub, path, owners, create=not readonly)
+        index_dir = None
+        if nfs:
+            # SQLite's locks are not safe on NFS/Lustre: entries stay shared (written by
+            # rename, checked on read), the catalogue is kept on this node.
+            base = os.path.join(
+                os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+                "kcache-index",
+            )
+            index_dir = os.path.join(base, hashlib.sha256(os.fsencode(real)).hexdigest()[:16])
+            warn_once(
+                "nfs",
+                f"{path} is on a network filesystem; its index is kept node-local in {index_dir} "
+                "(entries are shared, stats and eviction are per node)",
+            )
+            fds["index"] = node_local_index(base, os.path.basename(index_dir), readonly)
+    except BaseException:
+        for fd in fds.values():
+            if fd is not None:
+                os.close(fd)
+        raise
+    return Folders(
+        Path(path),
+        fds,
+        owners=owners,
+        readonly=readonly,
+        trusted=trust,
+        network_fs=nfs,
+        index_dir=index_dir,
+    )

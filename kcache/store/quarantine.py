@@ -4,26 +4,25 @@ A checked hit proves that an entry's bytes are the ones its record names, not th
 can use them: without ``KCACHE_SECRET`` the shared tier trusts its writers, and anyone who can
 write to it can publish a well-formed entry that makes Triton's loader (or torch's, or
 nvFuser's) raise. When an integration sees that (before serving, or when the library fails on
-what was served), it calls :func:`quarantine`:
+what was served), it calls the cache's ``quarantine(rec, why)``
+(:meth:`kcache.store.cache.TieredCache.quarantine`):
 
 - the entry is removed from the local store (only while it is still the entry that failed: a
   fresh one written meanwhile is kept), so the next process does not meet it again;
 - the shared tier is asked to drop it (:meth:`RemoteTier.mark_bad`), so no other machine is
   served it;
 - it is counted (``quarantined``, per kind, in ``kcache stats``) and said once per kind;
-- its exact content (entry id and member digests) is remembered for the life of the process:
-  a read-only store, or a shared tier that still holds it, cannot serve it to this process
-  again (:func:`is_bad`), while a good entry for the same key is served as usual.
-
-Never raises.
+- its exact content (entry id and member digests) is remembered for the life of the process
+  (:func:`remember`): a read-only store, or a shared tier that still holds it, cannot serve it
+  to this process again (:func:`is_bad`, asked by the cache on every hit), while a good entry
+  for the same key is served as usual.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
 
-from ..log import logger, warn_once
+from ..log import warn_once
 from .records import Record
 
 _lock = threading.Lock()
@@ -36,13 +35,17 @@ def _content(rec: Record) -> tuple[str, tuple[str, ...]]:
 
 
 def is_bad(rec: Record) -> bool:
-    """Whether this very content was quarantined in this process."""
+    """Whether this very content was quarantined in this process (on every hit: nothing to do
+    while nothing was)."""
+    if not _bad:
+        return False
     with _lock:
         return _content(rec) in _bad
 
 
-def quarantine(store: Any, rec: Record, why: str) -> None:
-    """Take the entry ``rec`` of ``store`` out of service (see the module doc). Never raises."""
+def remember(rec: Record, why: str) -> None:
+    """Remember ``rec``'s content as bad for the life of the process, and say so once per kind
+    (the composed cache's :meth:`~kcache.store.cache.TieredCache.quarantine` does the rest)."""
     with _lock:
         if len(_bad) >= _BAD_MAX:
             _bad.clear()
@@ -52,14 +55,3 @@ def quarantine(store: Any, rec: Record, why: str) -> None:
         f"a cached {rec.kind} entry {rec.id[:12]} cannot be used ({why[:300]}); "
         "removed from the cache, compiling instead",
     )
-    try:
-        store.counts.add(rec.kind, quarantined=1)
-        if not store.readonly:
-            current, _why = store.read_record(rec.id)
-            if current is not None and current.files == rec.files:
-                store.remove([rec.id])
-        tier = store.remote_tier()  # None without a shared tier
-        if tier is not None:
-            tier.mark_bad(rec.kind, rec.id)
-    except Exception as e:  # best effort: the caller compiles either way
-        logger.debug("quarantine of %s: %s", rec.id, e)

@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING, Any
 from . import fs
 
 if TYPE_CHECKING:
-    from .local import Hit, Store
+    from .hit import Hit
+    from .opening import Folders
 
 #: Name prefixes of private folders in the system's temporary folder (read-only stores).
 TEMP_PREFIX = "kcache-private-"
@@ -96,8 +97,8 @@ class PrivateFolder:
 class Served:
     """The private folders of one store in one process, and the files served from them."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, store: Folders) -> None:
+        self._store = store  # the store's pinned folders
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._folders: dict[str, PrivateFolder] = {}
@@ -135,7 +136,7 @@ class Served:
             cur.close(remove=False)
             self._cache = {k: v for k, v in self._cache.items() if v[0] is not cur}
         store = self._store
-        tfd = None if store.readonly else store._fd("tmp")
+        tfd = None if store.readonly else store.fd("tmp")
         if tfd is not None and self._tmp_ok is None:
             # Only where a lock says whether its holder lives: on a network filesystem a lock
             # may be seen on one node only (another node's clean-up would take a live folder),
@@ -211,7 +212,7 @@ class Served:
         """Hold the entry's folder and name its members through it (see the module doc), or
         None when that cannot be done here (the caller makes private links instead)."""
         store = self._store
-        efd = store._fd("entries")
+        efd = store.fd("entries")
         if efd is None or store.readonly or not self._pins_allowed():
             return None
         rid = hit.record.id
@@ -250,7 +251,7 @@ class Served:
 
     def _pins_allowed(self) -> bool:
         if self._tmp_ok is None:
-            tfd = self._store._fd("tmp")
+            tfd = self._store.fd("tmp")
             self._tmp_ok = tfd is not None and not self._store.network_fs and fs.locks_work(tfd)
         if not self._tmp_ok:
             return False
@@ -270,7 +271,7 @@ class Served:
         sub = f"{hit.record.id[:16]}.{self._n}"
         os.mkdir(sub, 0o700, dir_fd=folder.fd)
         subfd = os.open(sub, fs.O_DIR, dir_fd=folder.fd)
-        efd = self._store._fd("entries")
+        efd = self._store.fd("entries")
         rid = hit.record.id
         try:
             for f in hit.record.files:

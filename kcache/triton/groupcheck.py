@@ -249,11 +249,10 @@ def _guard(orig: Any, codes: frozenset[Any]) -> Any:
             except Exception as e:
                 if not served or not _raised_by_loader(e, codes):
                     raise
-                from ..store.quarantine import quarantine
 
                 why = f"Triton's loader raised {type(e).__name__}: {e}"
                 for store, rec in served:
-                    quarantine(store, rec, why)
+                    store.quarantine(rec, why)
                     store.counts.add(rec.kind, hits=-1, misses=1)
                 del e
                 _served.items = []
@@ -303,7 +302,7 @@ def servable(store: Any, filename: str, hit: Any, target: str | None) -> bool:
     """Whether ``get_group`` may hand the group ``hit`` (a verified store hit) to Triton. One
     that this Triton cannot load, or whose very content was quarantined in this process, is
     quarantined (again) and counted as a miss instead: Triton compiles. Never raises."""
-    from ..store.quarantine import is_bad, quarantine
+    from ..store.quarantine import is_bad
 
     rec = hit.record
     try:
@@ -315,6 +314,6 @@ def servable(store: Any, filename: str, hit: Any, target: str | None) -> bool:
     if why is None:
         note_served(store, rec)
         return True
-    quarantine(store, rec, f"its metadata {filename}: {why}")
+    store.quarantine(rec, f"its metadata {filename}: {why}")
     store.counts.add(rec.kind, hits=-1, misses=1)
     return False

@@ -15,17 +15,12 @@ Returned paths are real files with Triton's names (Triton reads an artifact's ty
 suffix). When the store is off, read-only or full, ``put`` still returns a real file in the
 scratch folder, so Triton never notices. ``override`` and ``dump`` managers are Triton's own.
 
-A miss on a group takes a per-kernel lock (an flock) until ``put_group``: processes that miss on
-the same kernel at once wait for the first to compile it instead of compiling it too; the wait is
-bounded by :data:`LOCK_TIMEOUT_S` and a holder that dies releases the lock with its process.
-With a shared tier, the lock holder then takes the kernel's lock in Redis too
-(:meth:`Store.remote_flight`): one process per machine waits there for another machine's compile.
-
-A compile that raises never reaches ``put_group``, and its manager may live on (a traceback
-cycle) with the lock. flock locks belong to open files, not processes, so this process would then
-wait on itself. Hence: a process never waits for a kernel lock it holds itself (it compiles), a
-thread's next group lookup releases the locks its earlier, failed compiles still hold (a thread
-compiles one kernel at a time), and a forked child neither uses nor releases its parent's locks.
+A group lookup is a single flight (:meth:`kcache.store.cache.TieredCache.single_flight`): on a
+miss, this process holds the kernel's lock until ``put_group``, and processes (and, with a shared
+tier, machines) that miss on the same kernel at once wait for its entry instead of compiling it
+too. A compile that raises never reaches ``put_group``, and its manager may live on (a traceback
+cycle) with the lock: the flight is given this manager as its owner, so that the thread's next
+group lookup releases it (a thread compiles one kernel at a time).
 """
 
 from __future__ import annotations
@@ -55,69 +50,9 @@ from .kinds import KIND_AUTOTUNE, KIND_AUX, KIND_GROUP, kind_of, store_key
 
 __all__ = ["KIND_AUTOTUNE", "KIND_AUX", "KIND_GROUP", "KcacheCacheManager", "kind_of"]
 
-LOCK_TIMEOUT_S = 120.0
-POLL_MIN_S, POLL_MAX_S = 0.001, 0.01  # how often a waiter looks for the lock and the kernel
-
 _scratch_lock = threading.Lock()
 _scratch_roots: dict[str | None, str] = {}  # store root (None: no writable store) -> folder
 _scratch_pid = 0
-
-# Kernel locks this process holds: store key -> (lock, thread id, pid, owner manager's id).
-_held_lock = threading.Lock()
-_held: dict[str, tuple[Any, int, int, int]] = {}
-
-
-def _forget_held_after_fork() -> None:
-    # The child shares the parent's open lock files: releasing them would unlock the parent's.
-    global _held_lock
-    _held_lock = threading.Lock()
-    _held.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_held_after_fork)
-
-
-def _wait_for_kernel(store: Store, skey: str) -> tuple[Any, Any]:
-    """(lock, None) once this process holds the kernel's lock, (None, hit) as soon as another
-    process has committed the kernel, (None, None) on a read-only store, a lock error or after
-    :data:`LOCK_TIMEOUT_S`. The wait polls both every few milliseconds: a waiter picks up a
-    finished kernel within ~10 ms."""
-    lk = store.lock_for(KIND_GROUP, skey)
-    if lk is None:
-        return None, None
-    found: list[Any] = []
-
-    def finished() -> bool:
-        hit = store.get(
-            KIND_GROUP, skey, count=False, remote=False, files=True
-        )  # the holder is on this machine
-        if hit is not None:
-            found.append(hit)
-        return hit is not None
-
-    try:
-        if lk.acquire(LOCK_TIMEOUT_S, poll=finished):
-            return lk, None
-    except Exception as e:
-        warn_once("lock-error", f"cannot lock in {store.locks}: {e}")
-        return None, None
-    if found:
-        return None, found[0]
-    warn_once(
-        "lock-timeout",
-        f"waited {LOCK_TIMEOUT_S:.0f}s for another process compiling the same kernel; compiling here",
-    )
-    return None, None
-
-
-def _release_lock(lk: Any, pid: int) -> None:
-    if lk is None or pid != os.getpid():
-        return
-    try:
-        lk.release()
-    except Exception as e:
-        logger.debug("lock release: %s", e)
 
 
 def _scratch(store: Store | None) -> str:
@@ -196,7 +131,7 @@ class KcacheCacheManager(CacheManager):
             self._store = active_store()
         self._dir: str | None = None
         self._staged: dict[str, str] = {}
-        self._lock: Any = None
+        self._flight: Any = None  # the group's single flight, held from a miss to put_group
         self._miss_t: dict[str, float] = {}
 
     # -- helpers ------------------------------------------------------------------------------
@@ -318,21 +253,14 @@ class KcacheCacheManager(CacheManager):
             return None
         skey = store_key(self.key, filename)
         try:
-            hit = store.get(KIND_GROUP, skey, lambda: self._components(filename), files=True)
-            if hit is None:
+            self._release()  # (a manager asked twice: its earlier flight is over)
+            flight = store.single_flight(
+                KIND_GROUP, skey, lambda: self._components(filename), files=True, owner=self
+            )
+            hit = flight.hit
+            if hit is None:  # compiled here: timed from now (not from the wait for another's)
+                self._flight = flight
                 self._miss_t[filename] = time.perf_counter()
-                # Single flight: whoever holds the kernel's lock is compiling it; wait for its entry.
-                locked, hit = self._take_lock(store, skey)
-                if locked:  # ours now; the entry may have been committed just before we got it
-                    hit = store.get(KIND_GROUP, skey, count=False, remote=False, files=True)
-                    if hit is None:  # single flight across machines, through the shared tier (if any)
-                        hit = store.remote_flight(KIND_GROUP, skey)
-                    if hit is not None:
-                        self._release()
-                    else:
-                        self._miss_t[filename] = time.perf_counter()
-                if hit is not None:
-                    store.counts.add(KIND_GROUP, hits=1, misses=-1, waited=1)
             if hit is not None and not _servable(
                 store, filename, hit, lambda: target_for(self.key, self._origin)
             ):
@@ -347,40 +275,6 @@ class KcacheCacheManager(CacheManager):
         if "torch._inductor" in sys.modules:
             _mirror_for_inductor(self.key, filename, paths)
         return paths
-
-    def _take_lock(self, store: Any, skey: str) -> tuple[bool, Any]:
-        """Take the kernel's cross-process lock, or the kernel itself if another process commits
-        it meanwhile. Returns (True, None) when locked, (False, hit) when the entry appeared while
-        waiting, (False, None) when neither (this process holds the lock already, a read-only
-        store, a lock error, the wait bound reached): then compile without the lock."""
-        me, pid = threading.get_ident(), os.getpid()
-        with _held_lock:
-            # This thread's earlier compiles that never reached put_group have failed: let go.
-            stale = [
-                k for k, (_, tid, p, owner) in _held.items() if tid == me and p == pid and owner != id(self)
-            ]
-            stale_locks = [_held.pop(k) for k in stale]
-            busy = skey in _held
-        for k, (lk, _, p, _) in zip(stale, stale_locks):
-            if p == pid:  # and its lock in the shared tier, which heartbeats would keep alive
-                store.remote_unlock(KIND_GROUP, k)
-            _release_lock(lk, p)
-        if busy:  # another thread of this process compiles it (or failed to): do not wait on ourselves
-            return False, None
-        lk, hit = _wait_for_kernel(store, skey)
-        if lk is None:
-            return False, hit
-        with _held_lock:
-            if skey in _held:  # another thread took it meanwhile (the flock is per open file)
-                raced = True
-            else:
-                _held[skey] = (lk, me, pid, id(self))
-                raced = False
-        if raced:
-            _release_lock(lk, pid)
-            return False, None
-        self._lock = (skey, lk, pid)
-        return True, None
 
     def put_group(self, filename: str, group: dict[str, str]) -> str | None:
         if self._file is not None:
@@ -417,17 +311,9 @@ class KcacheCacheManager(CacheManager):
         return None
 
     def _release(self) -> None:
-        held, self._lock = self._lock, None
-        if held is None:
-            return
-        skey, lk, pid = held
-        with _held_lock:
-            entry = _held.get(skey)
-            if entry is not None and entry[0] is lk:
-                del _held[skey]
-        if pid == os.getpid() and self._store is not None:
-            self._store.remote_unlock(KIND_GROUP, skey)  # the shared tier's lock, if held and not handed on
-        _release_lock(lk, pid)
+        flight, self._flight = self._flight, None
+        if flight is not None:
+            flight.release()
 
     def __del__(self) -> None:  # a compile that raised: let the waiters go
         try:

@@ -121,7 +121,7 @@ def servable(store: Any, filename: str, hit: Any) -> bool:
     """Whether ``get_file`` may hand the cached autotune result ``hit`` to Triton. One this
     Triton's autotuner cannot use, or whose content was quarantined in this process, is
     quarantined and counted as a miss instead: Triton tunes again. Never raises."""
-    from ..store.quarantine import is_bad, quarantine
+    from ..store.quarantine import is_bad
 
     rec = hit.record
     try:
@@ -130,6 +130,6 @@ def servable(store: Any, filename: str, hit: Any) -> bool:
         why = f"{type(e).__name__}: {e}"
     if why is None:
         return True
-    quarantine(store, rec, f"{filename}: {why}")
+    store.quarantine(rec, f"{filename}: {why}")
     store.counts.add(rec.kind, hits=-1, misses=1)
     return False

@@ -83,7 +83,7 @@ AS_USER_PRELUDE = """
 import os, sys, json, logging, sqlite3, shutil, uuid, hashlib, errno, stat, time, zlib, struct, re
 import contextlib, tempfile, threading, atexit, argparse, textwrap, io, traceback, importlib.metadata
 import msgpack, fcntl, urllib.parse
-import kcache, kcache.config, kcache.store, kcache.store.local, kcache.store.index, kcache.kinds
+import kcache, kcache.config, kcache.store, kcache.store.disk, kcache.store.index, kcache.kinds
 import kcache.maintenance, kcache.cli, kcache.fingerprint, kcache.counters, kcache.log
 os.setgroups([])
 os.setgid({uid})

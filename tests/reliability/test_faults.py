@@ -209,11 +209,11 @@ def index_probe(setattr_: Any = setattr) -> list[dict[str, Any]]:
     in the order recorded. ``setattr_``: monkeypatch.setattr in a test, setattr in a child."""
     import time
 
-    from kcache.store.local import Store
+    from kcache.store.catalogue import Catalogue
 
     attempts: list[dict[str, Any]] = []
     state = {"forced": False}
-    real_index, real_call, real_flush = Store.index, Store._index_call, Store.flush
+    real_index, real_call, real_flush = Catalogue.index, Catalogue.call, Catalogue.flush
 
     def index(self: Any) -> Any:
         start = time.monotonic()
@@ -236,10 +236,10 @@ def index_probe(setattr_: Any = setattr) -> list[dict[str, Any]]:
         finally:
             state["forced"] = False
 
-    setattr_(Store, "index", index)
-    setattr_(Store, "_index_call", index_call)
-    setattr_(Store, "flush", flush)
-    setattr_(Store, "_maybe_flush", lambda self: None)
+    setattr_(Catalogue, "index", index)
+    setattr_(Catalogue, "call", index_call)
+    setattr_(Catalogue, "flush", flush)
+    setattr_(Catalogue, "maybe_flush", lambda self: None)
     return attempts
 
 

@@ -77,7 +77,7 @@ def group(n: int = 4096) -> dict[str, bytes]:
 
 
 def flushed(store: Store) -> None:
-    tier = store.remote_tier()
+    tier = store.tiers[0]
     assert tier is not None and tier.flush(10.0)
 
 
@@ -135,9 +135,9 @@ def test_planted_locks_on_every_kernel_cost_a_process_at_most_the_budget(
     t0 = time.monotonic()
     with FakeHeartbeats(redis_server, prefix, idents[3:]):
         for k in keys:
-            assert b.get("triton", k) is None
-            assert b.remote_flight("triton", k) is None  # compile here
-            b.put("triton", k, group(500))
+            with b.single_flight("triton", k) as hit:
+                assert hit is None  # compile here
+                b.put("triton", k, group(500))
     wall = time.monotonic() - t0
     assert wall < 15, wall  # a lease per lock: 4 minutes
     c = counts(b)
@@ -157,19 +157,21 @@ def test_a_real_holder_is_waited_for_while_it_beats_with_a_secret(redis_server, 
     budget is waited for, and the entry it writes is what the waiter gets."""
     a = stores("a", redis_server.url, prefix, KCACHE_SECRET=SECRET)
     b = stores("b", redis_server.url, prefix, KCACHE_SECRET=SECRET)
-    assert a.remote_flight("triton", "LONG") is None  # a compiles, its lock kept alive
+    fa = a.single_flight("triton", "LONG")
+    assert fa.hit is None  # a compiles, its lock kept alive
     got: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: got.update(hit=b.remote_flight("triton", "LONG")))
+    t = threading.Thread(target=lambda: got.update(hit=b.single_flight("triton", "LONG").hit))
     t.start()
     time.sleep(rl.FRUITLESS_BUDGET_S + 1.5)  # longer than any unproven wait
     assert t.is_alive()
     files = group(2000)
     a.put("triton", "LONG", files)
+    fa.release()
     t.join(15)
     assert got["hit"] is not None and got["hit"].read("k.cubin") == files["k.cubin"]
     c = counts(b)
     assert c["remote_waited"] == 1 and c.get("remote_fruitless_s", 0) == 0, c
-    assert a.remote_tier().keeper.renewals >= 3
+    assert a.tiers[0].keeper.renewals >= 3
 
 
 def test_without_a_secret_a_long_holder_is_waited_for_at_most_the_budget(
@@ -177,15 +179,18 @@ def test_without_a_secret_a_long_holder_is_waited_for_at_most_the_budget(
 ) -> None:
     a = stores("a", redis_server.url, prefix)
     b = stores("b", redis_server.url, prefix)
-    assert a.remote_flight("triton", "LONG") is None
+    fa = a.single_flight("triton", "LONG")
+    assert fa.hit is None
     t0 = time.monotonic()
-    assert b.remote_flight("triton", "LONG") is None  # b compiles too: duplicate work, no stall
+    with b.single_flight("triton", "LONG") as hit:
+        assert hit is None  # b compiles too: duplicate work, no stall
     assert time.monotonic() - t0 < rl.FRUITLESS_BUDGET_S + 2
     assert counts(b)["remote_fruitless_s"] == pytest.approx(rl.FRUITLESS_BUDGET_S, abs=0.5)
     t0 = time.monotonic()
-    assert b.remote_flight("triton", "LONG") is None  # the budget is spent: not waited on again
+    with b.single_flight("triton", "LONG") as hit:
+        assert hit is None  # the budget is spent: not waited on again
     assert time.monotonic() - t0 < 0.5
-    a.remote_unlock("triton", "LONG")
+    fa.release()
 
 
 HOLDER = """
@@ -195,7 +200,8 @@ from kcache.store import Store
 s = Store.open(sys.argv[1])
 s.attach_remote(config.load({"KCACHE_REMOTE": sys.argv[2], "KCACHE_REMOTE_PREFIX": sys.argv[3],
                               "KCACHE_SECRET": sys.argv[4]}))
-assert s.remote_flight("triton", "DEAD") is None
+flight = s.single_flight("triton", "DEAD")  # held for the life of the process
+assert flight.hit is None
 print("held", flush=True)
 time.sleep(3600)
 """
@@ -219,10 +225,10 @@ def test_a_holder_killed_mid_compile_is_compiled_once_more_with_a_secret(
         done = threading.Event()
 
         def wait(i: int) -> None:
-            hit = ws[i].remote_flight("triton", "DEAD")
-            got[i] = hit
-            if hit is None:  # this one compiles
-                ws[i].put("triton", "DEAD", group(3000))
+            with ws[i].single_flight("triton", "DEAD") as hit:
+                got[i] = hit
+                if hit is None:  # this one compiles
+                    ws[i].put("triton", "DEAD", group(3000))
             done.set()
 
         threads = [threading.Thread(target=wait, args=(i,)) for i in range(3)]
@@ -252,7 +258,8 @@ def test_a_full_redis_never_holds_up_a_flight(redis_private, stores, prefix) -> 
     b = stores("b", server.url, prefix)
     for i in range(5):
         t0 = time.monotonic()
-        assert b.remote_flight("triton", f"F{i}") is None
+        with b.single_flight("triton", f"F{i}") as hit:
+            assert hit is None
         assert time.monotonic() - t0 < 0.5
     c = counts(b)
     assert c.get("remote_fruitless_s", 0) < 0.1 and c.get("remote_wait_s", 0) < 0.1, c
@@ -279,9 +286,9 @@ def test_a_server_that_stops_answering_costs_at_most_a_second(redis_private, sto
     try:
         t0 = time.monotonic()
         for i in range(6):
-            assert b.get("triton", f"S{i}") is None
-            assert b.remote_flight("triton", f"S{i}") is None
-            assert b.put("triton", f"S{i}", group(300)) is not None
+            with b.single_flight("triton", f"S{i}") as hit:
+                assert hit is None
+                assert b.put("triton", f"S{i}", group(300)) is not None
         took = time.monotonic() - t0
     finally:
         if how == "sigstop":
@@ -393,7 +400,7 @@ s.attach_remote(config.load({"KCACHE_REMOTE": sys.argv[2], "KCACHE_REMOTE_PREFIX
 s.get("triton", "warm-up")  # redis imported, connected
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 hit = s.get("triton", sys.argv[4])
-flight = s.remote_flight("triton", sys.argv[4])
+flight = s.single_flight("triton", sys.argv[4]).hit
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 c = s.counts.process_totals().get("triton", {})
 print(json.dumps({"hit": hit is not None, "flight": flight is not None, "grew_kib": after - before,
@@ -432,7 +439,8 @@ def test_a_huge_planted_lock_value_is_never_read(redis_server, stores, prefix) -
     r.setrange(rk.lock_key(prefix, ident), 50_000_000 - 1, b"x")
     r.pexpire(rk.lock_key(prefix, ident), 2000)
     sent = int(r.info("stats")["total_net_output_bytes"])
-    assert b.remote_flight("triton", "L") is None
+    with b.single_flight("triton", "L") as hit:
+        assert hit is None
     assert int(r.info("stats")["total_net_output_bytes"]) - sent < 1 << 20
     assert counts(b)["remote_ignored"] == 1
 
@@ -492,7 +500,7 @@ def test_an_entry_whose_use_raised_is_marked_bad_remotely(redis_server, stores, 
     value = r.get(ekey)
     assert b.get("triton", "BAD") is not None  # served from Redis; its use then raises:
     b.remove([b.entry_id("triton", "BAD")])  # the local quarantine (the integration's part)
-    assert b.remote_tier().mark_bad("triton", b.entry_id("triton", "BAD"))  # what quarantine() calls
+    assert b.tiers[0].mark_bad("triton", b.entry_id("triton", "BAD"))  # what quarantine() calls
     flushed(b)
     assert r.get(ekey) is None  # deleted from the tier: the next machine compiles
     assert counts(b)["remote_marked_bad"] == 1
@@ -511,7 +519,7 @@ def test_mark_bad_leaves_a_newer_value_alone(redis_server, stores, prefix) -> No
     assert b.get("triton", "X") is not None
     a.replace("triton", "X", group(900))  # meanwhile another machine wrote a new one
     flushed(a)
-    b.remote_tier().mark_bad("triton", b.entry_id("triton", "X"))
+    b.tiers[0].mark_bad("triton", b.entry_id("triton", "X"))
     flushed(b)
     assert redis_server.client().get(rk.entry_key(prefix, "triton", b.entry_id("triton", "X"))) is not None
     assert counts(b).get("remote_marked_bad", 0) == 0

@@ -1,35 +1,32 @@
-"""Tiers behind the local store: backends the composed cache asks after a local miss.
-
-:func:`tier_for` is the one place that maps a shared tier's URL (``KCACHE_REMOTE``) to the tier
-that serves it; a new kind of tier is a module here and a line in :data:`SCHEMES`.
-"""
+"""Tiers behind the local store: backends the composed cache (:mod:`kcache.store.cache`) asks
+after a local miss and hands what the local store commits (the :class:`~kcache.store.api.Tier`
+face). :func:`tier_for` is the one place that maps a ``KCACHE_REMOTE`` URL to a tier: a new kind
+of tier is a module here, with a ``make(settings, key_tag, counts)`` function, and a line in
+:data:`SCHEMES`."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-#: URL scheme -> the module of the tier that serves it (imported on use: tiers import clients).
+#: URL scheme (lower case) -> the module (in this package) of the tier that serves it.
 SCHEMES = {
     "redis": "redis",
     "rediss": "redis",
     "unix": "redis",
-    "redis+cluster": "redis",  # a Redis Cluster or a Valkey cluster (tiers/redis_cluster.py)
+    "redis+cluster": "redis",  # a Redis Cluster or a Valkey cluster (redis_cluster.py)
     "rediss+cluster": "redis",
 }
 
 
-def tier_for(url: str, settings: Any, counts: Any) -> Any:
-    """The tier for ``url``, configured from ``settings`` (:class:`kcache.config.Settings`: its
-    ``remote_*`` values, the secret, the key tag), counting into ``counts``. Raises ValueError
-    for a scheme no tier serves."""
-    scheme = url.partition("://")[0].lower()
-    if SCHEMES.get(scheme) == "redis":
-        from .redis import RemoteConfig, RemoteTier
-
-        cfg = RemoteConfig.from_settings(settings, url=url)
-        if cfg is None:
-            raise ValueError(
-                "the shared tier's settings have problems: " + "; ".join(settings.remote_problems)
-            )
-        return RemoteTier(cfg, counts)
-    raise ValueError(f"no tier serves {scheme or url[:20]!r} URLs (known: {', '.join(SCHEMES)})")
+def tier_for(settings: Any, key_tag: str, counts: Any) -> Any:
+    """The tier for ``settings.remote`` (:class:`kcache.config.Settings`), or None when none is
+    configured (or its scheme names no tier: the settings say so). The tier imports its client
+    library at its first use, not here."""
+    url = getattr(settings, "remote", None)
+    if not url:
+        return None
+    name = SCHEMES.get(url.split(":", 1)[0].lower())
+    if name is None:
+        return None
+    return importlib.import_module(f"{__name__}.{name}").make(settings, key_tag, counts)

@@ -1,12 +1,13 @@
 """The shared tier: a Redis (or Valkey) server that the stores of many machines share.
 
-How it sits beside the local store (:class:`kcache.store.local.Store` calls into this module; so
-does ``kcache remote`` through :func:`connect`):
+A tier behind the local store (see :mod:`kcache.store.cache`, which asks it after a local miss
+and hands it what the local store commits; it never calls back into the cache; ``kcache remote``
+uses :func:`connect`):
 
 - A local hit never touches Redis. A local miss asks Redis for the entry's size (``STRLEN``), and
   only if it is within bounds for its bytes (``GETRANGE``, never more than the bound); a remote
-  hit is checked (see below), committed to the local store through the store's own ``put`` and
-  served from there, so the next lookup on this machine is a local hit.
+  hit is checked (see below) and returned (:meth:`RemoteTier.fetch_entry`); the composed cache
+  commits it to the local store, so the next lookup on this machine is a local hit.
 - A local put is also sent to Redis by a background thread (a bounded queue: what does not fit
   is dropped and counted; batches go in one pipeline); the compile never waits for it. At exit
   the queue is flushed for at most :data:`EXIT_FLUSH_S`.
@@ -177,6 +178,15 @@ class RemoteConfig:
 
     def lock_key(self, ident: str) -> str:
         return rk.lock_key(self.prefix, ident)
+
+
+def make(settings: Any, key_tag: str, counts: Any) -> RemoteTier | None:
+    """The tier for ``settings`` (see :func:`kcache.store.tiers.tier_for`), or None."""
+    cfg = RemoteConfig.from_settings(settings)
+    if cfg is None:
+        return None
+    cfg.key_tag = key_tag
+    return RemoteTier(cfg, counts)
 
 
 def trust_line(secret: bytes | None) -> str:
@@ -516,12 +526,6 @@ class RemoteTier:
             logger.info("kcache: shared tier call failed: %s: %s", name, e)
 
     # ------------------------------------------------------------------ reading
-    def fetch(self, store: Any, kind: str, key: str, ident: str) -> Any:
-        """On a local miss: the entry from Redis, checked and committed to ``store``, as a
-        :class:`~kcache.store.local.Hit`; None when Redis lacks it, refuses, or fails."""
-        got = self.fetch_entry(kind, key, ident)
-        return None if got is None else self._commit(store, kind, key, got)
-
     def fetch_entry(self, kind: str, key: str, ident: str) -> tuple[Record, dict[str, bytes]] | None:
         """The entry from Redis, checked (record, members), or None: missing, refused, too
         large (never read), or the call failed."""
@@ -581,23 +585,6 @@ class RemoteTier:
         self._served.put(ident, digest)
         self.counts.add(kind, remote_hits=1, remote_bytes_in=len(raw))
         return rec, blobs
-
-    def _commit(self, store: Any, kind: str, key: str, got: tuple[Record, dict[str, bytes]]) -> Any:
-        rec, blobs = got
-        hit = store.put(
-            kind,
-            key,
-            blobs,
-            components=rec.components,
-            summary=rec.summary,
-            compile_s=rec.compile_s,
-            _origin="remote",
-        )
-        if hit is None:  # a read-only or full store: served from memory (files: private copies)
-            from ..local import Hit
-
-            hit = Hit(rec, blobs, store, time.time())
-        return hit
 
     # ------------------------------------------------------------------ bad entries
     def mark_bad(self, kind: str, ident: str) -> bool:
@@ -805,9 +792,10 @@ class RemoteTier:
                 pass
 
     # ------------------------------------------------------------------ single flight
-    def flight(self, store: Any, kind: str, key: str, ident: str) -> Any:
+    def flight(self, kind: str, key: str, ident: str) -> tuple[Record, dict[str, bytes]] | None:
         """Single flight across machines, after this process took the local lock and the entry
-        is in neither tier. Returns the entry (another machine compiled it meanwhile) or None:
+        is in neither tier. Returns the entry, checked (another machine compiled it meanwhile;
+        the composed cache commits it locally), or None:
         compile here, holding the remote lock when it could be taken (kept alive by heartbeats;
         released when the entry is written to Redis, or by :meth:`unlock`, or when this process
         stops renewing it).
@@ -818,9 +806,7 @@ class RemoteTier:
         if self.off or self.cfg.lease_s <= 0 or not eligible(kind, self.cfg.secret):
             return None
         got = self._flight(kind, key, ident)
-        if isinstance(got, tuple):
-            return self._commit(store, kind, key, got)
-        return None
+        return got if isinstance(got, tuple) else None
 
     def _take(self, kind: str, ident: str, holder: str, timed: bool = True) -> Any:
         """SET the lock NX (ours if free), then what is there now: (taken, lock value, its PTTL,

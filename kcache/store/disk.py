@@ -1,0 +1,547 @@
+"""The local disk tier: one store folder, checked, pinned, bounded, catalogued.
+
+Layout under the store root::
+
+    KCACHE_STORE            marker (a kcache store; its schema)
+    kcache.conf             the settings kept with the store (its size bound; see conf.py)
+    entries/<id[:2]>/<id>/  one committed entry: its member files and ``__kcache__.rec``
+    index/kcache.sqlite     the catalogue (see index.py); node-local on network filesystems
+    tmp/                    entries being written, per-process scratch and served files
+    trash/                  entries being deleted (renamed here first, then removed)
+    locks/                  single-flight locks, one per entry id; evict.lock; usage; the clock
+
+:class:`DiskTier` puts together the parts that each do one job and each get the pinned folders
+(:class:`~.opening.Folders`), never the tier itself:
+
+- :mod:`.opening`: the checks when opened, and the pinned descriptors every call goes through;
+- :mod:`.entries`: the entry folder format (read and verify, write and commit, remove);
+- :mod:`.served` and :mod:`.hit`: files handed to libraries, and hits remembered per process;
+- :mod:`.catalogue`: the index and what waits to be written to it (a daemon thread);
+- :mod:`.eviction`: the size bound, shared by every process of the store;
+- :mod:`.housekeeping`: walking the folders, clean-up;
+- :mod:`.clock`: the filesystem's time; :mod:`.forks`: what a ``fork()`` does to all of it.
+
+Guarantees (each method's docstring says what it adds):
+
+- Pinned: nothing is resolved by name twice (see :mod:`.opening`). Anything that fails a check
+  is refused with one warning, never served, never deleted by a lookup.
+- Complete or absent, and verified (see :mod:`.entries`): torn, truncated, flipped or missing
+  members are a miss (the entry is quarantined, one warning). Nothing read is unpickled.
+- Stable paths (see :mod:`.served`): eviction, ``kcache clear`` or a swapped folder cannot
+  remove or change a file between the check and the library's open or dlopen.
+- Its own clock (see :mod:`.clock`).
+- Bounded (see :mod:`.eviction`): ``max_size`` holds while many processes write and after they end.
+- The hit and put paths never touch the index (see :mod:`.catalogue`).
+- Fork-safe (see :mod:`.forks`).
+- A failure the tier expects (full disk, read-only or locked store, corrupt index or entry) is
+  a miss or a skipped write with one warning: :meth:`get` and :meth:`put` do not raise for it.
+
+Hits, misses and what goes to other tiers are counted by the composed cache (:mod:`.cache`),
+not here: this tier counts only its own events (errors, bytes written, evictions).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import errno
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from .. import counters as _counters
+from ..config import DEFAULT_MAX_SIZE
+from ..kinds import valid_id
+from ..log import logger, warn_once
+from . import forks, fs, housekeeping
+from . import tunables as T
+from .catalogue import Catalogue
+from .clock import Clock
+from .conf import read_at as read_conf
+from .entries import Entries
+from .errors import CorruptEntry, RefusedEntry, StoreError
+from .eviction import Evictor, entry_bytes, sweep
+from .hit import Hit, HitMemo, ServeFailed
+from .index import Index
+from .locks import Lock
+from .opening import Folders, open_folders
+from .records import Record, entry_id
+from .safety import UnsafeStore
+from .served import Served, clean_dead
+
+
+class DiskTier:
+    """A kcache store folder. Construct with :meth:`open`, which checks and pins it.
+
+    Read-only tiers (``KCACHE_READONLY=1``, a store on a read-only filesystem, or one opened by a
+    reading command) never write anything."""
+
+    def __init__(
+        self,
+        folders: Folders,
+        *,
+        max_size: int,
+        key_tag: str,
+        drain_global: bool,
+        index_timeout: float,
+        counts: _counters.Counters | None = None,
+    ) -> None:
+        self.folders = folders
+        self.root: Path = folders.root
+        self.max_size = max_size
+        #: Where the bound came from: "argument" (the caller), "store" (kcache.conf), "default".
+        self.max_size_source = "argument"
+        self.key_tag = key_tag
+        self.index_timeout = index_timeout
+        self.counts = counts if counts is not None else _counters.Counters()
+        #: Seconds a put protects its entry from eviction (until its first hit); see :meth:`protect`.
+        self.protect_s = 0.0
+        #: False while prewarming: this process's own hits are not uses (protection stays).
+        self.hits_are_use = True
+        self.clock = Clock(folders)
+        self.served = Served(folders)
+        self.entries = Entries(folders, self.clock, self.served, on_removed=self._removed)
+        self.memo = HitMemo(folders, self.clock, self.served)
+        self.catalogue = Catalogue(
+            self.entries, self.counts, index_timeout=index_timeout, drain_global=drain_global
+        )
+        self.evictor = Evictor(
+            self.entries, self.catalogue, bound=lambda: self.max_size, remove=self._remove_for_eviction
+        )
+        self.catalogue.on_turn = self._flush_turn
+        self.catalogue.after_reconcile = self.evictor.recount
+        self._trash_left = False  # removals left folders in trash/ (see eviction.sweep)
+        self._trash_swept = -1e9  # monotonic: when held folders in trash/ were last tried
+        forks.register(self)
+
+    # ------------------------------------------------------------------ what opening found
+    @property
+    def readonly(self) -> bool:
+        return self.folders.readonly
+
+    @property
+    def closed(self) -> bool:
+        return self.folders.closed
+
+    @property
+    def trust_host_code(self) -> bool:
+        """False when the store failed a check and was opened anyway (KCACHE_ALLOW_INSECURE=1):
+        host code and pickles are then never taken from it."""
+        return self.folders.trusted
+
+    @property
+    def network_fs(self) -> bool:
+        return self.folders.network_fs
+
+    @property
+    def index_dir(self) -> Path:
+        return self.folders.index_dir
+
+    @property
+    def drain_global(self) -> bool:
+        return self.catalogue.drain_global
+
+    @property
+    def tmp(self) -> Path:
+        return self.folders.tmp
+
+    @property
+    def trash(self) -> Path:
+        return self.folders.trash
+
+    @property
+    def locks(self) -> Path:
+        return self.folders.locks
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(
+        cls,
+        root: Path | str,
+        *,
+        max_size: int | None = None,
+        readonly: bool = False,
+        key_tag: str = "",
+        allow_insecure: bool = False,
+        create: bool = True,
+        drain_global: bool = False,
+        network_fs: bool | None = None,
+        index_timeout: float = 0.25,
+        counts: _counters.Counters | None = None,
+    ) -> DiskTier:
+        """Check, pin and (unless read-only, or ``create`` is False) create the store.
+
+        Refused, with :class:`StoreError` saying why: a path that is not a folder; a folder that
+        is not empty and holds no store; a store of another schema; a root, internal folder or
+        parent folder that another user could change (unless ``allow_insecure``: then used, but
+        :attr:`trust_host_code` is False). A missing folder is created 0700 unless ``readonly``
+        or not ``create``; an empty one becomes a store only with ``create``. ``max_size`` None:
+        the store's own setting (``kcache.conf``, see :mod:`.conf`), else the default."""
+        path = os.path.abspath(os.fspath(root))
+        try:
+            folders = open_folders(
+                path, readonly=readonly, allow_insecure=allow_insecure, create=create, network_fs=network_fs
+            )
+        except (UnsafeStore, fs.UnsafePath) as e:
+            raise StoreError(str(e)) from None
+        except OSError as e:
+            if e.errno == errno.ENAMETOOLONG:
+                raise StoreError(f"cannot use {path}: the path is too long") from None
+            raise StoreError(f"cannot use {path}: {e.strerror or e}") from None
+        except UnicodeError as e:
+            raise StoreError(f"cannot use {path!r}: {e}") from None
+        # The store's own settings file (kcache.conf) gives the bound unless the caller did.
+        kept = read_conf(folders.fd("root"), folders.owners)[0] if max_size is None else {}
+        tier = cls(
+            folders,
+            max_size=max_size or kept.get("max_size") or DEFAULT_MAX_SIZE,
+            key_tag=key_tag,
+            drain_global=drain_global,
+            index_timeout=index_timeout,
+            counts=counts,
+        )
+        tier.max_size_source = "argument" if max_size else "store" if "max_size" in kept else "default"
+        if not folders.readonly:
+            tier.clock.refresh()
+            tier.evictor.usage.start_if_new()
+            # Private folders that dead processes left (killed, or ended by os._exit): nobody
+            # holds them any more (see .served).
+            tfd = folders.fd("tmp")
+            if tfd is not None and not folders.network_fs:  # a network filesystem's locks may be per node
+                for prefix in ("served.", "scratch."):
+                    clean_dead(tfd, prefix)
+                tier._trash_left = True  # what removals left there: the flush thread's first turn
+        atexit.register(tier.close)  # read-only too: its private folders go at exit
+        return tier
+
+    def close(self) -> None:
+        """Flush what is batched, close the index and every descriptor. Idempotent."""
+        if self.closed:
+            return
+        if not self.readonly:
+            try:  # the bound holds after the last writer ends, not only at the next one's put
+                self.evictor.at_exit()
+            except Exception as e:  # broad: closing goes on whatever eviction met
+                logger.debug("eviction at exit: %s", e)
+        self.flush(force=True)
+        cat = self.catalogue
+        with cat._index_lock, cat._lock:
+            self.folders.closed = True
+            if cat._index is not None and cat._index_pid == os.getpid():
+                with contextlib.suppress(Exception):
+                    cat._index.close()
+            cat._index = None
+        self.memo.clear()
+        with contextlib.suppress(Exception):
+            self.served.close()  # lets go of the entry folders this process held
+        if not self.readonly:  # what those holds kept in trash/ goes now, if nobody else holds it
+            self._trash_swept = -1e9
+            with contextlib.suppress(Exception):
+                self.sweep_trash(0.5, closing=True)
+        self.evictor.usage.close()
+        self.clock.close()
+        self.folders.close()
+
+    # ------------------------------------------------------------------ forks
+    def fork_locks(self) -> list[Any]:
+        return self.catalogue.fork_locks()
+
+    def after_fork_child(self, keep: list[Any]) -> None:
+        self.catalogue.after_fork_child(keep)
+        self.memo.after_fork()
+        with contextlib.suppress(Exception):
+            self.evictor.after_fork()
+        with contextlib.suppress(Exception):
+            self.served.after_fork()
+
+    # ------------------------------------------------------------------ ids and time
+    def entry_id(self, kind: str, key: str) -> str:
+        """The id of (kind, key) in this store (a hash of kind, ``KCACHE_KEY_TAG`` and key)."""
+        return entry_id(kind, key, self.key_tag)
+
+    def entry_dir(self, ident: str) -> str:
+        """The entry's folder, by name: for messages and reports only (never opened by name)."""
+        return os.path.join(str(self.root), "entries", ident[:2], ident)
+
+    valid_id = staticmethod(valid_id)
+
+    def now(self) -> float:
+        """The store's time: this process's clock corrected to the filesystem's."""
+        return self.clock.now()
+
+    # ------------------------------------------------------------------ reading
+    def get(self, kind: str, key: str, *, touch: bool = False, files: bool = False) -> Hit | None:
+        """The verified entry for (kind, key), or None. An entry that fails its checks is a miss:
+        a corrupt one is removed (one warning), one that is not this user's is left alone and
+        refused. ``touch``: a use (its last use refreshed when due). ``files``: the caller will
+        use :attr:`Hit.paths`; they are made now, from the very files just verified (cheaper
+        than later, and a hit whose files cannot be made is a miss)."""
+        if files and len(self.memo):
+            hit = self.memo.get(kind, key)
+            if hit is not None:
+                return hit
+        ident = self.entry_id(kind, key)
+        try:
+            hit = self.entries.read(ident, kind, key, touch=touch, serve=files)
+        except CorruptEntry as e:
+            try:
+                self._on_corrupt(ident, kind, str(e), e.ident)
+            except Exception as e2:  # broad: quarantine is best effort, the lookup is a miss either way
+                logger.debug("quarantine of %s: %s", ident, e2)
+            return None
+        except ServeFailed as e:
+            warn_once("serve", f"cannot make the files of a cached kernel ({e}); compiling instead")
+            self.counts.add(kind, errors=1)
+            return None
+        except RefusedEntry as e:
+            warn_once(
+                f"refused:{ident}",
+                f"refused {kind} entry {ident[:12]} in {self.root}: {e}; compiling instead",
+            )
+            self.counts.add(kind, errors=1)
+            return None
+        except OSError as e:  # permission denied, I/O error, a closed store: a miss, once loudly
+            warn_once(
+                f"read:{type(e).__name__}", f"cannot read the store at {self.root}: {e}; compiling instead"
+            )
+            self.counts.add(kind, errors=1)
+            return None
+        if hit is not None and files:
+            self.memo.put(kind, key, hit)
+        return hit
+
+    def read_any(self, ident: str, full: bool = False) -> tuple[Hit | None, str | None]:
+        """(entry, None) or (None, problem) for an entry id, without counting, touching or
+        quarantining anything. ``full`` also checks every member's sha256."""
+        try:
+            h = self.entries.read(ident, None, None, full=full)
+            return h, None if h is not None else "missing"
+        except (CorruptEntry, RefusedEntry, OSError) as e:
+            return None, str(e) or type(e).__name__
+
+    def read_record(self, ident: str) -> tuple[Record | None, str | None]:
+        """The entry's own record (its members are not read), or (None, why)."""
+        return self.entries.read_record(ident)
+
+    def record_mtime(self, ident: str) -> float | None:
+        """The record file's mtime (last use, by the filesystem's clock), or None."""
+        return self.entries.record_mtime(ident)
+
+    def _on_corrupt(self, ident: str, kind: str, why: str, rid: tuple[int, ...] | None) -> None:
+        # Only quarantine (and report) what we read: an entry removed (clear, eviction) or
+        # replaced by another process while we read it loses its members under us, which is a
+        # plain miss, not corruption.
+        if not self.entries.still_the_one(ident, rid):
+            return
+        warn_once(
+            f"corrupt:{ident}", f"corrupt {kind} entry {ident[:12]} ({why}); removed, compiling instead"
+        )
+        self.counts.add(kind, errors=1)
+        if self.readonly:
+            return
+        self.entries.remove(ident)
+        self.catalogue.call(lambda idx: idx.remove([ident]))
+
+    def scratch_dir(self) -> str:
+        """A private folder of this process for files on their way into the store (Triton writes
+        a kernel's members there before they are committed as one entry). Returns a path that
+        resolves through the folder's descriptor. Held while the process lives; removed at exit
+        (see :mod:`.served`)."""
+        return self.served.scratch()
+
+    # ------------------------------------------------------------------ writing
+    def put(
+        self,
+        kind: str,
+        key: str,
+        files: Mapping[str, bytes | str | os.PathLike[str]],
+        *,
+        components: Mapping[str, Any] | None = None,
+        summary: Mapping[str, Any] | None = None,
+        compile_s: float = 0.0,
+        protect_s: float = 0.0,
+        created: float | None = None,
+    ) -> tuple[Hit | None, bool]:
+        """Store ``files`` (name -> bytes, or the path of a file to link or copy) as one entry:
+        (the committed entry, True), (an identical one that another writer committed first,
+        False: entries are immutable, first writer wins), or (None, False) when it could not be
+        written (read-only, full, broken: one warning). ``protect_s`` (default:
+        :attr:`protect_s`) keeps the entry from eviction until its first hit or that many seconds
+        (its record says until when; its last use stays its creation).
+
+        Past the store's bound, the flush thread evicts at once; far past it (the eviction is
+        behind), the put itself frees about its own size first (see :mod:`.eviction`)."""
+        if self.readonly or self.closed:
+            return None, False
+        protect_s = min(float(protect_s or self.protect_s or 0.0), T.MAX_PROTECT_S)
+        ident = self.entry_id(kind, key)
+        try:
+            fields = dict(
+                kind=kind,
+                key=key,
+                created=self.clock.now() if created is None else created,
+                compile_s=float(compile_s),
+                components=dict(components or {}),
+                summary=dict(summary or {}),
+                protect_until=self.clock.refresh() + protect_s if protect_s else 0.0,
+            )
+            hit, committed = self.entries.write(fields, ident, files, touch_existing=self.hits_are_use)
+        except RefusedEntry as e:  # said once, under the topic a lookup of it uses
+            warn_once(
+                f"refused:{ident}", f"refused {kind} entry {ident[:12]} in {self.root}: {e}; not cached"
+            )
+            self.counts.add(kind, errors=1)
+            return None, False
+        except (OSError, ValueError) as e:
+            full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+            warn_once(
+                "disk-full" if full else f"write:{type(e).__name__}",
+                f"cannot write to the store at {self.root} ({e}); kernels are compiled but not cached",
+            )
+            self.counts.add(kind, errors=1)
+            return None, False
+        if not committed:
+            if hit is not None and self.hits_are_use:
+                self.catalogue.note_use(hit.record)  # returned like a hit: kept from eviction like one
+            return hit, False
+        assert hit is not None
+        rec = hit.record
+        self.counts.add(kind, bytes_written=rec.size)
+        self.catalogue.note_put(rec, self.clock.now())
+        try:
+            self.evictor.after_put(entry_bytes(rec), ident)
+        except Exception as e:  # broad: the bound is kept by the next put or the flush thread
+            logger.debug("eviction after put: %s", e)
+        self.catalogue.maybe_flush()
+        return hit, True
+
+    def replace_folder(self, kind: str, key: str) -> None:
+        """Remove the entry's folder before a replacement (its row: the put's replaces it; the
+        index is not opened on the compiling thread; if the put fails, the row of a missing
+        entry goes at eviction)."""
+        self.remove([self.entry_id(kind, key)], index=False)
+
+    # ------------------------------------------------------------------ removing
+    def _removed(self, ident: str, freed: int, left: bool) -> None:
+        """Every removal: its bytes are off the store's count at once (what live processes were
+        handed is theirs, gone when they are), its row is not written, and trash/ is swept
+        later if a holder kept its folder."""
+        self.evictor.usage.add(-freed)
+        if left:
+            self._trash_left = True
+        self.catalogue.forget(ident)
+
+    def _remove_for_eviction(self, ident: str) -> int | None:
+        return self.entries.remove(ident, later=True)
+
+    def remove(self, ids: list[str], *, index: bool = True) -> int:
+        """Delete entries: their folders first (that frees the space, and works on a full disk),
+        then their index rows (``index``; a failure there is ignored: rows of missing entries are
+        dropped by eviction and ``verify --fix``). Returns how many folders were removed."""
+        if self.readonly:
+            raise StoreError("the store is read-only")
+        n = sum(self.entries.remove(ident) is not None for ident in ids)
+        if index:
+            self.catalogue.call(lambda idx: idx.remove(ids))
+        return n
+
+    # ------------------------------------------------------------------ the catalogue
+    def index(self) -> Index:
+        return self.catalogue.index()
+
+    def index_readonly(self) -> Index:
+        return self.catalogue.index_readonly()
+
+    def rebuild_index(self) -> Index:
+        return self.catalogue.rebuild_index()
+
+    def flush(self, force: bool = False) -> None:
+        self.catalogue.flush(force)
+
+    def reconcile(self, force: bool = False) -> int:
+        return self.catalogue.reconcile(force)
+
+    def note_use(self, rec: Record) -> None:
+        self.catalogue.note_use(rec)
+
+    def note_miss(self, kind: str, key: str, components: dict[str, Any]) -> None:
+        self.catalogue.note_miss(kind, key, components)
+
+    # ------------------------------------------------------------------ housekeeping
+    def scan(self) -> Iterator[tuple[str, str, str | None]]:
+        return housekeeping.scan(self.folders)
+
+    def iter_entry_ids(self) -> Iterator[str]:
+        return housekeeping.iter_entry_ids(self.folders)
+
+    def entry_extras(self, ident: str, rec: Record) -> list[str]:
+        return housekeeping.entry_extras(self.entries, ident, rec)
+
+    def remove_stray(self, shard: str, name: str = "", member: str = "") -> bool:
+        return housekeeping.remove_stray(self.entries, shard, name, member)
+
+    def clean_tmp(self, min_age: float = T.STALE_TMP_S) -> int:
+        return housekeeping.clean_tmp(self.folders, self.clock, min_age)
+
+    # ------------------------------------------------------------------ eviction
+    def _flush_turn(self) -> None:
+        """The flush thread's turn, before it writes the index: eviction when the store is past
+        its bound (woken by the put that took it there), then what removals left in trash/."""
+        if self.evictor.due():
+            self.evictor.run()
+        if self._trash_left:
+            self.sweep_trash()
+
+    def sweep_trash(self, budget_s: float | None = None, *, closing: bool = False) -> None:
+        """What removals left in ``trash/``: empty folders (evictions leave them for later), and,
+        at most every :data:`~.tunables.HELD_SWEEP_S`, folders that a process held and no longer
+        does. Never raises."""
+        trfd = self.folders.fd("trash")
+        if trfd is None or self.readonly or (self.closed and not closing):
+            return
+        now = time.monotonic()
+        held = now - self._trash_swept >= T.HELD_SWEEP_S
+        if held:
+            self._trash_swept = now
+        try:
+            sweep(trfd, T.FLUSH_EVERY_S / 2 if budget_s is None else budget_s, held=held)
+            self._trash_left = bool(os.listdir(trfd))
+        except OSError:
+            pass
+
+    def evict(self, target: int | None = None) -> tuple[int, int]:
+        """Remove least recently used entries until the store holds at most ``target`` bytes
+        (default 90% of the bound), then write the index (see :mod:`.eviction`). One process
+        evicts at a time; this returns at once when another one does. Returns (entries, bytes).
+
+        The store also evicts on its own: its flush thread as soon as a put passes the bound,
+        and a put itself when the store is far past it."""
+        if self.readonly or self.closed:
+            return 0, 0
+        out = self.evictor.run(target)
+        self.flush(force=True)
+        return out
+
+    # ------------------------------------------------------------------ locks
+    def lock_for(self, kind: str, key: str) -> Lock | None:
+        """An unacquired cross-process lock for (kind, key) (see :mod:`.locks`); None when the store
+        is read-only or its ``locks/`` folder is missing."""
+        lfd = self.folders.fd("locks")
+        if self.readonly or lfd is None:
+            return None
+        return Lock(lfd, self.entry_id(kind, key) + ".lock")
+
+    # ------------------------------------------------------------------ protection
+    def protect(self, seconds: float) -> Callable[[], None]:
+        """From now on, every put protects its entry from eviction for ``seconds`` (until its
+        first hit), and this process's own hits are not uses (they leave protection and last
+        use alone). For prewarm. Returns a function that undoes it."""
+        before = (self.protect_s, self.hits_are_use)
+        self.protect_s, self.hits_are_use = min(float(seconds), T.MAX_PROTECT_S), False
+
+        def undo() -> None:
+            self.protect_s, self.hits_are_use = before
+
+        return undo
