@@ -46,20 +46,30 @@ Entry = tuple["Record", dict[str, bytes]]
 
 
 class Tier(Protocol):
-    """A backend behind the local store."""
+    """A backend behind the local store (see :mod:`kcache.store.tiers`). Each method handles its
+    own failures (counted under ``remote_*``, one warning) and never raises into the cache."""
 
     def fetch_entry(self, kind: str, key: str, ident: str) -> Entry | None:
         """The entry for ``ident``, checked (signature, record, every member's checksum), or
-        None when the tier lacks it, refuses it or fails (counted)."""
+        None when the tier lacks it, refuses it or fails."""
 
     def publish(self, rec: Record, blobs: dict[str, bytes]) -> None:
-        """Keep an entry committed locally (queued; never waits)."""
+        """Keep an entry committed locally (queued; never waits). Releases this process's lease
+        on it once it is there."""
+
+    def flight(self, kind: str, key: str, ident: str) -> Entry | None:
+        """Single flight across machines (this machine's lock held, the entry in no tier): the
+        entry another machine made while this one waited on its lease, or None: make it here,
+        holding the lease when it could be taken."""
+
+    def unlock(self, ident: str) -> None:
+        """Let go of this process's lease on ``ident`` (a make that failed)."""
 
     def mark_bad(self, kind: str, ident: str) -> bool:
         """Drop an entry whose use raised, if it is still the one this process was served."""
 
-    def describe(self) -> dict[str, Any]:
-        """What ``kcache remote`` shows of this tier (no secret in it)."""
+    def warm_up(self) -> None:
+        """Get ready for lookups now (import the client library): a store that holds nothing."""
 
     def close(self) -> None:
         """Flush what is queued (bounded) and let go of connections and threads."""
