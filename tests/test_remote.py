@@ -513,7 +513,9 @@ def test_single_flight_lost_holder_is_waited_for_only_until_its_lock_expires(
     fb, dt = _timed(lambda: b.single_flight("triton", "L"))
     assert fb.hit is None and 0.3 < dt < rl.FRUITLESS_BUDGET_S + 0.5, dt
     value = r.get(rk.lock_key(prefix, ident))  # then b took the lock: the others wait on b's compile
-    assert value is not None and value.startswith(rl.FORMAT) and 0 < r.pttl(rk.lock_key(prefix, ident)) <= 3000
+    assert (
+        value is not None and value.startswith(rl.FORMAT) and 0 < r.pttl(rk.lock_key(prefix, ident)) <= 3000
+    )
     fb.release()
     assert b.tiers[0].flush(5.0) and r.get(rk.lock_key(prefix, ident)) is None
     # a lock that is not kcache's, with no expiry: not waited on, and replaced by b's

@@ -79,8 +79,7 @@ def group(n: int = 4096) -> dict[str, bytes]:
 
 
 def flushed(store: Store) -> None:
-    tier = store.remote_tier()
-    assert tier is not None and tier.flush(10.0)
+    assert store.tiers and store.tiers[0].flush(10.0)
 
 
 def node_of(cluster: Any, store: Store, key: str, kind: str = "triton") -> int:
@@ -93,7 +92,7 @@ def node_of(cluster: Any, store: Store, key: str, kind: str = "triton") -> int:
 
 
 def entry_key(store: Store, kind: str, key: str, prefix: str | None = None) -> str:
-    p = prefix if prefix is not None else store.remote_tier().cfg.prefix
+    p = prefix if prefix is not None else store.tiers[0].cfg.prefix
     return rk.entry_key(p, kind, store.entry_id(kind, key))
 
 
@@ -136,16 +135,16 @@ def test_cluster_urls_are_settings_and_never_print_a_password(monkeypatch) -> No
 
 
 def test_tier_for_maps_each_url_to_its_tier(tmp_path) -> None:
-    s = config.load({"KCACHE_REMOTE": "redis+cluster://127.0.0.1:1"})
     st = Store.open(tmp_path / "s")
     try:
         for url, cluster in [("redis+cluster://127.0.0.1:1", True), ("redis://127.0.0.1:1/0", False)]:
-            tier = tier_for(url, s, st.counts)
+            tier = tier_for(config.load({"KCACHE_REMOTE": url}), st.key_tag, st.counts)
             assert isinstance(tier, rt.RemoteTier) and tier.cfg.cluster is cluster
             assert tier.describe()["mode"] == ("cluster" if cluster else "server")
             tier.close()
-        with pytest.raises(ValueError, match="no tier serves"):
-            tier_for("memcached://h:1", s, st.counts)
+        # a scheme no tier serves: no tier (the settings name the problem, see kcache config)
+        bad = config.load({"KCACHE_REMOTE": "memcached://h:1"})
+        assert tier_for(bad, st.key_tag, st.counts) is None and bad.remote_problems
     finally:
         st.close()
 
@@ -161,8 +160,10 @@ def test_an_entry_and_its_lock_share_a_slot_and_entries_spread(redis_cluster, st
     files = {k: group(2000) for k in keys}
     for k in keys:
         assert a.get("triton", k) is None
-        assert a.remote_flight("triton", k) is None  # a holds the lock in the cluster
+        f = a.single_flight("triton", k)
+        assert f.hit is None and f.held  # a holds the lock in the cluster
         a.put("triton", k, files[k])  # the entry, then the lock released, in one pipeline
+        f.release()
     flushed(a)
     r = redis_cluster.nodes[0].client()
     for k in keys:
@@ -237,12 +238,13 @@ def test_single_flight_across_8_stores_compiles_each_kernel_once(redis_cluster, 
         try:
             start.wait(30)
             for k in keys[i % len(keys) :] + keys[: i % len(keys)]:
-                if st.get("triton", k) is not None or st.remote_flight("triton", k) is not None:
-                    continue
-                with lock:
-                    compiled.append((i, k))
-                time.sleep(0.2)  # the compile
-                assert st.put("triton", k, {"k.json": b"{}", "k.cubin": k.encode() * 1000}) is not None
+                with st.single_flight("triton", k) as hit:
+                    if hit is not None:
+                        continue
+                    with lock:
+                        compiled.append((i, k))
+                    time.sleep(0.2)  # the compile
+                    assert st.put("triton", k, {"k.json": b"{}", "k.cubin": k.encode() * 1000}) is not None
         except BaseException as e:  # reported below
             errors.append(e)
 
@@ -491,7 +493,7 @@ def test_a_trickling_node_costs_each_call_its_deadline_and_only_its_own_keys(
         assert cb["remote_errors"] >= 3 and cb["remote_bypassed"] >= 1, cb
         assert cb["remote_hits"] == len(big) - len(on_slow), cb
         assert max(took.values()) < 5.0, took  # its deadline: 0.1 s + 1/32 s for 1 MiB
-        breakers = b.remote_tier().describe()["breakers"]
+        breakers = b.tiers[0].describe()["breakers"]
         assert (
             list(breakers) == [f"127.0.0.1:{proxy.listen_port}"]
             and breakers[f"127.0.0.1:{proxy.listen_port}"]["open"]
@@ -528,8 +530,9 @@ def test_planted_locks_and_a_huge_value_stay_within_their_bounds(redis_cluster, 
         time.sleep(0.3)
         for k in keys:
             assert b.get("triton", k) is None
-            assert b.remote_flight("triton", k) is None  # compile here
-            b.put("triton", k, group(500))
+            with b.single_flight("triton", k) as hit:
+                assert hit is None  # compile here
+                b.put("triton", k, group(500))
     finally:
         stop.set()
         t.join(5)
@@ -541,7 +544,9 @@ def test_planted_locks_and_a_huge_value_stay_within_their_bounds(redis_cluster, 
     r.setrange(huge, 100_000_000 - 1, b"x")  # 100 MB, made on its node
     owner = next(n for n in redis_cluster.nodes if n.port == node_of(redis_cluster, b, "HUGE"))
     sent = int(owner.client().info("stats")["total_net_output_bytes"])
-    assert b.get("triton", "HUGE") is None and b.remote_flight("triton", "HUGE") is None
+    assert b.get("triton", "HUGE") is None
+    with b.single_flight("triton", "HUGE") as hit:
+        assert hit is None
     assert int(owner.client().info("stats")["total_net_output_bytes"]) - sent < 1 << 20
     assert counts(b)["remote_too_large"] >= 2
     r.delete(huge)
@@ -568,8 +573,9 @@ def test_a_cluster_that_does_not_answer_fails_open(stores, prefix, kcache_warnin
     a = stores("a", "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in ports), prefix)
     for i in range(10):
         assert a.get("triton", f"K{i}") is None
-        assert a.remote_flight("triton", f"K{i}") is None
-        assert a.put("triton", f"K{i}", group(200)) is not None  # local caching goes on
+        with a.single_flight("triton", f"K{i}") as hit:
+            assert hit is None
+            assert a.put("triton", f"K{i}", group(200)) is not None  # local caching goes on
     c = counts(a)
     assert c["remote_errors"] >= rt.BREAKER_FAILURES and c["remote_bypassed"] >= 5, c
     assert sum("fails" in m for m in kcache_warnings) == 1, kcache_warnings
@@ -633,8 +639,10 @@ def test_the_documented_acl_is_enough_on_a_cluster(redis_cluster, stores, clean_
     a = stores("a", url, prefix)
     b = stores("b", url, prefix)
     for i in range(9):
-        assert a.get("triton", f"A{i}") is None and a.remote_flight("triton", f"A{i}") is None
-        a.put("triton", f"A{i}", group(500))
+        assert a.get("triton", f"A{i}") is None
+        with a.single_flight("triton", f"A{i}") as hit:
+            assert hit is None
+            a.put("triton", f"A{i}", group(500))
     flushed(a)
     assert all(b.get("triton", f"A{i}") is not None for i in range(9))
     assert counts(a)["remote_puts"] == 9 and counts(b)["remote_hits"] == 9

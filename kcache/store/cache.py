@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from .. import counters as _counters
 from ..log import logger, warn_once
 from . import forks
 from . import quarantine as _quarantine
@@ -254,7 +255,8 @@ class TieredCache:
 
     def _count_hit(self, hit: Hit, **more: float) -> None:
         rec = hit.record
-        self.counts.add(rec.kind, hits=1, saved_s=rec.compile_s, **more)
+        # credit(): nested entries (a graph's kernels) are credited once, not each.
+        self.counts.add(rec.kind, hits=1, saved_s=_counters.credit(rec.kind, rec.compile_s), **more)
         if self.disk.hits_are_use:
             self.disk.note_use(rec)
 
