@@ -373,7 +373,7 @@ class KillPoints:
             orig_init(self, TickingConnection(conn), *a, **k)
 
         index_mod.Index.__init__ = init  # type: ignore[method-assign]
-        idx = getattr(store, "_index", None)
+        idx = getattr(store.disk.catalogue, "_index", None)
         if idx is not None:  # opened before the kill points: its statements count too
             idx.conn = TickingConnection(idx.conn)
 

@@ -62,7 +62,7 @@ from .clock import Clock
 from .conf import read_at as read_conf
 from .entries import Entries
 from .errors import CorruptEntry, RefusedEntry, StoreError
-from .eviction import Evictor, entry_bytes, sweep
+from .eviction import Evictor, entry_bytes
 from .hit import Hit, HitMemo, ServeFailed
 from .index import Index
 from .locks import Lock
@@ -70,6 +70,7 @@ from .opening import Folders, open_folders
 from .records import Record, entry_id
 from .safety import UnsafeStore
 from .served import Served, clean_dead
+from .trash import sweep
 
 
 class DiskTier:
@@ -112,7 +113,7 @@ class DiskTier:
         )
         self.catalogue.on_turn = self._flush_turn
         self.catalogue.after_reconcile = self.evictor.recount
-        self._trash_left = False  # removals left folders in trash/ (see eviction.sweep)
+        self._trash_left = False  # removals left folders in trash/ (see trash.sweep)
         self._trash_swept = -1e9  # monotonic: when held folders in trash/ were last tried
         forks.register(self)
 

@@ -33,11 +33,11 @@ from . import fs
 from . import tunables as T
 from .clock import Clock
 from .errors import CorruptEntry, RefusedEntry
-from .eviction import drop_trash, folder_bytes
 from .hit import Hit, ServeFailed, sig
 from .opening import Folders
 from .records import RECORD_NAME, CorruptRecord, Record, file_info, valid_name
 from .served import Served
+from .trash import drop_trash, folder_bytes
 
 
 class Entries:

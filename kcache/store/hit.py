@@ -36,7 +36,7 @@ class Hit:
     files holding them, with the members' own names (Triton reads a file's type from its suffix),
     that stay as they are for the life of this process."""
 
-    __slots__ = ("record", "_blobs", "_served", "_paths", "_paths_pid", "mtime", "_inos", "_pin", "rsig")
+    __slots__ = ("record", "_blobs", "_served", "_paths", "_paths_pid", "mtime", "inos", "_pin", "rsig")
 
     def __init__(
         self,
@@ -49,7 +49,7 @@ class Hit:
         self.record, self._blobs, self._served = record, blobs, served
         #: The members' (device, inode) as verified: files made later are links of these very
         #: inodes, checked after linking, else copies of the bytes (see :mod:`.served`).
-        self._inos: dict[str, tuple[int, int]] = inos or {}
+        self.inos: dict[str, tuple[int, int]] = inos or {}
         self._paths: dict[str, str] | None = None
         self._paths_pid = os.getpid()
         self.mtime = mtime
@@ -104,7 +104,7 @@ class _Held:
     def __init__(self, hit: Hit, rsig: tuple[int, ...]) -> None:
         rec = hit.record
         self.record, self.paths, self.pin, self.rsig = rec, dict(hit._paths or {}), hit._pin, rsig
-        self.inos, self.files = dict(hit._inos), {f.name: f for f in rec.files}
+        self.inos, self.files = dict(hit.inos), {f.name: f for f in rec.files}
         self.record_path = f"{rec.id[:2]}/{rec.id}/{RECORD_NAME}"
 
 

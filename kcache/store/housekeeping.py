@@ -16,9 +16,9 @@ from . import tunables as T
 from .clock import Clock
 from .entries import Entries
 from .errors import CorruptEntry, RefusedEntry
-from .eviction import drop_trash
 from .opening import Folders
 from .records import RECORD_NAME, Record
+from .trash import drop_trash
 
 
 def iter_entry_ids(folders: Folders) -> Iterator[str]:

@@ -40,13 +40,25 @@ import fcntl
 import os
 import tempfile
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import fs
 
 if TYPE_CHECKING:
-    from .hit import Hit
     from .opening import Folders
+    from .records import Record
+
+
+class Hit(Protocol):
+    """What serving needs of a hit (:class:`kcache.store.hit.Hit`, which uses this module: a
+    protocol here keeps the import one way)."""
+
+    record: Record
+    #: member name -> (st_dev, st_ino) of the file whose bytes were verified
+    inos: dict[str, tuple[int, int]]
+
+    def read(self, name: str) -> bytes: ...
+
 
 #: Name prefixes of private folders in the system's temporary folder (read-only stores).
 TEMP_PREFIX = "kcache-private-"
@@ -206,7 +218,7 @@ class Served:
         # so one served for an earlier inode (since rewritten in place, then replaced by a new
         # put of the same bytes) must not stand in for the new one.
         rec = hit.record
-        return (rec.id, tuple((f.name, f.size, f.sha256, hit._inos.get(f.name)) for f in rec.files))
+        return (rec.id, tuple((f.name, f.size, f.sha256, hit.inos.get(f.name)) for f in rec.files))
 
     def _pin(self, hit: Hit, dfd: int | None) -> tuple[int, dict[str, str]] | None:
         """Hold the entry's folder and name its members through it (see the module doc), or
@@ -224,7 +236,7 @@ class Served:
                 own = dfd = os.open(f"{rid[:2]}/{rid}", fs.O_DIR, dir_fd=efd)
                 for f in hit.record.files:
                     st = os.stat(f.name, dir_fd=dfd, follow_symlinks=False)
-                    if (st.st_dev, st.st_ino) != hit._inos.get(f.name):
+                    if (st.st_dev, st.st_ino) != hit.inos.get(f.name):
                         return None
             pin = fcntl.fcntl(dfd, fcntl.F_DUPFD_CLOEXEC, self._pin_next)
         except OSError:
@@ -283,7 +295,7 @@ class Served:
                         linked = True
                     except OSError:
                         pass  # removed meanwhile, another filesystem: by name, or a copy, below
-                ino = hit._inos.get(f.name)
+                ino = hit.inos.get(f.name)
                 if not linked and ino is not None and efd is not None:
                     # By name, kept only if it is the very inode verified (a put's own members,
                     # a hit made without ``files``): no copy of a large binary.

@@ -18,7 +18,7 @@ def main() -> None:
     spec, flag = sys.argv[1], sys.argv[2]
 
     def put(self: Any, data: Any, filename: str, binary: bool = True) -> str:
-        assert self._lock is not None, "expected to hold the kernel's lock"
+        assert self._flight is not None and self._flight.held, "expected to hold the kernel's lock"
         with open(flag, "w"):
             pass
         time.sleep(3600)

@@ -1,0 +1,117 @@
+"""The store's ``trash/`` folder: entry folders on their way out.
+
+Removal is two steps so that a reader never sees a half-deleted entry: the folder is renamed into
+``trash/`` (atomic), then emptied here. Emptying never follows a link, leaves a folder that a
+process still holds (see :mod:`.served`) for later, and leaves empty folders for :func:`sweep`
+(removing a folder can cost milliseconds that an evicting put must not wait for). Below the
+entries, the housekeeping and the eviction that all remove folders.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import stat
+import time
+
+from . import fs
+from .records import RECORD_NAME
+
+
+def folder_bytes(parent: int, name: str) -> int:
+    """What the entry folder ``name`` counts for: the bytes of its regular files but its record
+    (one level: an entry's members), following no link; 0 when it cannot be read."""
+    return _files(parent, name, unlink=False)[0]
+
+
+def empty_folder(parent: int, name: str) -> tuple[int, bool]:
+    """Delete the files in the folder ``name`` (one level, following no link): (what they
+    counted for, as :func:`folder_bytes` says; whether it is empty now). The folder itself is left for :func:`sweep` to remove: on some
+    filesystems removing a folder costs milliseconds (ext4 with ``discard``: 2.4 ms here, against
+    0.03 ms per file), which an evicting put must not wait for."""
+    return _files(parent, name, unlink=True)
+
+
+def _files(parent: int, name: str, *, unlink: bool) -> tuple[int, bool]:
+    try:
+        dfd = os.open(name, fs.O_DIR, dir_fd=parent)
+    except OSError:
+        return 0, False
+    total, empty = 0, True
+    try:
+        with os.scandir(dfd) as it:
+            items = list(it)
+        for e in items:
+            try:
+                st = e.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    empty = False  # not an entry's shape: the caller removes the whole tree
+                    continue
+                if stat.S_ISREG(st.st_mode) and e.name != RECORD_NAME:
+                    total += st.st_size
+                if unlink:
+                    os.unlink(e.name, dir_fd=dfd)
+            except OSError:
+                empty = False
+    except OSError:
+        empty = False
+    finally:
+        os.close(dfd)
+    return total, empty
+
+
+def drop_trash(trash_fd: int, name: str, *, keep_empty: bool = False) -> int | None:
+    """Delete what the folder ``name`` in ``trash/`` holds unless a process holds it (see
+    :mod:`.served`): its files, then itself (unless ``keep_empty``: :func:`sweep` removes it
+    later), following no link. The bytes deleted, or None when it is held (left whole). (The
+    store's size count dropped the entry when it was moved here.)"""
+    try:
+        hfd = os.open(name, fs.O_DIR, dir_fd=trash_fd)
+    except OSError:  # not a folder (a link, a file): removed as it is, never followed
+        fs.rmtree_at(trash_fd, name)
+        return 0
+    try:
+        try:
+            # Held against any holder until emptied: one that comes late finds it taken and
+            # serves private links instead.
+            fcntl.flock(hfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None
+        except OSError:
+            pass  # no locks here (no holders either: see served.py)
+        freed, empty = empty_folder(trash_fd, name)
+        if not empty:  # not an entry's shape (a folder inside): removed whole
+            freed += folder_bytes(trash_fd, name)
+            fs.rmtree_at(trash_fd, name)
+        elif not keep_empty:
+            with contextlib.suppress(OSError):
+                os.rmdir(name, dir_fd=trash_fd)
+    finally:
+        os.close(hfd)
+    return freed
+
+
+def sweep(trash_fd: int, budget_s: float, held: bool = False) -> int:
+    """Remove the empty folders that evictions left in ``trash/`` (see :func:`empty_folder`),
+    for at most ``budget_s`` seconds; with ``held``, also folders that were held and are no
+    longer. A folder still being emptied by another process, or still held, is left for later.
+    Returns how many went."""
+    end = time.monotonic() + budget_s
+    n = 0
+    try:
+        names = os.listdir(trash_fd)
+    except OSError:
+        return 0
+    for name in names:
+        if time.monotonic() > end:
+            break
+        try:
+            os.rmdir(name, dir_fd=trash_fd)
+            n += 1
+            continue
+        except OSError:
+            pass
+        if held and drop_trash(trash_fd, name) is not None:
+            n += 1
+    return n
