@@ -42,6 +42,7 @@ from typing import Any
 from triton.runtime.cache import CacheManager, FileCacheManager
 
 from .. import active_store
+from ..boundary import fail_open, guarded
 from ..log import logger, warn_once
 from ..store import Store
 from . import groupcheck, serves_folder, tunecheck, tuning
@@ -102,17 +103,32 @@ def _gpu_model() -> str | None:
         from triton.runtime import driver
 
         dev = driver.active.get_current_device()
-    except Exception:
+    except Exception:  # broad: Triton's driver raises whatever its backend meets (no GPU, no libcuda)
         dev = 0
     from ..fingerprint import device_name
 
     try:
         return device_name(int(dev))
-    except Exception:
+    except (TypeError, ValueError, OSError, AttributeError):  # a device that is no int; ctypes' errors
         return None
 
 
+def _own_manager(self: KcacheCacheManager, key: str, override: bool = False, dump: bool = False) -> None:
+    """The fallback of a manager whose set-up failed: Triton's own, as without kcache."""
+    self.key = key
+    self._file = FileCacheManager(key, override=override, dump=dump)
+
+
+def _own_put(self: KcacheCacheManager, data: Any, filename: str, binary: bool = True) -> str:
+    """The fallback of a put that failed: a real file all the same, in Triton's own cache."""
+    return FileCacheManager(self.key).put(data, filename, binary=binary)
+
+
 class KcacheCacheManager(CacheManager):
+    # Triton calls these methods (the edge): a bug inside kcache is a logged miss, or raises
+    # under KCACHE_STRICT=1 (kcache/boundary.py). What the store expects (a corrupt entry, a
+    # full disk, a server that does not answer) it handles itself, as a counted miss.
+    @fail_open("triton-manager", "kcache's Triton cache manager", _own_manager)
     def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
         self.key = key
         self._file: FileCacheManager | None = None
@@ -187,6 +203,7 @@ class KcacheCacheManager(CacheManager):
         return path
 
     # -- the CacheManager interface --------------------------------------------------------------
+    @fail_open("triton-get", "kcache's lookup of a Triton file")
     def get_file(self, filename: str) -> str | None:
         if self._file is not None:
             return self._file.get_file(filename)
@@ -198,23 +215,16 @@ class KcacheCacheManager(CacheManager):
         if kind == KIND_AUX and not self._store.trust_host_code:
             _untrusted_store(self._store)
             return None  # host code only from a store that passed every check: rebuilt here
-        try:
-            skey, gpu = self._key_and_gpu(filename, kind)
-            hit = self._store.get(kind, skey, lambda: self._components(filename, gpu), files=True)
-            if (
-                hit is not None
-                and kind == KIND_AUTOTUNE
-                and not tunecheck.servable(self._store, filename, hit)
-            ):
-                hit = None  # quarantined: tune again, as on a miss
-            if hit is None:
-                self._miss_t[filename] = time.perf_counter()
-                return None
-            return hit.paths.get(filename)
-        except Exception as e:
-            warn_once("triton-get", f"kcache lookup failed ({e}); compiling")
+        skey, gpu = self._key_and_gpu(filename, kind)
+        hit = self._store.get(kind, skey, lambda: self._components(filename, gpu), files=True)
+        if hit is not None and kind == KIND_AUTOTUNE and not tunecheck.servable(self._store, filename, hit):
+            hit = None  # quarantined: tune again, as on a miss
+        if hit is None:
+            self._miss_t[filename] = time.perf_counter()
             return None
+        return hit.paths.get(filename)
 
+    @fail_open("triton-put", "kcache's Triton file put", _own_put)
     def put(self, data: Any, filename: str, binary: bool = True) -> str:
         if self._file is not None:
             return self._file.put(data, filename, binary=binary)
@@ -227,7 +237,7 @@ class KcacheCacheManager(CacheManager):
         if kind == KIND_AUTOTUNE and not tuning.usable(blob):
             kind = None  # every config failed: not a result to reuse (see tuning.py)
         if kind is not None and self._store is not None:
-            try:
+            with guarded("triton-put", "kcache's storing of a Triton file"):  # then a scratch file
                 t0 = self._miss_t.pop(filename, None)
                 skey, gpu = self._key_and_gpu(filename, kind)
                 comps = self._components(filename, gpu)
@@ -241,10 +251,9 @@ class KcacheCacheManager(CacheManager):
                 )
                 if hit is not None and filename in hit.paths:
                     return hit.paths[filename]
-            except Exception as e:
-                warn_once("triton-put", f"kcache could not store {filename} ({e})")
         return self._write_scratch(blob, filename)
 
+    @fail_open("triton-group", "kcache's lookup of a Triton kernel")
     def get_group(self, filename: str) -> dict[str, str] | None:
         if self._file is not None:
             return self._file.get_group(filename)
@@ -252,30 +261,23 @@ class KcacheCacheManager(CacheManager):
         if store is None:
             return None
         skey = store_key(self.key, filename)
-        try:
-            self._release()  # (a manager asked twice: its earlier flight is over)
-            flight = store.single_flight(
-                KIND_GROUP, skey, lambda: self._components(filename), files=True, owner=self
-            )
-            hit = flight.hit
-            if hit is None:  # compiled here: timed from now (not from the wait for another's)
-                self._flight = flight
-                self._miss_t[filename] = time.perf_counter()
-            if hit is not None and not _servable(
-                store, filename, hit, lambda: target_for(self.key, self._origin)
-            ):
-                hit = None  # quarantined: compile, as on a miss
-                self._miss_t[filename] = time.perf_counter()
-            if hit is None:
-                return None
-            paths = dict(hit.paths)  # made with the lookup (files=True); a failure is a miss
-        except Exception as e:
-            warn_once("triton-group", f"kcache lookup failed ({e}); compiling")
+        self._release()  # (a manager asked twice: its earlier flight is over)
+        flight = store.single_flight(KIND_GROUP, skey, lambda: self._components(filename), files=True, owner=self)
+        hit = flight.hit
+        if hit is None:  # compiled here: timed from now (not from the wait for another's)
+            self._flight = flight
+            self._miss_t[filename] = time.perf_counter()
+        if hit is not None and not _servable(store, filename, hit, lambda: target_for(self.key, self._origin)):
+            hit = None  # quarantined: compile, as on a miss
+            self._miss_t[filename] = time.perf_counter()
+        if hit is None:
             return None
+        paths = dict(hit.paths)  # made with the lookup (files=True); a failure is a miss
         if "torch._inductor" in sys.modules:
             _mirror_for_inductor(self.key, filename, paths)
         return paths
 
+    @fail_open("triton-put-group", "kcache's storing of a Triton kernel")
     def put_group(self, filename: str, group: dict[str, str]) -> str | None:
         if self._file is not None:
             return self._file.put_group(filename, group)
@@ -304,7 +306,7 @@ class KcacheCacheManager(CacheManager):
             )
             if hit is not None and "torch._inductor" in sys.modules:
                 _mirror_for_inductor(self.key, filename, dict(hit.paths))
-        except Exception as e:
+        except OSError as e:  # a member gone or unreadable (the store handles its own disk)
             warn_once("triton-put-group", f"kcache could not store kernel {filename} ({e})")
         finally:
             self._release()
@@ -318,7 +320,7 @@ class KcacheCacheManager(CacheManager):
     def __del__(self) -> None:  # a compile that raised: let the waiters go
         try:
             self._release()
-        except Exception:
+        except Exception:  # broad: a finaliser must not raise (it runs at any point, even at exit)
             pass
 
 
@@ -428,7 +430,7 @@ def _mirror_for_inductor(key: str, filename: str, paths: dict[str, str]) -> None
             os.rename(tmp, grp, src_dir_fd=kfd, dst_dir_fd=kfd)
         finally:
             os.close(kfd)
-    except Exception as e:
+    except OSError as e:  # the folder cannot be written: Inductor reads the manager's files instead
         logger.debug("mirror for Inductor: %s", e)
 
 
@@ -445,7 +447,7 @@ def _summary(kind: str, filename: str, blob: bytes, comps: dict[str, Any]) -> di
                 num_stages=meta.get("num_stages"),
                 triton_version=comps.get("triton_version"),
             )
-        except Exception:
+        except (ValueError, AttributeError):  # not JSON, or not the shape Triton writes
             pass
     elif kind == KIND_AUTOTUNE:
         out["gpu_name"] = comps.get("gpu_name")

@@ -28,6 +28,7 @@ from typing import Any
 
 from .. import active_store
 from .. import kinds as _kinds
+from ..boundary import failed, guarded
 
 KIND = _kinds.TRITON_META
 MODULES = ("triton.knobs", "triton.backends.nvidia.compiler")
@@ -76,7 +77,7 @@ def credit_memo(store: Any, hit: Any) -> None:
         saved = counters.credit(hit.record.kind, hit.record.compile_s)
         if saved:
             store.counts.add(hit.record.kind, saved_s=saved)
-    except Exception:
+    except Exception:  # broad: the credit is a statistic; the answer is used all the same
         pass
 
 
@@ -116,18 +117,22 @@ class _MemoSubprocess:
             if hit is not None and _plausible(hit.read("output")):
                 credit_memo(store, hit)
                 return hit.read("output")
-        except Exception:
+        except OSError:  # the tool changed or vanished under us: ask it
+            return self._real.check_output(args, *rest, **kwargs)
+        except Exception as e:  # the edge (Triton asks for a tool's version): a bug is reported
+            failed("triton-tool-memo", "kcache's memo of a tool's version", e)
             return self._real.check_output(args, *rest, **kwargs)
         t0 = time.perf_counter()
         out = self._real.check_output(args, *rest, **kwargs)
         if isinstance(out, bytes):
-            store.put(
-                KIND,
-                key,
-                {"output": out},
-                summary={"tool": os.path.basename(args[0])},
-                compile_s=time.perf_counter() - t0,
-            )
+            with guarded("triton-tool-memo", "kcache's memo of a tool's version"):
+                store.put(
+                    KIND,
+                    key,
+                    {"output": out},
+                    summary={"tool": os.path.basename(args[0])},
+                    compile_s=time.perf_counter() - t0,
+                )
         return out
 
 
