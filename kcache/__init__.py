@@ -216,7 +216,11 @@ def _check_prewarm_build(_mod: Any) -> None:
 
     try:
         check_store_build(active_store())
-    except Exception as e:
+    except Exception as e:  # broad: an advisory check at Triton's import; raised under KCACHE_STRICT=1
+        from .boundary import strict
+
+        if strict():
+            raise
         logger.debug("prewarm build check: %s", e)
 
 
@@ -230,8 +234,11 @@ def disable() -> None:
             detach = _integrations.pop()
             try:
                 detach()
-            except Exception:
-                pass
+            except Exception:  # broad: one integration's undo must not keep the others attached
+                from .boundary import strict
+
+                if strict():
+                    raise
         if _store is not None:
             _store.close()
         _store, _settings, _wanted, _failed = None, None, False, False
@@ -257,10 +264,10 @@ def _push_integration_counts() -> None:
 
     mod = sys.modules.get("kcache.nvfuser.fusion_cache")
     if mod is not None:
-        try:
+        from .boundary import guarded
+
+        with guarded("nvfuser-counts", "kcache's count of nvFuser's cache hits"):
             mod.flush_all()
-        except Exception:
-            pass
 
 
 def stats() -> dict[str, Any]:

@@ -32,10 +32,10 @@ def _run(name: str, module: ModuleType) -> None:
         i += 1
         try:
             fn(module)
-        except Exception as e:  # never break the user's import
-            from .log import logger
+        except Exception as e:  # the edge: never break the user's import (unless KCACHE_STRICT=1)
+            from .boundary import failed
 
-            logger.warning("could not attach to %s: %s", name, e)
+            failed(f"import:{name}", f"kcache's attaching to {name}", e)
 
 
 class _Loader:  # a loader by protocol (importlib.abc costs ~8 ms to import at start-up)
@@ -64,7 +64,7 @@ class _Finder:  # a meta path finder by protocol
         setattr(self._busy, fullname, True)
         try:
             spec = importlib.util.find_spec(fullname)
-        except Exception:
+        except Exception:  # broad: finders run any code; the import itself then reports it
             return None
         finally:
             setattr(self._busy, fullname, False)

@@ -53,6 +53,7 @@ import time
 from typing import Any
 
 from .. import kinds as _kinds
+from ..boundary import fail_open
 from ..log import logger, warn_once
 
 MEMBER = "value"  # the one file of an inductor entry: the bytes Inductor gave
@@ -354,6 +355,7 @@ def _store() -> Any:
     return store
 
 
+@fail_open("inductor-get", "kcache's torch.compile cache lookup")
 def get(kind: str, key: str) -> bytes | None:
     """The bytes stored for Inductor's ``key``, or None. Never raises."""
     from .. import counters
@@ -383,9 +385,6 @@ def get(kind: str, key: str) -> bytes | None:
         served = hit.record.compile_s
         return data
     except NoGpuModel:
-        return None
-    except Exception as e:
-        warn_once(f"inductor-get:{type(e).__name__}", f"torch.compile cache lookup failed ({e}); compiling")
         return None
     finally:
         if graph:
@@ -430,6 +429,7 @@ def _with_graphs(store: Any, key: str, data: bytes, compile_s: float) -> bool:
     return True
 
 
+@fail_open("inductor-forget", "kcache's removal of an entry torch could not use")
 def forget(kind: str, key: str) -> None:
     """Remove what the store holds for Inductor's ``key`` (torch could not use it). Never raises."""
     try:
@@ -438,10 +438,11 @@ def forget(kind: str, key: str) -> None:
             return
         skey, _ = store_key(kind, key)
         store.remove([store.entry_id(kind, skey)])
-    except Exception as e:
+    except OSError as e:  # the store's folder could not be changed: the entry is judged again
         logger.debug("torch.compile: could not remove %s %s: %s", kind, key, e)
 
 
+@fail_open("inductor-put", "kcache's storing of a torch.compile cache entry")
 def put(kind: str, key: str, data: Any) -> None:
     """Keep Inductor's bytes for ``key`` (replacing what was there). Never raises."""
     try:
@@ -483,8 +484,6 @@ def put(kind: str, key: str, data: Any) -> None:
         )
     except NoGpuModel:
         return
-    except Exception as e:
-        warn_once(f"inductor-put:{type(e).__name__}", f"torch.compile cache entry not stored ({e})")
 
 
 def _graphs_kept(store: Any, key: str, blob: bytes) -> bool:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -124,11 +125,31 @@ def _own_put(self: KcacheCacheManager, data: Any, filename: str, binary: bool = 
     return FileCacheManager(self.key).put(data, filename, binary=binary)
 
 
+def _edge(topic: str, what: str, fallback: Callable[..., Any] | None = None) -> Callable[[Any], Any]:
+    """A method Triton calls (the edge): a bug inside kcache is a logged miss with ``fallback``,
+    or raises under KCACHE_STRICT=1 (:mod:`kcache.boundary`); what the store expects (a corrupt
+    entry, a full disk, a server that does not answer) it handles itself, as a counted miss.
+    Triton's own managers (override, dump, a folder of the program's) are called as they are."""
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        guarded_fn = fail_open(topic, what, fallback)(fn)
+
+        @functools.wraps(fn)
+        def method(self: KcacheCacheManager, *args: Any, **kwargs: Any) -> Any:
+            if fn.__name__ == "__init__":
+                if any(args[1:]) or any(kwargs.values()):  # override or dump: Triton's own, set up as it is
+                    return fn(self, *args, **kwargs)
+            elif self._file is not None:
+                return getattr(self._file, fn.__name__)(*args, **kwargs)
+            return guarded_fn(self, *args, **kwargs)
+
+        return method
+
+    return deco
+
+
 class KcacheCacheManager(CacheManager):
-    # Triton calls these methods (the edge): a bug inside kcache is a logged miss, or raises
-    # under KCACHE_STRICT=1 (kcache/boundary.py). What the store expects (a corrupt entry, a
-    # full disk, a server that does not answer) it handles itself, as a counted miss.
-    @fail_open("triton-manager", "kcache's Triton cache manager", _own_manager)
+    @_edge("triton-manager", "kcache's Triton cache manager", _own_manager)
     def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
         self.key = key
         self._file: FileCacheManager | None = None
@@ -203,7 +224,7 @@ class KcacheCacheManager(CacheManager):
         return path
 
     # -- the CacheManager interface --------------------------------------------------------------
-    @fail_open("triton-get", "kcache's lookup of a Triton file")
+    @_edge("triton-get", "kcache's lookup of a Triton file")
     def get_file(self, filename: str) -> str | None:
         if self._file is not None:
             return self._file.get_file(filename)
@@ -224,7 +245,7 @@ class KcacheCacheManager(CacheManager):
             return None
         return hit.paths.get(filename)
 
-    @fail_open("triton-put", "kcache's Triton file put", _own_put)
+    @_edge("triton-put", "kcache's Triton file put", _own_put)
     def put(self, data: Any, filename: str, binary: bool = True) -> str:
         if self._file is not None:
             return self._file.put(data, filename, binary=binary)
@@ -253,7 +274,7 @@ class KcacheCacheManager(CacheManager):
                     return hit.paths[filename]
         return self._write_scratch(blob, filename)
 
-    @fail_open("triton-group", "kcache's lookup of a Triton kernel")
+    @_edge("triton-group", "kcache's lookup of a Triton kernel")
     def get_group(self, filename: str) -> dict[str, str] | None:
         if self._file is not None:
             return self._file.get_group(filename)
@@ -262,12 +283,16 @@ class KcacheCacheManager(CacheManager):
             return None
         skey = store_key(self.key, filename)
         self._release()  # (a manager asked twice: its earlier flight is over)
-        flight = store.single_flight(KIND_GROUP, skey, lambda: self._components(filename), files=True, owner=self)
+        flight = store.single_flight(
+            KIND_GROUP, skey, lambda: self._components(filename), files=True, owner=self
+        )
         hit = flight.hit
         if hit is None:  # compiled here: timed from now (not from the wait for another's)
             self._flight = flight
             self._miss_t[filename] = time.perf_counter()
-        if hit is not None and not _servable(store, filename, hit, lambda: target_for(self.key, self._origin)):
+        if hit is not None and not _servable(
+            store, filename, hit, lambda: target_for(self.key, self._origin)
+        ):
             hit = None  # quarantined: compile, as on a miss
             self._miss_t[filename] = time.perf_counter()
         if hit is None:
@@ -277,7 +302,7 @@ class KcacheCacheManager(CacheManager):
             _mirror_for_inductor(self.key, filename, paths)
         return paths
 
-    @fail_open("triton-put-group", "kcache's storing of a Triton kernel")
+    @_edge("triton-put-group", "kcache's storing of a Triton kernel")
     def put_group(self, filename: str, group: dict[str, str]) -> str | None:
         if self._file is not None:
             return self._file.put_group(filename, group)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from ...boundary import failed, guarded
 from ...log import logger, warn_once
 
 if TYPE_CHECKING:
@@ -67,9 +68,13 @@ def _start(st: _ModuleState) -> Session | None:
                 from ..legacy import LegacyFusionCache
 
                 s.legacy = LegacyFusionCache.install(st.module, s)
-        except Exception as e:
+        except OSError as e:  # its private folder could not be made, seeded or pointed at
             st.failed = True
             warn_once("nvfuser-attach", f"nvfuser: kernels are not kept by kcache in this process: {e}")
+            return None
+        except Exception as e:  # the edge (nvFuser's execute): a bug, reported (raised when strict)
+            st.failed = True
+            failed("nvfuser-attach", "kcache's nvFuser session", e)
             return None
         st.session = s
         _sessions[st.name] = s
@@ -93,12 +98,15 @@ def _make_execute(orig: Callable[..., Any], st: _ModuleState) -> Callable[..., A
             kwargs["_enable_options"] = [*opts, "kernel_db"]
         if not session.slow:
             return orig(self, *args, **kwargs)
-        scoped = session.before_call()
+        scoped = False
+        with guarded("nvfuser-call", "kcache's set-up of an nvFuser call"):
+            scoped = session.before_call()
         try:
             return orig(self, *args, **kwargs)
         finally:
             if scoped:
-                session.after_call()
+                with guarded("nvfuser-call", "kcache's set-up of an nvFuser call"):
+                    session.after_call()
 
     execute._kcache_kerneldb = True  # type: ignore[attr-defined]
     execute.__wrapped__ = orig  # type: ignore[attr-defined]
@@ -169,10 +177,8 @@ def _install(module: ModuleType) -> None:
 
 
 def on_import(module: ModuleType) -> None:
-    try:
+    with guarded("nvfuser-attach", "kcache's attaching to nvFuser"):
         _install(module)
-    except Exception as e:
-        warn_once("nvfuser-attach", f"nvfuser: kernels are not kept by kcache in this process: {e}")
 
 
 def _after_fork() -> None:
@@ -184,7 +190,7 @@ def _at_exit() -> None:
     for s in list(_sessions.values()):
         try:
             s.close()
-        except Exception as e:
+        except Exception as e:  # broad: at exit, kernels not stored are a loss, never an error of the program
             warn_once("nvfuser-exit", f"nvfuser: could not store new kernels at exit: {e}")
 
 
@@ -195,7 +201,7 @@ def flush() -> int:
     for s in list(_sessions.values()):
         try:
             n += s.flush()
-        except Exception as e:
+        except Exception as e:  # broad: one module's kernels not stored must not stop the others' flush
             warn_once("nvfuser-flush", f"nvfuser: could not store new kernels: {e}")
     return n
 
@@ -211,7 +217,7 @@ def detach_all() -> None:
         for s in list(_sessions.values()):
             try:
                 s.flush()
-            except Exception as e:
+            except Exception as e:  # broad: detaching goes on (unwrap nvFuser) whatever the flush met
                 warn_once("nvfuser-detach", f"nvfuser: could not store new kernels: {e}")
             s.store = None
         for name, st in list(_states.items()):
