@@ -327,9 +327,12 @@ def test_slow_redis_never_stalls_a_lookup_past_the_bound(redis_private, stores, 
         assert hit is None
         times.append(dt)
         _, dt_put = _timed(lambda i=i: a.put("triton", f"S{i}", group(200)))
-        assert dt_put < 0.05, dt_put  # the write to Redis is queued, never waited for
-    assert max(times) < 0.35, times  # connect and read timeouts: 100 ms
-    assert sum(times) < 1.0, times  # then the breaker: no more waiting at all
+        # The write to Redis is queued, never waited for: a put that waited would take the
+        # pause's 3 s. (Bounds are far from the figures, 1-5 ms and 100 ms: a loaded CI box
+        # once took 0.34 s for a local put.)
+        assert dt_put < 1.0, dt_put
+    assert max(times) < 1.5, times  # connect and read deadlines (100 ms), not the 3 s pause
+    assert sum(times) < 2.5, times  # then the breaker: no more waiting (8 x 3 s without either)
     assert counts(a)["remote_errors"] >= rt.BREAKER_FAILURES
 
 
