@@ -524,7 +524,7 @@ def test_single_flight_lost_holder_is_waited_for_only_until_its_lock_expires(
     # a lock that is not kcache's, with no expiry: not waited on, and replaced by b's
     r.set(rk.lock_key(prefix, ident), "a-holder-that-hangs")
     fb, dt = _timed(lambda: b.single_flight("triton", "L"))
-    assert fb.hit is None and dt < 0.5, dt
+    assert fb.hit is None and dt < 1.0, dt  # not waited on (a wait: the 1.5 s fruitless budget)
     assert r.get(rk.lock_key(prefix, ident)).startswith(rl.FORMAT)
     assert counts(b)["remote_ignored"] == 1
     assert any("with no expiry" in m for m in kcache_warnings), kcache_warnings

@@ -96,7 +96,9 @@ def test_a_paused_redis_never_stalls_the_compiles(redis_private, tmp_path, prefi
     assert [r["cache_hit"] for r in a["results"]] == [False] * N
     c = triton_counts(a)
     assert c["puts"] == N and c["remote_errors"] >= 3
-    assert c["remote_s"] < 0.6, c  # three timeouts of 100 ms, then the breaker skips Redis
+    # Three deadlines of 100 ms, then the breaker skips Redis (without it: two calls per kernel,
+    # 2 s and more; the bound leaves room for a loaded box overrunning each deadline).
+    assert c["remote_s"] < 1.5, c
     assert "Traceback" not in a["stderr"]
     assert wall < 60, wall  # the exit's flush is bounded too (2 s)
 

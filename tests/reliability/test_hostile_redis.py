@@ -260,7 +260,7 @@ def test_a_full_redis_never_holds_up_a_flight(redis_private, stores, prefix) -> 
         t0 = time.monotonic()
         with b.single_flight("triton", f"F{i}") as hit:
             assert hit is None
-        assert time.monotonic() - t0 < 0.5
+        assert time.monotonic() - t0 < 1.0  # no wait (the counters below are the exact check)
     c = counts(b)
     assert c.get("remote_fruitless_s", 0) < 0.1 and c.get("remote_wait_s", 0) < 0.1, c
 
