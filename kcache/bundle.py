@@ -39,12 +39,13 @@ import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import msgpack
 
 from . import kinds as _kinds
-from .store import Record, Store
+from .store import Record
+from .store.api import Admin, Cache
 from .store.fs import UnsafePath, atomic_write, open_input
 from .store.records import CorruptRecord, valid_name, validate
 
@@ -71,6 +72,11 @@ MAX_HEADER = 64 << 10
 _CHUNK = 1 << 20
 
 
+class ImportTarget(Cache, Admin, Protocol):
+    """What an import needs of a store: its key tag and size bound (:class:`Admin`), and a
+    ``get``/``put`` of entries and a scratch folder (:class:`Cache`)."""
+
+
 class BundleError(Exception):
     """A bundle that cannot be written or read (the message says why)."""
 
@@ -80,7 +86,7 @@ def _sign(secret: bytes | None, body: bytes) -> str | None:
 
 
 def export_bundle(
-    store: Store,
+    store: Admin,
     path: str | Path,
     *,
     kinds: list[str] | None = None,
@@ -491,7 +497,7 @@ def _read_member(
 
 
 def import_bundle(
-    store: Store,
+    store: ImportTarget,
     bundle: Bundle | str | Path,
     *,
     secret: bytes | None = None,
@@ -521,7 +527,7 @@ def import_bundle(
 UNSIGNED = "host code or pickled entry from an unsigned bundle"
 
 
-def _import(store: Store, b: Bundle, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+def _import(store: ImportTarget, b: Bundle, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {
         "file": b.path, "signed": b.signed, "imported": 0, "present": 0, "by_kind": {}, "skipped": [],
     }  # fmt: skip

@@ -27,7 +27,7 @@ from . import config as _config
 from .prewarm import cli as _prewarm_cli
 
 if TYPE_CHECKING:
-    from .store import Store
+    from .store.api import Admin
 
 AddArguments = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
@@ -108,7 +108,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence
     return "\n".join(lines)
 
 
-def open_for(args: argparse.Namespace, *, write: bool = False) -> Store:
+def open_for(args: argparse.Namespace, *, write: bool = False) -> Admin:
     """The store of ``--dir`` (or the settings): read-only unless ``write``; never created."""
     from .maintenance import open_store
 
@@ -462,7 +462,7 @@ def _clear_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _resolve_ids(store: Store, wanted: list[str]) -> list[str]:
+def _resolve_ids(store: Admin, wanted: list[str]) -> list[str]:
     """Full ids for each id or unique id prefix (UsageError when one matches none or several)."""
     from .maintenance.select import ids_with_prefix, looks_like_id
 
@@ -1128,7 +1128,7 @@ def _trim_args(p: argparse.ArgumentParser) -> None:
 def _trim_run(args: argparse.Namespace) -> int:
     """remove least recently used entries now until the store is within its bound (ccache -c)"""
     from .config import format_size, parse_size
-    from .maintenance import close_store
+    from .maintenance import EmptyStore, close_store
     from .maintenance.bound import bound_of
     from .store import tunables
 
@@ -1141,7 +1141,7 @@ def _trim_run(args: argparse.Namespace) -> int:
     settings = load_settings(args)
     b = bound_of(settings)
     store = open_for(args, write=True)
-    if not hasattr(store, "evict"):  # a missing folder: nothing to trim, and nothing is made
+    if isinstance(store, EmptyStore):  # a missing folder: nothing to trim, and nothing is made
         close_store(store)
         if wants_json(args):
             print_json({"dir": str(settings.dir), "removed": 0, "freed": 0, "bytes": 0})

@@ -5,8 +5,9 @@ that target and the toolchain (so a store built on one machine serves every mach
 target); GPU model and driver matter only where the content depends on them (autotune timings).
 An absent component (no GPU, no torch) is recorded as None, never guessed.
 
-Nothing here imports torch, triton or nvfuser: versions come from package metadata, and device
-facts from the CUDA driver API through ctypes, only when asked for.
+Nothing here imports torch, triton or nvfuser at import: versions come from package metadata,
+and device facts from the CUDA driver API through ctypes, only when asked for; Triton's
+cache-invalidating environment (:func:`triton_env`) from Triton itself, which it imports then.
 """
 
 from __future__ import annotations
@@ -283,3 +284,36 @@ def _ptxas() -> str | None:
     out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20).stdout
     m = re.search(r"release (\S+?),? V(\S+)", out)
     return m.group(2) if m else out.strip().splitlines()[-1] if out.strip() else None
+
+
+#: Not in Triton's list of cache-invalidating variables, but in its key all the same: read at
+#: import into the ``debug`` option.
+TRITON_EXTRA_ENV = ("TRITON_DEBUG",)
+
+
+def triton_env_lister() -> Callable[[], dict[str, Any]] | None:
+    """Triton's ``get_cache_invalidating_env_vars`` (libtriton in 3.4-3.9; ``triton.runtime.cache``
+    in some builds), or None without Triton. Imports Triton."""
+    try:
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+
+        return get_cache_invalidating_env_vars  # type: ignore[no-any-return]
+    except Exception:  # no Triton, or one that cannot load its library: nothing in the key
+        pass
+    try:
+        from triton.runtime.cache import get_cache_invalidating_env_vars  # type: ignore[attr-defined]
+
+        return get_cache_invalidating_env_vars  # type: ignore[no-any-return]
+    except Exception:  # as above
+        return None
+
+
+def triton_env() -> dict[str, str]:
+    """The variables of this process that are in Triton's key: those Triton lists (as it reports
+    them) and :data:`TRITON_EXTRA_ENV`. Imports Triton."""
+    fn = triton_env_lister()
+    out = {k: str(v) for k, v in (fn() if fn is not None else {}).items()}
+    for k in TRITON_EXTRA_ENV:
+        if os.environ.get(k):
+            out[k] = os.environ[k]
+    return out

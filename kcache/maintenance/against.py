@@ -23,10 +23,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..store import Record, Store
+from ..store import Record
+from ..store.api import Admin
 from ..store.index import MAX_MISSES
 from ..store.records import entry_id
-from . import MaintenanceError, jsonable
+from .common import MaintenanceError, jsonable
 from .identity import applies, describe, read_document, this_machine
 
 #: The row of entries that no named part explains.
@@ -87,7 +88,7 @@ def load_other(path: str) -> Other:
 
 def _store_side(path: str) -> Other:
     from ..config import load
-    from . import close_store, open_store
+    from .lifecycle import close_store, open_store
 
     settings = load(env={}, dir=path)
     store = open_store(settings)
@@ -110,7 +111,7 @@ def _store_side(path: str) -> Other:
     return Other(path, "store", records(), closer=lambda: close_store(store))
 
 
-def _here_ids(store: Store) -> set[str]:
+def _here_ids(store: Admin) -> set[str]:
     try:
         ids = store.index().ids()
     except Exception:
@@ -152,7 +153,7 @@ def _shown(v: Any) -> Any:
     return jsonable(v)
 
 
-def explain_against(store: Store, other_path: str, *, key_tag: str) -> dict[str, Any]:
+def explain_against(store: Admin, other_path: str, *, key_tag: str) -> dict[str, Any]:
     """The comparison of ``store`` (this machine) with OTHER; see the module doc."""
     other = load_other(other_path)
     try:
@@ -163,7 +164,7 @@ def explain_against(store: Store, other_path: str, *, key_tag: str) -> dict[str,
         other.close()
 
 
-def _against_entries(store: Store, other: Other, key_tag: str) -> dict[str, Any]:
+def _against_entries(store: Admin, other: Other, key_tag: str) -> dict[str, Any]:
     here = this_machine(key_tag, with_digest=False)
     have = _here_ids(store)
     causes: dict[str, dict[str, Any]] = {}
@@ -237,7 +238,7 @@ def _against_entries(store: Store, other: Other, key_tag: str) -> dict[str, Any]
     }
 
 
-def _against_fingerprint(store: Store, other: Other, key_tag: str) -> dict[str, Any]:
+def _against_fingerprint(store: Admin, other: Other, key_tag: str) -> dict[str, Any]:
     assert other.parts is not None
     here = this_machine(key_tag)
     misses: list[tuple[float, str, str, dict[str, Any]]] = []

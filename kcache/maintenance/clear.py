@@ -11,9 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..kinds import valid_id
 from ..log import logger
-from ..store import Record, Store
-from . import jsonable
+from ..store import Record
+from ..store.api import Admin
+from .common import jsonable
 
 
 def version_components() -> tuple[str, ...]:
@@ -52,7 +54,7 @@ class _Candidate:
         self.why: list[str] = []
 
 
-def catalogue(store: Store) -> tuple[Any, str | None]:
+def catalogue(store: Admin) -> tuple[Any, str | None]:
     """The store's index for reading, and why it is not the writable one (None when it is).
 
     A full disk, a locked or a corrupt index must not stop a clean-up: the index is opened
@@ -69,7 +71,7 @@ def catalogue(store: Store) -> tuple[Any, str | None]:
 
 
 def clear(
-    store: Store,
+    store: Admin,
     *,
     kind: str | None = None,
     older_than: float | None = None,
@@ -112,7 +114,7 @@ def clear(
         try:
             # kind, size and last use are columns: no record decoded (100,000 rows: ~0.3 s)
             for ident, k, size, created, at in idx.columns():
-                if not store.valid_id(ident):  # never a path: a crafted row must not name a folder
+                if not valid_id(ident):  # never a path: a crafted row must not name a folder
                     bad_rows = True
                     continue
                 cands[ident] = _Candidate(ident, k, size or 0, at or created, None, False, True)

@@ -10,9 +10,10 @@ import heapq
 from collections import Counter
 from typing import Any
 
-from ..store import Record, Store
+from ..store import Record
+from ..store.api import Admin
 from ..store.index import MAX_MISSES
-from . import jsonable
+from .common import jsonable
 
 #: explain ranks stored entries among this many most recently used of the kind.
 EXPLAIN_SCAN = 20_000
@@ -43,7 +44,7 @@ def _diff(stored: dict[str, Any], wanted: dict[str, Any]) -> tuple[int, list[dic
 
 
 def explain(
-    store: Store, *, kind: str | None = None, limit: int | None = 10, nearest: int = 3
+    store: Admin, *, kind: str | None = None, limit: int | None = 10, nearest: int = 3
 ) -> list[dict[str, Any]]:
     """The most recent misses (repeated keys once, with a count), each with the ``nearest`` stored
     entries of its kind, ranked by how many key components they share with the miss (ties: the

@@ -100,12 +100,18 @@ def _libtriton() -> str | None:
     path = os.path.join(folder, "_C", "libtriton.so")
     if not os.path.exists(path):
         return None
-    from ..triton.keymemo import sha256_file
-
     try:
-        return str(sha256_file(path))
-    except Exception:
+        with open(path, "rb") as f:
+            return _sha256(f)
+    except OSError:
         return None
+
+
+def _sha256(f: Any) -> str:
+    h = hashlib.sha256()
+    while chunk := f.read(1 << 22):
+        h.update(chunk)
+    return h.hexdigest()
 
 
 def _triton_paths() -> dict[str, str | None]:
@@ -167,11 +173,11 @@ def this_machine(key_tag: str, *, with_env: bool = True, with_digest: bool = Tru
 
 def invalidating_env() -> dict[str, str]:
     """Triton's cache-invalidating variables set in this process (imports Triton, if present)."""
-    try:
-        from ..prewarm.env import current_invalidating_env
+    from .. import fingerprint
 
-        return current_invalidating_env()
-    except Exception:
+    try:
+        return fingerprint.triton_env()
+    except Exception:  # a Triton whose lister raises: the variables that look like its own
         return {k: v for k, v in os.environ.items() if k.startswith("TRITON_") and v}
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..store import Record, Store
-from . import entry_dict, jsonable
+from ..store import Record
+from ..store.api import Admin
+from .common import entry_dict, jsonable
 
 
 def printable(text: Any) -> str:
@@ -30,7 +31,7 @@ SORTS = {"used": "last_used DESC", "size": "size DESC", "hits": "hits DESC"}
 
 
 def list_entries(
-    store: Store,
+    store: Admin,
     *,
     kind: str | None = None,
     limit: int | None = 50,
@@ -72,7 +73,7 @@ def list_entries(
 
 
 def group_entries(
-    store: Store,
+    store: Admin,
     *,
     kind: str | None = None,
     name: str | None = None,
@@ -111,7 +112,7 @@ def group_entries(
 
 
 def find_entries(
-    store: Store, prefix: str, *, kind: str | None = None, limit: int | None = 50
+    store: Admin, prefix: str, *, kind: str | None = None, limit: int | None = 50
 ) -> list[dict[str, Any]]:
     """Entries whose id starts with ``prefix`` (looked up on disk), else whose key does (through
     the index), each with its whole record, a check of its members and its path."""

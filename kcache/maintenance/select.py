@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from typing import Any
 
 from ..store import Record
+from ..store.api import Admin
 
 _HEX = re.compile(r"^[0-9a-f]{1,40}$")
 
@@ -46,7 +46,7 @@ def looks_like_id(text: str) -> bool:
     return bool(_HEX.match(text.lower()))
 
 
-def ids_with_prefix(store: Any, prefix: str) -> list[str]:
+def ids_with_prefix(store: Admin, prefix: str) -> list[str]:
     """The ids of the entries on disk that start with ``prefix`` (sorted)."""
     p = prefix.lower()
     return sorted(i for i in store.iter_entry_ids() if i.startswith(p))

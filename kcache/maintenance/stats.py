@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..store import Store
+from ..store.api import Admin
 
 
-def store_stats(store: Store) -> dict[str, Any]:
+def store_stats(store: Admin) -> dict[str, Any]:
     """entries, bytes, hits, misses, hit_rate, saved_s, puts, evictions, errors, and by_kind."""
     idx = store.index()
     totals = idx.totals()
@@ -97,14 +97,14 @@ def _remote_totals(by_kind: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     return out
 
 
-def stats(store: Store) -> dict[str, Any]:
+def stats(store: Admin) -> dict[str, Any]:
     """``kcache stats``: :func:`store_stats`, and where the index is."""
     out = store_stats(store)
     out["index"] = str(store.index_dir)
     return out
 
 
-def zero_counters(store: Store) -> None:
+def zero_counters(store: Admin) -> None:
     """Reset the hit/miss/put/eviction counters (not the entries, nor their per-entry hits)."""
     if store.readonly:  # a missing directory: nothing to reset
         return

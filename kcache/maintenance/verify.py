@@ -14,16 +14,17 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..store import Record, Store, StoreError
+from ..store import Record, StoreError
+from ..store.api import Admin
 from ..store.index import is_corrupt_db
-from . import MaintenanceError
+from .common import MaintenanceError
 
 
 def _problem(kind: str, ident: str, detail: str, **extra: Any) -> dict[str, Any]:
     return {"type": kind, "id": ident, "detail": detail, **extra}
 
 
-def _read_index(store: Store) -> tuple[list[Any] | None, str | None]:
+def _read_index(store: Admin) -> tuple[list[Any] | None, str | None]:
     """(every index row, None), or (None, why) when the database is corrupt. Read-only."""
     for attempt in range(2):
         try:
@@ -50,7 +51,7 @@ def _read_index(store: Store) -> tuple[list[Any] | None, str | None]:
 
 
 def _check(
-    store: Store,
+    store: Admin,
     known_good: dict[str, Record] | None = None,
     progress: Callable[[int], None] | None = None,
     jobs: int = 1,
@@ -165,7 +166,7 @@ def _triton_version() -> str | None:
 
 
 def verify(
-    store: Store, *, fix: bool = False, progress: Callable[[int], None] | None = None, jobs: int | None = None
+    store: Admin, *, fix: bool = False, progress: Callable[[int], None] | None = None, jobs: int | None = None
 ) -> dict[str, Any]:
     """Check every entry (sha256 of every member; a Triton group's metadata too), the index
     rows and stray files.
@@ -202,7 +203,7 @@ def verify(
 
 
 def _fix(
-    store: Store, problems: list[dict[str, Any]], good: dict[str, Record]
+    store: Admin, problems: list[dict[str, Any]], good: dict[str, Record]
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Fix what can be fixed: files first (they free space), then the index. Returns what was
     fixed, and why the index could not be (a full disk, a lock held elsewhere), or None."""
@@ -233,7 +234,7 @@ def _fix(
 
 
 def _fix_index(
-    store: Store, by_type: dict[str, list[dict[str, Any]]], good: dict[str, Record], bad_entries: list[str]
+    store: Admin, by_type: dict[str, list[dict[str, Any]]], good: dict[str, Record], bad_entries: list[str]
 ) -> list[dict[str, Any]]:
     fixed: list[dict[str, Any]] = []
     if by_type.get("index_corrupt"):

@@ -142,6 +142,9 @@ class Admin(Protocol):
 
     def entry_id(self, kind: str, key: str) -> str: ...
 
+    def entry_dir(self, ident: str) -> str:
+        """The entry's folder, by name: for reports only (never opened by name)."""
+
     def iter_entry_ids(self) -> Iterator[str]: ...
 
     def scan(self) -> Iterator[tuple[str, str, str | None]]:
