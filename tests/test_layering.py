@@ -30,7 +30,7 @@ PKG = ROOT / "kcache"
 
 #: (layer, group, patterns relative to the repository root), from the top layer down.
 LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
-    ("cli", "cli", ("kcache/cli.py", "kcache/__main__.py")),
+    ("cli", "cli", ("kcache/cli.py", "kcache/commands/*", "kcache/__main__.py")),
     ("prewarm", "prewarm", ("kcache/prewarm/*",)),
     ("facade", "facade", ("kcache/__init__.py", "kcache/integrations.py", "kcache/_autoload.py")),
     ("facade", "facade", ("kcache/descriptors.py",)),  # public re-export of nvfuser's descriptors

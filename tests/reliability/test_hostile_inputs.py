@@ -462,7 +462,7 @@ def test_empty_folder_never_becomes_a_store(target: str, tmp_path: Path) -> None
 def test_failed_import_leaves_an_empty_folder_alone(target: str, tmp_path: Path) -> None:
     """A bundle whose manifest is fine but whose member is refused: exit 1, one line, and the
     empty (or missing) folder is left as it was. At efe2a87 (and before) it became a store: the
-    store is opened before the members are read (kcache/cli.py now removes the store it made
+    store is opened before the members are read (kcache/maintenance/lifecycle.py now removes the store it made
     when the import fails and the store holds no entry)."""
     env = ci.child_env(tmp_path)
     d = tmp_path / "d"

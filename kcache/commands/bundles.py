@@ -1,0 +1,183 @@
+"""``kcache export`` and ``kcache import``: bundles, and adopting a Triton cache folder."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import TYPE_CHECKING, Any
+
+from .base import (
+    CommandError,
+    UsageError,
+    fmt_value,
+    jobs_arg,
+    kind_arg,
+    load_settings,
+    open_for,
+    print_error,
+    print_json,
+    verbose_arg,
+    wants_json,
+)
+
+if TYPE_CHECKING:
+    pass
+
+
+def export_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE", help="the bundle to write (.tgz/.gz: compressed)")
+    p.add_argument("--kind", type=kind_arg, action="append", help="only entries of this kind (repeatable)")
+    verbose_arg(p, "skipped")
+    jobs_arg(p)
+
+
+def _skipped_lines(res: dict[str, Any], verbose: bool) -> None:
+    """One summary line of what was skipped and why; with -v, one line per entry."""
+    from ..bundle import count_text, reasons
+
+    skipped = res.get("skipped") or []
+    if not skipped:
+        return
+    print(f"skipped {count_text(len(skipped))}: {reasons(skipped)}" + ("" if verbose else " (-v lists them)"))
+    if verbose:
+        for s in skipped:
+            what = s.get("id") or s.get("path") or "?"
+            print(
+                f"  {fmt_value(str(what), 40)}  {fmt_value(s.get('kind') or '', 40)}  {fmt_value(s.get('why'), 200)}"
+            )
+
+
+def export_run(args: argparse.Namespace) -> int:
+    """write verified entries to a relocatable, checksummed bundle (signed with KCACHE_SECRET)"""
+    from ..bundle import BundleError, count_text, export_bundle
+    from ..config import format_size
+    from ..maintenance import close_store
+    from ..maintenance.progress import Progress
+
+    settings = load_settings(args)
+    store = open_for(args)
+    try:
+        total = sum(1 for _ in store.iter_entry_ids())
+        with Progress("export: read", total, enabled=not wants_json(args)) as prog:
+            res = export_bundle(
+                store,
+                args.file,
+                kinds=args.kind,
+                secret=settings.secret,
+                progress=prog,
+                jobs=args.jobs or None,
+            )
+    except (BundleError, OSError) as e:
+        raise CommandError(str(e)) from None
+    finally:
+        close_store(store)
+    if wants_json(args):
+        print_json(res)
+        return 0
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(res["by_kind"].items()))
+    print(
+        f"exported {count_text(res['entries'])} ({kinds}), {format_size(res['bytes'])}, to {res['file']}"
+        f"{' (signed)' if res['signed'] else ''}"
+    )
+    _skipped_lines(res, args.verbose)
+    return 0
+
+
+def import_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE", nargs="?", help="a bundle written by kcache export")
+    p.add_argument(
+        "--triton-cache", metavar="DIR", help="adopt an existing Triton cache folder (~/.triton/cache)"
+    )
+    verbose_arg(p, "skipped")
+
+
+def import_run(args: argparse.Namespace) -> int:
+    """import a bundle, or adopt a Triton cache folder (--triton-cache DIR)"""
+    from ..bundle import BundleError, import_bundle, open_bundle
+
+    if bool(args.file) == bool(args.triton_cache):
+        raise UsageError("give either a bundle FILE or --triton-cache DIR")
+    settings = load_settings(args)
+    if settings.readonly:
+        raise CommandError(f"{settings.dir} is read-only (KCACHE_READONLY=1): nothing may be imported")
+    from ..maintenance.lifecycle import fresh_folder, undo_new_store
+    from ..maintenance.progress import Progress
+    from ..store import Store
+
+    bundle = None
+    fresh = fresh_folder(os.fspath(settings.dir))
+    try:
+        if args.file:
+            # The bundle is checked (a regular file, a kcache bundle, signature, key tag) before the
+            # store is opened: a failed import never turns a folder into a store.
+            bundle = open_bundle(args.file, secret=settings.secret, key_tag=settings.key_tag)
+        elif not os.path.isdir(args.triton_cache):
+            raise CommandError(f"{args.triton_cache} is not a folder")
+        # Importing into a store that does not exist yet creates it (0700), as enabling kcache would.
+        store = Store.from_settings(settings, write=True)
+        try:
+            if args.triton_cache:
+                from ..triton.importer import import_triton_cache
+
+                res = import_triton_cache(store, args.triton_cache)
+            else:
+                assert bundle is not None
+                size = sum(r.size for r in bundle.records.values())
+                with Progress("import", size, enabled=not wants_json(args), unit="bytes") as prog:
+                    res = import_bundle(store, bundle, progress=prog)
+        finally:
+            store.close()
+    except (BundleError, OSError) as e:
+        if fresh:
+            undo_new_store(os.fspath(settings.dir), fresh)
+        raise CommandError(str(e)) from None
+    finally:
+        if bundle is not None:
+            bundle.close()
+    problem = _import_problem(res, args)
+    if problem and fresh:  # nothing imported: a folder that held no store is left as it was
+        undo_new_store(os.fspath(settings.dir), fresh)
+    if wants_json(args):
+        res["error"] = problem
+        print_json(res)
+    elif args.triton_cache:
+        print(
+            f"adopted from {res['source']}: {res['kernels']} kernels ({res['kernels_present']} already "
+            f"present), {res['aux']} launchers, {res['autotune']} autotune results"
+            + (f"; {res['other_triton']} kernels of another Triton left out" if res["other_triton"] else "")
+        )
+        _skipped_lines(res, args.verbose)
+    else:
+        from ..bundle import count_text
+
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(res["by_kind"].items()))
+        print(
+            f"imported {count_text(res['imported'])}{f' ({kinds})' if kinds else ''} from {res['file']}"
+            + (" (signature checked)" if res["signed"] else "")
+            + (f"; {res['present']} already present" if res["present"] else "")
+        )
+        _skipped_lines(res, args.verbose)
+        if res.get("needs_secret") and not problem:
+            print(
+                "the bundle is signed: set KCACHE_SECRET to the secret it was signed with to import the rest"
+            )
+    if problem:
+        print_error(problem)
+        return 1
+    return 0
+
+
+def _import_problem(res: dict[str, Any], args: argparse.Namespace) -> str | None:
+    """Why an import brought nothing of what it was asked to, or None (see bundle.import_problem)."""
+    if not args.triton_cache:
+        from ..bundle import import_problem
+
+        return import_problem(res)
+    if res["kernels"] or res["kernels_present"] or res["aux"] or res["autotune"]:
+        return None
+    from ..bundle import reasons
+
+    why = reasons(res["skipped"]) if res["skipped"] else "it holds no kernel of a Triton cache"
+    if res["other_triton"]:
+        why += f"; {res['other_triton']} kernels were built by another Triton than this one"
+    return f"nothing adopted from {res['source']}: {why}"
