@@ -21,7 +21,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kcache.prewarm import record as rec
-from kcache.prewarm.spec import Expr, NoneArg, SpecError, TensorArg, TritonDtypeArg, eval_expr, load
+from kcache.prewarm.expr import Expr, eval_expr
+from kcache.prewarm.spec import SpecError, load
+from kcache.prewarm.values import NoneArg, TensorArg, TritonDtypeArg
 
 try:
     import tomllib
@@ -154,7 +156,7 @@ UNBOUNDED = [
 
 _EVAL_ALL = """
 import json, sys, time
-from kcache.prewarm.spec import eval_expr
+from kcache.prewarm.expr import eval_expr
 out = []
 for text in json.load(sys.stdin):
     t0 = time.perf_counter()
@@ -190,7 +192,7 @@ def test_unbounded_expressions_are_refused_at_once_naming_the_expression() -> No
 
 
 def test_expression_limits_are_exact_and_ordinary_expressions_work() -> None:
-    from kcache.prewarm.spec import MAX_EXPR_DEPTH, MAX_EXPR_LEN, MAX_VALUE
+    from kcache.prewarm.expr import MAX_EXPR_DEPTH, MAX_EXPR_LEN, MAX_VALUE
     from kcache.prewarm.triton_aot import make_grid
 
     assert MAX_VALUE == 2**64 and MAX_EXPR_LEN == 1000 and MAX_EXPR_DEPTH == 64  # as documented
@@ -721,7 +723,7 @@ def test_kcache_prewarm_is_callable_after_the_package_is_imported() -> None:
 
 def test_fit_grid_writes_an_autotuned_lambda_grid_as_expressions() -> None:
     triton = pytest.importorskip("triton")
-    from kcache.prewarm.spec import eval_expr
+    from kcache.prewarm.expr import eval_expr
 
     class Tuner:
         configs = [
@@ -771,7 +773,7 @@ def test_gpu_mode_launches_with_the_specs_grid_args_and_options(
     from triton.runtime.jit import JITFunction
 
     from kcache.prewarm import triton_aot
-    from kcache.prewarm.spec import resolve
+    from kcache.prewarm.kernels import resolve
 
     calls: list[tuple[str, Any, tuple, dict]] = []
 

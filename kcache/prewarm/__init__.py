@@ -1,8 +1,14 @@
 """kcache prewarm: compile (and on a GPU, autotune) what a spec lists, before the first request.
 
-``kcache.prewarm(spec_or_path, *, target=None, jobs=1, dry_run=False, dir=None, progress=None)``
-returns a :class:`~kcache.prewarm.runner.Summary`; ``kcache prewarm SPEC`` is the same on the
-command line. ``KCACHE_RECORD=FILE`` makes a program write such a spec (:mod:`.record`).
+``kcache.prewarm(spec_or_path, *, target=None, jobs=1, dry_run=False, dir=None, progress=None,
+protect_s=None, paths=None)`` returns a :class:`~kcache.prewarm.summary.Summary` (the function is
+:func:`kcache.prewarm.runner.prewarm`); ``kcache prewarm SPEC`` is the same on the command line.
+``KCACHE_RECORD=FILE`` makes a program write such a spec (:mod:`.record`).
+
+The modules, in the order a prewarm walks them: :mod:`.spec` (the schema, parsed; its values in
+:mod:`.values`, expressions in :mod:`.expr`), :mod:`.kernels` (what the spec names, imported and
+checked), :mod:`.runner` (the request, in this process or in :mod:`.workers`), :mod:`.executors`
+(one per kind of entry; Triton's through :mod:`.triton_aot`), :mod:`.summary`.
 
 Importing this package is cheap (nothing of torch or triton): :func:`kcache.enable` imports
 :mod:`.record` in every process.
@@ -15,47 +21,11 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .runner import Summary
+    from .runner import prewarm
     from .spec import SpecError
+    from .summary import Summary
 
 __all__ = ["prewarm", "Summary", "SpecError", "load_spec"]
-
-
-def prewarm(
-    spec: Any,
-    *,
-    target: str | None = None,
-    jobs: int = 1,
-    dry_run: bool = False,
-    dir: str | None = None,
-    progress: Any = None,
-    protect_s: float | None = None,
-    paths: list[str] | None = None,
-) -> Summary:
-    """Prepare what ``spec`` (a path, TOML text, a mapping or a parsed spec) lists.
-
-    ``target`` (``"cuda:90"``...) compiles for that GPU on a machine without it, in a child
-    process; otherwise entries run on this machine's GPU. ``jobs`` > 1 spreads the work over that
-    many processes. ``dry_run`` checks the spec and lists the work without doing it. ``dir`` is
-    the store (default: the ``KCACHE_DIR`` setting). ``progress``: None (a bar on a terminal),
-    False, True, or a callable receiving each finished item's result. Entries written are
-    protected from eviction until first used, ``protect_s`` seconds at most (default 7 days).
-
-    Raises :class:`~kcache.prewarm.spec.SpecError` (one line naming the entry and field) for a bad
-    spec, before anything is compiled or written. Failures of single items are in the summary."""
-    from .runner import prewarm as _run
-
-    return _run(
-        spec,
-        target=target,
-        jobs=jobs,
-        dry_run=dry_run,
-        dir=dir,
-        progress=progress,
-        protect_s=protect_s,
-        paths=paths,
-        in_process=None,
-    )
 
 
 def load_spec(spec: Any) -> Any:
@@ -66,8 +36,13 @@ def load_spec(spec: Any) -> Any:
 
 
 def __getattr__(name: str) -> Any:
+    # Imported when first asked for: importing the package stays cheap.
+    if name == "prewarm":
+        from .runner import prewarm
+
+        return prewarm
     if name == "Summary":
-        from .runner import Summary
+        from .summary import Summary
 
         return Summary
     if name == "SpecError":
@@ -78,10 +53,13 @@ def __getattr__(name: str) -> Any:
 
 
 class _CallableModule(types.ModuleType):
-    """``kcache.prewarm`` is both this package and the function: importing the package replaces
-    the function attribute of ``kcache`` with the module, so the module is callable too."""
+    """``kcache.prewarm`` is both this package and the function: importing the package makes the
+    import system set the attribute ``prewarm`` of ``kcache`` to the package, in place of the
+    facade's function, so the package is callable too (``kcache.prewarm(spec)`` works either way)."""
 
     def __call__(self, spec: Any, **kwargs: Any) -> Summary:
+        from .runner import prewarm
+
         return prewarm(spec, **kwargs)
 
 

@@ -9,6 +9,11 @@ read in one place, :func:`kcache.fingerprint.triton_env` (``kcache fingerprint``
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+from collections.abc import Iterator, Mapping
+
 from ..fingerprint import TRITON_EXTRA_ENV as EXTRA_ENV
 from ..fingerprint import triton_env as current_invalidating_env
 from ..fingerprint import triton_env_lister as env_vars_function
@@ -27,3 +32,44 @@ KNOWN_ENV = EXTRA_ENV + (
     "DISABLE_PTXAS_OPT", "DISABLE_MMA_V3", "DISABLE_MMA_V5", "LLVM_IR_ENABLE_DUMP", "MLIR_ENABLE_DUMP",
     "NVPTX_ENABLE_DUMP", "USE_IR_LOC",
 )  # fmt: skip
+
+
+@contextlib.contextmanager
+def applied_env(env: Mapping[str, str]) -> Iterator[list[str]]:
+    """Set ``env`` and unset Triton's other cache-invalidating variables; restore afterwards.
+    The spec's values are set before Triton is imported here (it reads some at import)."""
+    saved = dict(os.environ)
+    try:
+        unset = [k for k in KNOWN_ENV if k in os.environ and k not in env]
+        for k in unset:
+            os.environ.pop(k, None)
+        os.environ.update(env)
+        more = [k for k in current_invalidating_env() if k not in env]
+        for k in more:
+            os.environ.pop(k, None)
+        yield sorted(set(unset) | set(more))
+    finally:
+        for k in [k for k in os.environ if k not in saved]:
+            os.environ.pop(k, None)
+        for k, v in saved.items():
+            if os.environ.get(k) != v:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def env_set(name: str, value: str) -> Iterator[None]:
+    """``name`` set to ``value`` for the block (a prewarm run inline marks itself a worker)."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def env_key(env: Mapping[str, str]) -> str:
+    """One environment as a stable string: items with equal keys share a worker group."""
+    return json.dumps(dict(sorted(env.items())))

@@ -172,7 +172,7 @@ def spec_value(v: Any) -> Any:
     if isinstance(v, float):
         return float(v)
     if hasattr(v, "data_ptr") and hasattr(v, "dtype") and hasattr(v, "shape") and hasattr(v, "stride"):
-        from .spec import dtype_name
+        from .values import dtype_name
 
         name = dtype_name(str(v.dtype))
         if name is None:
@@ -306,7 +306,7 @@ class Recorder:
             return None, None  # preload() or an unknown path: nothing to record
         from triton.runtime.jit import JITFunction, KernelInterface
 
-        from .spec import kernel_chain
+        from .kernels import kernel_chain
 
         outer, outer_frame = None, None
         f = run.f_back
@@ -439,7 +439,7 @@ def fit_grid(grid: Any, given: Mapping[str, Any], tuner: Any) -> list[Any] | Non
     META["BLOCK_M"]), ...)``): find, per dimension, a constant or an expression over the integer
     arguments and the configs' constexprs (``cdiv(A, C)``, ``cdiv(A, C) * cdiv(A2, C2)``, ``A``)
     that gives the grid's value for EVERY config. None if no such expression fits."""
-    from .spec import _FUNCS
+    from .expr import FUNCS
 
     configs = list(getattr(tuner, "configs", None) or [])
     if not configs:
@@ -461,7 +461,7 @@ def fit_grid(grid: Any, given: Mapping[str, Any], tuner: Any) -> list[Any] | Non
     ckeys = sorted(
         {k for m, cfg in zip(metas, configs) for k, v in cfg.kwargs.items() if isinstance(v, int) and v > 0}
     )
-    cdiv = _FUNCS["cdiv"]
+    cdiv = FUNCS["cdiv"]
     singles = [(f"cdiv({a}, {c})", lambda m, a=a, c=c: cdiv(m[a], m[c])) for a in ints for c in ckeys]
     singles += [(a, lambda m, a=a: m[a]) for a in ints]
     out: list[Any] = []

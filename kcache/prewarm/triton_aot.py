@@ -28,8 +28,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .spec import ITEMSIZE, NoneArg, TensorArg, TritonDtypeArg, kernel_chain, order_args
+from .kernels import kernel_chain, order_args
 from .stub_libcuda import stub_error, stub_libcuda
+from .values import ITEMSIZE, NoneArg, TensorArg, TritonDtypeArg
 
 _TARGET_RE = re.compile(r"^cuda:(?:sm_?)?(\d{2,3})a?$")
 
@@ -359,7 +360,8 @@ def build_launchers(kernels: list[Any]) -> str | None:
 
 def make_grid(grid: Any, symbols: Mapping[str, Any]) -> Any:
     """The spec's grid as Triton takes it: a tuple, or a function of the launch's META dict."""
-    from .spec import Expr, import_object
+    from .expr import Expr
+    from .kernels import import_object
 
     if grid is None:
         return (1,)

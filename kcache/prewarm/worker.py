@@ -28,8 +28,9 @@ def main(argv: list[str] | None = None) -> int:
 
     ex = None
     try:
+        from .kernels import add_sys_path, resolve
         from .runner import Executor
-        from .spec import add_sys_path, parse, resolve
+        from .spec import parse
 
         add_sys_path(job.get("paths") or [])
         sp = parse(job["raw"], job["source"])
