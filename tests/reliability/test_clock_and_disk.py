@@ -159,7 +159,9 @@ def test_compiles_go_on_while_a_skewed_process_evicts(tmp_path: Path, reference_
         results.append(json.loads(out.decode().strip().splitlines()[-1]))
     agg = ci.finish(aggressor)
     assert not agg["errors"], agg["errors"]
-    assert agg["removed"] > 0, agg  # entries were removed under the compilers
+    # Entries were removed under the compilers: by eviction, or by the removal every tenth pass
+    # (which on a loaded box can find the store already emptied by eviction: removed 0, evicted 47).
+    assert agg["removed"] + agg["evicted"] > 0, agg
     for r in results:
         assert r["enabled"]
         assert r["errors"] == [], r["errors"][0]
