@@ -60,7 +60,9 @@ KERNEL = textwrap.dedent(
 def _run(tmp: Path, method: str, strict: str) -> subprocess.CompletedProcess[str]:
     script = tmp / "kern.py"
     script.write_text(KERNEL)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TRITON_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TRITON_")) or k == "KCACHE_STRICT"
+    }
     env.update(HOME=str(tmp / "home"), XDG_CACHE_HOME=str(tmp / "xdg"), PYTHONWARNINGS="ignore")
     env.update(KCACHE="1", KCACHE_DIR=str(tmp / "store"), KCACHE_STRICT=strict)
     env["TRITON_CACHE_DIR"] = str(tmp / "triton-cache")

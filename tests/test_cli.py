@@ -619,7 +619,7 @@ def test_any_argv_exits_cleanly_and_reads_never_write(template, tmp_path_factory
     argv = (["--json"] if json_first else []) + ["--dir", str(root), command, *rest]
     before = snapshot(root)
     out, err = io.StringIO(), io.StringIO()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE") or k == "KCACHE_STRICT"}
     with (
         mock.patch.dict(os.environ, env, clear=True),
         contextlib.redirect_stdout(out),

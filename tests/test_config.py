@@ -266,7 +266,7 @@ ENABLE = textwrap.dedent(
 def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     import os
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE") or k == "KCACHE_STRICT"}
     env.update(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "xdg"))
     env.update(extra)
     return env

@@ -35,7 +35,7 @@ PROBE = textwrap.dedent(
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE")}
+    e = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE") or k == "KCACHE_STRICT"}
     e.update(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "xdg"))
     e.pop("PYTHONPATH", None)
     return e

@@ -23,7 +23,9 @@ def _limit_memory() -> None:  # pragma: no cover (runs in the child)
 
 
 def _env(tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TRITON_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TRITON_")) or k == "KCACHE_STRICT"
+    }
     env.update(HOME=str(tmp / "home"), XDG_CACHE_HOME=str(tmp / "xdg"), KCACHE_DIR=str(tmp / "store"))
     return env
 

@@ -24,7 +24,9 @@ PROBE = (
 
 
 def _stub(tmp: Path) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TRITON_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TRITON_")) or k == "KCACHE_STRICT"
+    }
     env["XDG_CACHE_HOME"] = str(tmp / "xdg")
     env["HOME"] = str(tmp / "home")
     p = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=120)

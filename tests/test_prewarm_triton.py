@@ -193,7 +193,9 @@ OTHERS_PROGRAM = textwrap.dedent(
 
 
 def _env(tmp: Path, store: Path | None, *paths: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TRITON_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TRITON_")) or k == "KCACHE_STRICT"
+    }
     env["HOME"] = str(tmp / "home")
     env["XDG_CACHE_HOME"] = str(tmp / "xdg")
     env["TRITON_CACHE_DIR"] = str(tmp / "triton-cache")

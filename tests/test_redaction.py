@@ -69,7 +69,7 @@ s.close()
 
 
 def _env(tmp: Path, url: str, password: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE") or k == "KCACHE_STRICT"}
     env.update(HOME=str(tmp / "home"), XDG_CACHE_HOME=str(tmp / "xdg"), KCACHE_DIR=str(tmp / "store"))
     env.update(KCACHE_REMOTE=url, KCACHE_LOG="info")  # info: the tier's every failure is logged too
     if password is not None:

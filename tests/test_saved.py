@@ -45,7 +45,9 @@ def test_a_warm_triton_process_credits_the_kernel_and_the_memos_once(tmp_path: P
     pytest.importorskip("triton")
     prog = tmp_path / "scale.py"  # Triton reads a @jit function's source from its file
     prog.write_text(PROGRAM)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TRITON_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TRITON_")) or k == "KCACHE_STRICT"
+    }
     env.pop("PYTHONPATH", None)
     env.update(KCACHE="1", KCACHE_DIR=str(tmp_path / "store"), HOME=str(tmp_path / "home"))
     env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), XDG_CACHE_HOME=str(tmp_path / "xdg"))

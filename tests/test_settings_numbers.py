@@ -56,7 +56,7 @@ PROGRAM = textwrap.dedent(
 def _env(tmp: Path, var: str, value: str) -> dict[str, str]:
     import os
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE") or k == "KCACHE_STRICT"}
     env.update(HOME=str(tmp / "home"), XDG_CACHE_HOME=str(tmp / "xdg"), KCACHE_DIR=str(tmp / "store"))
     env["KCACHE_REMOTE"] = "redis://127.0.0.1:9/0"  # never reached: the program does not compile
     env[var] = value

@@ -1297,7 +1297,7 @@ def test_inspect_shows_real_dates_for_protected_entries(store_dir: Path) -> None
     assert abs(row["last_used"] - now) < 60 and abs(row["created"] - now) < 60
     assert row["protected_until"] > now + 6.9 * 86400
     s.close()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE") or k == "KCACHE_STRICT"}
     r = subprocess.run(
         [sys.executable, "-m", "kcache", "inspect", ident[:12], "--dir", str(store_dir)],
         capture_output=True,

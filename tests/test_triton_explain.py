@@ -51,7 +51,9 @@ KERNEL = textwrap.dedent(
 
 
 def _env(tmp: Path, store: Path | None, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TRITON_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TRITON_")) or k == "KCACHE_STRICT"
+    }
     env.update(HOME=str(tmp / "home"), XDG_CACHE_HOME=str(tmp / "xdg"), PYTHONWARNINGS="ignore")
     env["TRITON_CACHE_DIR"] = str(tmp / "triton-cache")
     env.pop("PYTHONPATH", None)

@@ -212,7 +212,7 @@ def kstore(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(mgr_mod, "_gpu_model", lambda: "Test GPU")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
     for k in list(os.environ):
-        if k.startswith("KCACHE"):
+        if k.startswith("KCACHE") and k != "KCACHE_STRICT":
             monkeypatch.delenv(k)
     assert kcache.enable(dir=tmp_path / "store", triton=False, nvfuser=False)
     yield kcache.active_store()

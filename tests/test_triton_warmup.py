@@ -21,7 +21,7 @@ def test_gluon_is_imported_in_the_background(tmp_path: Path) -> None:
     pytest.importorskip("triton.experimental.gluon.language", reason="this Triton has no gluon")
     g = repr(warmup.ENTRY)
     code = f"import sys, time, triton\nfor _ in range(200):\n    time.sleep(0.05)\n    if {g} in sys.modules: break\nprint({g} in sys.modules)"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE") or k == "KCACHE_STRICT"}
     env.update(HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "xdg"))
     on = subprocess.run([PYTHON, "-c", code], env={**env, "KCACHE": "1", "KCACHE_DIR": str(tmp_path / "s")},
                         capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -121,7 +121,7 @@ def test_the_program_importing_gluon_meanwhile_never_deadlocks(
     if "torch" in body:
         pytest.importorskip("torch")
     code = RACE.format(slow=slow, delay=delay, body=body)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE") or k == "KCACHE_STRICT"}
     env.update(
         KCACHE="1", KCACHE_DIR=str(tmp_path / "s"), HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "x")
     )

@@ -18,9 +18,11 @@ PYTHON = sys.executable
 
 
 def clean_env(tmp: Path, *, kcache_dir: Path | None = None, **extra: str) -> dict[str, str]:
-    """os.environ without KCACHE_* / TRITON_* settings, HOME and caches inside ``tmp``, ``tests/``
+    """os.environ without KCACHE_* (but KCACHE_STRICT) / TRITON_* settings, HOME and caches inside ``tmp``, ``tests/``
     on PYTHONPATH, and kcache on (``KCACHE=1``) when ``kcache_dir`` is given."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TRITON_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TRITON_")) or k == "KCACHE_STRICT"
+    }
     env["HOME"] = str(tmp / "home")
     env["XDG_CACHE_HOME"] = str(tmp / "xdg")
     env["TRITON_CACHE_DIR"] = str(tmp / "triton-cache")

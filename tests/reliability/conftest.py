@@ -44,7 +44,9 @@ def chaos() -> Any:
 
 def base_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """os.environ without KCACHE_*/TRITON_* settings, HOME and caches inside tmp_path."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TRITON_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TRITON_")) or k == "KCACHE_STRICT"
+    }
     env.pop("PYTHONPATH", None)
     env["HOME"] = str(tmp_path / "home")
     env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")

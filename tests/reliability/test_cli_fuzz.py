@@ -278,7 +278,7 @@ def run_main(argv: list[str], env_extra: dict[str, str], cwd: Path | None = None
 
 
 def _run_main(argv: list[str], env_extra: dict[str, str]) -> tuple[Any, str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE") or k == "KCACHE_STRICT"}
     env.update({k: v for k, v in env_extra.items() if "\x00" not in v})  # the OS refuses NUL in env
     out, err = io.StringIO(), io.StringIO()
     with (
