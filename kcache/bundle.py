@@ -374,10 +374,10 @@ def open_bundle(
             raise BundleError(f"{path}: not a kcache bundle ({type(e).__name__}: {e})") from None
         try:
             records, signed, carries, tag = _read_manifest(path, tar, secret, key_tag, window, check_key_tag)
-        except BaseException:
+        except BaseException:  # re-raised: it only cleans up on the way
             tar.close()
             raise
-    except BaseException:
+    except BaseException:  # re-raised: it only cleans up on the way
         for c in closers:
             try:
                 c.close()

@@ -291,7 +291,7 @@ class FusionCache:
             ev.wait()  # another thread is building this key: use its result
         try:
             d = self._build(rk)
-        except BaseException:
+        except BaseException:  # re-raised: it only cleans up on the way
             with self._lock:
                 del self._pending[rk]
             ev.set()

@@ -617,7 +617,7 @@ def _open_record_file(path: str) -> int:
             # it would write into that file. A spec file has one name (issue 16).
             raise OSError(f"{path} has {st.st_nlink} names (a hard link to another file?); not writing it")
         os.set_blocking(fd, True)
-    except BaseException:
+    except BaseException:  # re-raised: it only cleans up on the way
         os.close(fd)
         raise
     return fd

@@ -118,7 +118,7 @@ def _checked(fd: int, what: str, owners: frozenset[int] | None) -> int:
                 raise UnsafePath(f"{what} is not a folder")
         else:
             check_stat(st, what, owners, want_dir=True)
-    except BaseException:
+    except BaseException:  # re-raised: it only cleans up on the way
         os.close(fd)
         raise
     return fd
@@ -382,7 +382,7 @@ def atomic_write(path: str, data: bytes | None = None, *, writer=None, mode: int
                     f.write(data or b"")
                 f.flush()
             os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException:
+        except BaseException:  # re-raised: it only cleans up on the way
             try:
                 os.unlink(tmp, dir_fd=dfd)
             except OSError:
@@ -405,7 +405,7 @@ def open_input(path: str, limit: int | None = None) -> int:
             raise UnsafePath(f"{path} is larger than {limit} bytes")
         # Back to blocking reads for a regular file (O_NONBLOCK only guarded the open).
         os.set_blocking(fd, True)
-    except BaseException:
+    except BaseException:  # re-raised: it only cleans up on the way
         os.close(fd)
         raise
     return fd

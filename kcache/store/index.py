@@ -167,7 +167,7 @@ class Index:
                         conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA),))
                         created = True
             cls._check_schema(conn)
-        except BaseException:
+        except BaseException:  # re-raised: it only cleans up on the way
             conn.close()
             raise
         return cls(conn, path, readonly=False, created=created)
@@ -195,7 +195,7 @@ class Index:
             )
             try:
                 cls._check_schema(conn)
-            except BaseException:
+            except BaseException:  # re-raised: it only cleans up on the way
                 conn.close()
                 raise
         idx = cls(conn, path or ":memory:", readonly=True)

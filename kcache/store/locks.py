@@ -40,7 +40,7 @@ class Lock:
         except BlockingIOError:
             os.close(fd)
             return False
-        except BaseException:
+        except BaseException:  # re-raised: it only cleans up on the way
             os.close(fd)
             raise
         self._fd, self._pid = fd, os.getpid()

@@ -249,7 +249,7 @@ def open_folders(
                 "(entries are shared, stats and eviction are per node)",
             )
             fds["index"] = node_local_index(base, os.path.basename(index_dir), readonly)
-    except BaseException:
+    except BaseException:  # re-raised: it only cleans up on the way
         for fd in fds.values():
             if fd is not None:
                 os.close(fd)

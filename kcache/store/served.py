@@ -351,7 +351,7 @@ def temp_folder(role: str) -> PrivateFolder:
     except fs.UnsafePath as e:
         os.close(parent)
         raise OSError(errno.EACCES, f"a private folder in {base} cannot be used: {e}") from None
-    except BaseException:
+    except BaseException:  # re-raised: it only cleans up on the way
         os.close(parent)
         raise
     return PrivateFolder(fd, parent, os.path.basename(path), path, own_parent=True)
