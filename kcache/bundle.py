@@ -321,7 +321,7 @@ class Bundle:
             for c in self._closers:
                 try:
                     c.close()
-                except Exception:
+                except Exception:  # broad: closing goes on whatever one stream met
                     pass
             self._fileobj.close()
 
@@ -370,7 +370,7 @@ def open_bundle(
             tar = tarfile.open(fileobj=window, mode="r:")  # type: ignore[call-overload]
         except BundleError:
             raise
-        except Exception as e:
+        except Exception as e:  # broad: tarfile raises many kinds on hostile bytes: all one BundleError
             raise BundleError(f"{path}: not a kcache bundle ({type(e).__name__}: {e})") from None
         try:
             records, signed, carries, tag = _read_manifest(path, tar, secret, key_tag, window, check_key_tag)
@@ -381,7 +381,7 @@ def open_bundle(
         for c in closers:
             try:
                 c.close()
-            except Exception:
+            except Exception:  # broad: closing goes on (the first error is re-raised)
                 pass
         f.close()
         raise
@@ -429,7 +429,7 @@ def _read_manifest(
             body, raw=False, max_map_len=64, max_array_len=MAX_RECORDS, max_str_len=1 << 16,
             max_bin_len=MAX_RECORD, max_ext_len=0,
         )  # fmt: skip
-    except Exception as e:
+    except Exception as e:  # broad: msgpack raises more than its documented errors on hostile bytes
         raise BundleError(
             f"{path}: unreadable manifest ({type(e).__name__}: {e}; at most {MAX_RECORDS} records)"
         ) from None

@@ -47,7 +47,7 @@ def current(name: str) -> str | None:
     fn = _computers.get(name)
     try:
         value = fn() if fn is not None else None
-    except Exception:
+    except Exception:  # broad: a probe (ctypes, a subprocess, an import) that fails: its part unknown
         value = None
     with _lock:
         _values[name] = value
@@ -250,7 +250,7 @@ def _nvrtc() -> str | None:
 
         for spdir in {p for p in sys.path if p.endswith("site-packages")}:
             candidates += sorted(glob.glob(os.path.join(spdir, "nvidia", "*", "lib", "libnvrtc.so*")))
-    except Exception:
+    except (AttributeError, OSError):  # a sys.path entry that is no str; an unreadable folder
         pass
     for c in candidates:
         try:

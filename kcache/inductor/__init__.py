@@ -155,7 +155,7 @@ def _is_fbcode() -> bool:
     cfg = sys.modules.get("torch._inductor.config")
     try:
         return bool(cfg is not None and cfg.is_fbcode())
-    except Exception:
+    except Exception:  # broad: torch's own config call; an error means open-source torch
         return False
 
 
@@ -169,7 +169,7 @@ def _turn_on(cfg: Any, switches: tuple[tuple[str, str], ...]) -> None:
             if getattr(cfg, attr) is None:  # unset: off in open-source torch
                 setattr(cfg, attr, True)
                 _ours.add(cls_name)
-        except Exception as e:
+        except Exception as e:  # broad: torch's config objects validate with their own errors
             logger.info("torch.compile: could not turn on %s: %s", attr, e)
     rc = sys.modules.get("torch._inductor.remote_cache")
     if rc is not None:  # loaded before this config (not the usual order): install now
@@ -241,7 +241,7 @@ def uninstall() -> None:
             if cfg is not None and cls_name in _ours:
                 try:
                     setattr(cfg, attr, None)
-                except Exception:
+                except Exception:  # broad: as above; undoing goes on
                     pass
     _ours.clear()
 
@@ -299,9 +299,9 @@ def _gpu_model() -> str | None:
 
                 worker = get_interface_for_device("cuda").Worker
                 name = str(worker.get_device_properties(worker.current_device()).name)
-            except Exception:
+            except Exception:  # broad: torch's device interface varies between versions (then asked directly)
                 name = str(torch.cuda.get_device_name(torch.cuda.current_device()))
-    except Exception as e:
+    except Exception as e:  # broad: CUDA's initialisation raises what the driver meets
         logger.debug("torch.compile: no GPU model (%s)", e)
         name = None
     _gpu.append(name)

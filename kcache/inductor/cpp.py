@@ -53,7 +53,7 @@ def on_import(mod: Any) -> None:
             plan = _plan(self)
             if plan is not None and _restore(*plan):
                 return
-        except Exception as e:
+        except Exception as e:  # broad: a restore that fails means compiling, as torch does
             logger.debug("cpp restore: %s", e)
         t0 = time.perf_counter()
         orig(self)
@@ -129,7 +129,7 @@ def _inductor_cache_dir() -> str | None:
     mod = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
     try:
         return str(mod.cache_dir()) if mod is not None else None
-    except Exception:
+    except Exception:  # broad: torch's own function (user names, folders)
         return None
 
 
@@ -137,7 +137,7 @@ def _default_cache_dir() -> str | None:
     mod = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
     try:
         return os.path.abspath(mod.default_cache_dir()) if mod is not None else None
-    except Exception:
+    except Exception:  # broad: as above
         return None
 
 
@@ -182,7 +182,7 @@ def _keep(target: str, key: str, comps: dict[str, Any], seconds: float) -> None:
         from ..store.fs import read_at
 
         data, _st = read_at(None, target, MAX_SO)
-    except Exception as e:
+    except Exception as e:  # broad: keeping is best effort; torch has its library
         logger.debug("cpp keep: %s", e)
         return
     store.put(

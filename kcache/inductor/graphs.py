@@ -120,7 +120,7 @@ def _learn_from_torch() -> None:
     codecache = sys.modules.get("torch._inductor.codecache")
     try:
         fmt = getattr(codecache.FxGraphCache.get_remote_cache(), "_key_fmt", None)
-    except Exception:
+    except Exception:  # broad: torch's remote-cache factory varies between versions and configs
         return
     if isinstance(fmt, str) and fmt.count("{key}") == 1 and "{" not in fmt.replace("{key}", ""):
         head, tail = fmt.split("{key}")

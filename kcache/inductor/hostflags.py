@@ -147,7 +147,7 @@ def _remembered(compiler: str, flags: list[str]) -> str | None:
     try:
         hit = store.get(KIND, memo_key(compiler, flags), count=False)
         answer = hit.read(MEMBER).decode("ascii") if hit is not None else None
-    except Exception as e:
+    except Exception as e:  # broad: a memo; the compiler is asked when it cannot answer
         logger.debug("torch.compile: host target memo not read: %s", e)
         return None
     if not answer or not re.fullmatch(r"(gcc|clang):[0-9a-f]{32}", answer):
@@ -170,7 +170,7 @@ def _remember(compiler: str, flags: list[str], answer: str, seconds: float) -> N
             summary={"probe": "host-target"},
             compile_s=seconds,
         )
-    except Exception as e:
+    except Exception as e:  # broad: as above: the answer is used all the same
         logger.debug("torch.compile: host target not remembered: %s", e)
 
 

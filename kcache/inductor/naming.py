@@ -36,5 +36,5 @@ def graph_summary() -> dict[str, Any]:
         if len(codes) > 1:
             out["inlined"] = len(codes) - 1
         return out
-    except Exception:
+    except Exception:  # broad: a summary for inspect, read from torch's frames (any shape)
         return {}

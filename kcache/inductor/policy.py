@@ -67,7 +67,7 @@ def _attr(mod_name: str, attr: str, default: Any) -> Any:
     mod = _cfg(mod_name)
     try:
         return getattr(mod, attr, default) if mod is not None else default
-    except Exception:
+    except Exception:  # broad: a torch config attribute may be computed and raise
         return default
 
 
@@ -121,7 +121,7 @@ def _folder() -> str | None:
         mod = _cfg("torch._inductor.runtime.cache_dir_utils")
         try:
             d = mod.default_cache_dir() if mod is not None else None
-        except Exception:
+        except Exception:  # broad: torch's own function (user names, folders)
             d = None
     return os.path.abspath(d) if d else None
 
@@ -209,7 +209,7 @@ class _FreshCacheHook:
     def cache_clear(self) -> None:
         try:
             on_clear_caches()
-        except Exception:
+        except Exception:  # broad: torch calls this in its own clears: they must not fail for kcache
             pass
 
 
@@ -234,7 +234,7 @@ def on_utils_import(mod: Any) -> None:
         return
     try:
         register(_hook)
-    except Exception:
+    except Exception:  # broad: torch's registry varies between versions
         pass
 
 
@@ -253,7 +253,7 @@ def wrap_clear(mod: Any) -> None:
         finally:
             try:
                 cleared(kind)
-            except Exception:
+            except Exception:  # broad: as cache_clear: torch's clear goes on
                 pass
 
     clear._kcache = True  # type: ignore[attr-defined]
@@ -309,7 +309,7 @@ def wrap_decision(mod: Any) -> None:
         try:
             if answer and _kcache_switch(cls_name):
                 return remote_allowed(kind)
-        except Exception:
+        except Exception:  # broad: torch's decision stands when kcache's cannot be made
             pass
         return answer
 
@@ -342,7 +342,7 @@ def _autotune_meta(meta: Any) -> Any:
             and not (meta.get("autotune_local_cache", True) and remote_allowed(_kinds.INDUCTOR_AUTOTUNE))
         ):
             meta["autotune_remote_cache"] = None
-    except Exception:
+    except Exception:  # broad: as above: torch's meta stands
         pass
     return meta
 
@@ -394,7 +394,7 @@ def uninstall() -> None:
         owner, fn_name, raw = _meta_wrapped.pop()
         try:
             setattr(owner, fn_name, raw)
-        except Exception:
+        except Exception:  # broad: undoing goes on whatever one attribute met
             pass
     for fn_name, (own, decide) in list(_decisions.items()):
         for name in (*DECISIONS, *BINDERS):
@@ -409,7 +409,7 @@ def uninstall() -> None:
                 setattr(target, attr, own)
             else:
                 target.__dict__.pop(attr, None)
-        except Exception:
+        except Exception:  # broad: as above
             pass
     mod = sys.modules.get("torch._inductor.utils")
     registered = getattr(mod, "_registered_caches", None) if mod is not None else None

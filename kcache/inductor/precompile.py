@@ -91,18 +91,18 @@ def on_import(mod: Any) -> None:
     def install_(self: Any, backends: Any) -> None:
         try:
             install(self, backends)
-        except Exception as e:
+        except Exception as e:  # broad: torch's install raises anything; re-raised unless kcache's doing
             if not _start_afresh(self, e):
                 raise
         else:  # installed: a later failure of this function's package is no longer kcache's doing
             try:
                 _past_installed_names(self)
-            except Exception as e:
+            except Exception as e:  # broad: Dynamo's internals vary between versions; a cosmetic counter
                 logger.debug("caching precompile: Dynamo's name counter not moved: %s", e)
             if _served:
                 try:
                     _served.pop(self.source_id, None)
-                except Exception:
+                except Exception:  # broad: bookkeeping only
                     pass
 
     _wrapped.update(_write_to_local_cache=write, load=load)
@@ -147,7 +147,7 @@ def _start_afresh(package: Any, error: Exception) -> bool:
     package cannot be put back."""
     try:
         source_id = package.source_id
-    except Exception:
+    except Exception:  # broad: a foreign package object
         return False
     target = _served.pop(source_id, None) if isinstance(source_id, str) else None
     if target is None:
@@ -156,10 +156,10 @@ def _start_afresh(package: Any, error: Exception) -> bool:
         fn = package._innermost_fn
         try:
             package.uninstall()  # what the failed install had put in modules' globals
-        except Exception as e:
+        except Exception as e:  # broad: torch's uninstall of a package it failed to install
             logger.debug("caching precompile: uninstall after a failed install: %s", e)
         type(package).__init__(package, fn, None, ignore_inlined_sources=False)
-    except Exception as e:
+    except Exception as e:  # broad: then torch's own error goes on (see the docstring)
         logger.debug("caching precompile: could not start %s afresh: %s", source_id, e)
         return False
     try:

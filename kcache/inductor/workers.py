@@ -36,14 +36,14 @@ def _deferring() -> bool:
 
     try:
         return policy.fx_served()
-    except Exception:
+    except Exception:  # broad: a scheduling hint; never a reason to fail a compile
         return False
 
 
 def _started(mod: Any) -> bool:
     try:
         return mod.AsyncCompile.process_pool.cache_info().currsize > 0
-    except Exception:
+    except Exception:  # broad: torch's pool internals vary between versions
         return True  # cannot tell: behave as torch does
 
 
@@ -78,7 +78,7 @@ def on_import(mod: Any) -> None:
         if not _started(mod) and _deferring():
             try:
                 compiled = kernels.get(source_code) is not None
-            except Exception:
+            except Exception:  # broad: a scheduling hint (as _deferring)
                 compiled = False
             if compiled:  # from a served graph's bundle: no worker needed for it
                 self.use_process_pool = _no_pool
@@ -109,7 +109,7 @@ def compile_coming() -> None:
     if warm is not None:
         try:
             warm()
-        except Exception as e:
+        except Exception as e:  # broad: torch's own pool warm-up; torch starts it later anyway
             logger.debug("torch.compile: compile pool not warmed: %s", e)
 
 

@@ -100,7 +100,7 @@ def _store_side(path: str) -> Other:
                 if row.record is not None:
                     seen.add(row.id)
                     yield row.record
-        except Exception:
+        except Exception:  # broad: the index only speeds this up; the entries on disk decide
             pass
         for ident in store.iter_entry_ids():  # entries the index does not know (yet)
             if ident not in seen:
@@ -114,7 +114,7 @@ def _store_side(path: str) -> Other:
 def _here_ids(store: Admin) -> set[str]:
     try:
         ids = store.index().ids()
-    except Exception:
+    except Exception:  # broad: as above
         ids = set()
     return ids | set(store.iter_entry_ids())
 
@@ -244,7 +244,7 @@ def _against_fingerprint(store: Admin, other: Other, key_tag: str) -> dict[str, 
     misses: list[tuple[float, str, str, dict[str, Any]]] = []
     try:
         misses = list(store.index().misses(limit=MAX_MISSES))
-    except Exception:
+    except Exception:  # broad: misses are advice; a locked or corrupt index leaves none
         pass
     rows = []
     for part in sorted(set(here) | set(other.parts)):

@@ -61,11 +61,11 @@ def catalogue(store: Admin) -> tuple[Any, str | None]:
     read-only then, or (when even that fails) not at all, and the entries on disk decide."""
     try:
         return store.index(), None
-    except Exception as e:
+    except Exception as e:  # broad: a full disk, a locked or corrupt index: see the docstring
         why = f"{type(e).__name__}: {e}"
     try:
         return store.index_readonly(), why
-    except Exception as e:
+    except Exception as e:  # broad: as above: then without the index
         logger.debug("read-only index: %s", e)
         return None, why
 
@@ -122,7 +122,7 @@ def clear(
                 for row in idx.rows():
                     if row.record is not None and row.id in cands:
                         cands[row.id].rec = row.record
-        except Exception as e:
+        except Exception as e:  # broad: as above: the entries on disk decide
             index_problem = index_problem or f"{type(e).__name__}: {e}"
             cands.clear()
     for ident in store.iter_entry_ids():
@@ -201,7 +201,7 @@ def clear(
                 if bad_rows and everything:
                     w.remove_bad_rows()
                 index_problem = None
-            except Exception as e:
+            except Exception as e:  # broad: as above: entries are removed, the index is reported
                 index_updated = False
                 index_problem = f"{type(e).__name__}: {e}"
     return {

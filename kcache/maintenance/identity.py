@@ -95,7 +95,7 @@ def _libtriton() -> str | None:
         if spec is None or not spec.submodule_search_locations:
             return None
         folder = list(spec.submodule_search_locations)[0]
-    except Exception:
+    except Exception:  # broad: find_spec runs the import system's finders (any code)
         return None
     path = os.path.join(folder, "_C", "libtriton.so")
     if not os.path.exists(path):
@@ -123,7 +123,7 @@ def _triton_paths() -> dict[str, str | None]:
         spec = importlib.util.find_spec("triton")
         if spec is not None and spec.submodule_search_locations:
             out["path.triton"] = _digest(list(spec.submodule_search_locations)[0])
-    except Exception:
+    except Exception:  # broad: find_spec runs the import system's finders (any code)
         pass
     out["path.libcuda"] = _digest(os.environ.get("TRITON_LIBCUDA_PATH") or _libcuda_dir())
     return out

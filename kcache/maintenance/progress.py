@@ -23,7 +23,7 @@ def on_terminal(stream: Any = None) -> bool:
     stream = sys.stderr if stream is None else stream
     try:
         return bool(stream.isatty())
-    except Exception:
+    except (OSError, ValueError, AttributeError):  # a closed or foreign stream
         return False
 
 
@@ -94,7 +94,7 @@ class Progress:
         try:
             self.stream.write("\r" + text + " " * pad)
             self.stream.flush()
-        except Exception:
+        except (OSError, ValueError):  # a closed stream or a broken pipe: progress stops
             self.enabled = False
 
     def close(self) -> None:
@@ -103,7 +103,7 @@ class Progress:
             try:
                 self.stream.write("\r" + " " * self._width + "\r")
                 self.stream.flush()
-            except Exception:
+            except (OSError, ValueError):  # as above
                 pass
         self._width = 0
         self.enabled = False

@@ -29,7 +29,7 @@ def _read_index(store: Admin) -> tuple[list[Any] | None, str | None]:
     for attempt in range(2):
         try:
             idx = store.index_readonly()
-        except Exception as e:
+        except Exception as e:  # broad: sorted below (a corrupt database is reported, anything else raised)
             if not is_corrupt_db(e):
                 raise MaintenanceError(f"cannot read the index at {store.index_dir}: {e}") from None
             return None, f"{store.index_dir}: {e}"
@@ -160,7 +160,7 @@ def _triton_version() -> str | None:
             from importlib.metadata import version
 
             _TRITON.append(version("triton"))
-        except Exception:
+        except ImportError:  # PackageNotFoundError: no triton installed
             _TRITON.append(None)
     return _TRITON[0]
 

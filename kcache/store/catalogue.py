@@ -255,7 +255,7 @@ class Catalogue:
         path = fs.fd_path(ifd, DB_NAME, fallback=str(self.folders.index_dir))
         try:
             return Index.open(path, timeout=self.index_timeout)
-        except Exception as e:
+        except Exception as e:  # broad: sorted below (a corrupt database is replaced, anything else raised)
             if isinstance(e, IndexTooNew) or not is_corrupt_db(e):
                 raise
             # A broken index is replaced, not fatal: entries are intact and self-describing.
@@ -286,7 +286,7 @@ class Catalogue:
                     batch = []
             if batch:
                 idx.insert_many(batch)
-        except Exception as e:
+        except Exception as e:  # broad: a rebuild is best effort (sqlite3, the disk, a hostile record)
             # Said under the topic the index's other failures use: a full disk (ENOSPC, or
             # EFBIG that SQLite reports as an I/O error) is one warning, not one per step.
             topic = "disk-full" if "full" in str(e).lower() else f"index:{type(e).__name__}"
@@ -311,7 +311,7 @@ class Catalogue:
             warn_once("index-newer", f"{e}: stats and eviction are off in this process (entries are used)")
             self._index_off_until = float("inf")
             return None
-        except Exception as e:
+        except Exception as e:  # broad: the index is optional (stats, eviction): sorted below, never fatal
             msg = str(e).lower()
             if isinstance(e, sqlite3.OperationalError) and ("locked" in msg or "busy" in msg):
                 # Other processes are writing (many ranks at once): expected, not worth a
@@ -418,7 +418,7 @@ class Catalogue:
         batch: list[tuple[Record, float | None]] = []
         try:
             batch.extend(self._records_on_disk(skip=known))
-        except Exception as e:
+        except Exception as e:  # broad: as a rebuild (sqlite3, the disk, a hostile record)
             logger.debug("reconcile: %s", e)
         if batch and self.call(lambda idx: idx.insert_many(batch) or True) is None:
             return 0

@@ -399,7 +399,7 @@ class Evictor:
                 # (a process killed between a removal and its count); count again.
                 self._recount_at = time.monotonic()
                 self.recount(locked=True)
-        except Exception as e:
+        except Exception as e:  # broad: housekeeping (sqlite3, the disk); the put that ran it stands
             warn_once("evict", f"eviction failed: {e}")
         finally:
             lk.release()

@@ -395,7 +395,7 @@ class Index:
                 comps = msgpack.unpackb(blob, raw=False, strict_map_key=False) if blob else {}
                 if not isinstance(comps, dict):
                     comps = {}
-            except Exception:
+            except Exception:  # broad: msgpack raises more than its documented errors on hostile bytes
                 comps = {}
             out.append((float(t or 0.0), str(kind), str(key), comps))
         return out

@@ -80,5 +80,5 @@ class Lock:
     def __del__(self) -> None:
         try:
             self.release()
-        except Exception:
+        except Exception:  # broad: a finaliser must not raise (it runs at any point, even at exit)
             pass

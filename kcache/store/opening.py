@@ -106,7 +106,7 @@ def check_marker(root_fd: int, path: str, *, readonly: bool, create: bool) -> No
     try:
         info = msgpack.unpackb(data, raw=False)
         schema = info.get("schema") if isinstance(info, dict) else None
-    except Exception:
+    except Exception:  # broad: msgpack raises more than its documented errors on hostile bytes
         schema = None
     if schema != STORE_SCHEMA:
         raise StoreError(f"{path} holds a kcache store of another schema ({schema!r})")

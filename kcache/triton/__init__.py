@@ -92,7 +92,7 @@ def _autotuner_init(original: Any) -> Any:
             hooks = bound.get("pre_hook") is not None or bound.get("post_hook") is not None
             if hooks and not bound.get("cache_results") and getattr(self, "cache_results", False):
                 self.cache_results = False
-        except Exception:
+        except Exception:  # broad: a foreign signature; the autotuner is built already
             pass
 
     __init__._kcache = True  # type: ignore[attr-defined]
@@ -146,7 +146,7 @@ def install(triton: ModuleType | None = None) -> None:
             if wrapped is not None:
                 Autotuner.__init__ = wrapped
                 _installed["autotuner_init"] = own
-        except Exception as e:
+        except Exception as e:  # broad: Triton's autotuner varies between versions
             logger.info("autotuners with hooks of their own are cached too: %s", e)
     try:
         install_key_memo()
@@ -154,19 +154,19 @@ def install(triton: ModuleType | None = None) -> None:
         logger.info("triton_key memo not installed: %s", e)
     try:
         install_component_capture()
-    except Exception as e:
+    except Exception as e:  # broad: an optimisation: Triton's own keys still work
         logger.info("key component capture not installed: %s", e)
     try:
         from .groupcheck import install_compile_guard
 
         install_compile_guard()
-    except Exception as e:
+    except Exception as e:  # broad: a safety net over Triton's compile; Triton works without it
         logger.info("compile guard not installed: %s", e)
     try:
         from .toolmemo import install_tool_memo
 
         install_tool_memo()
-    except Exception as e:
+    except Exception as e:  # broad: an optimisation: Triton asks the tool itself
         logger.info("tool version memo not installed: %s", e)
     try:  # Triton's own one-time work, off the first kernel's path (see warmup.py)
         from .warmup import install_libcuda_memo, start_gluon_import
@@ -174,7 +174,7 @@ def install(triton: ModuleType | None = None) -> None:
         when_imported("triton.backends.nvidia.driver", install_libcuda_memo)
         if not _inductor_compile_worker():
             start_gluon_import()
-    except Exception as e:
+    except Exception as e:  # broad: an optimisation of Triton's first kernel
         logger.info("Triton warm-up not started: %s", e)
 
 
@@ -205,7 +205,7 @@ def uninstall() -> None:
         return
     try:
         from triton import knobs
-    except Exception:
+    except Exception:  # broad: a broken Triton install raises anything; nothing to undo then
         return
     if _installed.pop("manager", False):
         knobs.cache.__dict__.pop("manager_class", None)
@@ -220,7 +220,7 @@ def uninstall() -> None:
             from triton.runtime.autotuner import Autotuner
 
             Autotuner.__init__ = own_init
-        except Exception:
+        except Exception:  # broad: undoing goes on
             pass
     _installed.pop("folder", None)
     for modname, fn in (
@@ -235,7 +235,7 @@ def uninstall() -> None:
         if undo is not None:
             try:
                 undo()
-            except Exception as e:
+            except Exception as e:  # broad: undoing goes on whatever one hook met
                 logger.debug("%s: %s", fn, e)
 
 

@@ -85,7 +85,7 @@ def _components(src: Any, backend: Any, options: Any, env_vars: Any) -> dict[str
                     comps[f"option.{k}"] = v
         for k, v in sorted(dict(env_vars or {}).items()):
             comps[f"env.{k}"] = v
-    except Exception:
+    except Exception:  # broad: components are for explain only; a key never fails for them
         pass
     return comps
 

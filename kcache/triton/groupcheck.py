@@ -246,7 +246,7 @@ def _guard(orig: Any, codes: frozenset[Any]) -> Any:
         try:
             try:
                 return orig(*args, **kwargs)
-            except Exception as e:
+            except Exception as e:  # broad: Triton's loader raises anything; kcache's only kept
                 if not served or not _raised_by_loader(e, codes):
                     raise
 
@@ -309,7 +309,7 @@ def servable(store: Any, filename: str, hit: Any, target: str | None) -> bool:
         why = "quarantined earlier in this process" if is_bad(rec) else None
         if why is None:
             why = problem(filename, {n: hit.read(n) for n in hit.names}, target=target)
-    except Exception as e:
+    except Exception as e:  # broad: judging hostile bytes with Triton's own code: any error says why not
         why = f"{type(e).__name__}: {e}"
     if why is None:
         note_served(store, rec)

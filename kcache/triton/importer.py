@@ -177,7 +177,7 @@ def _this_gpu() -> str | None:
 
     try:
         return device_name(0)
-    except Exception:
+    except (TypeError, ValueError, OSError, AttributeError):  # ctypes' errors: no GPU to tell
         return None
 
 
@@ -203,7 +203,7 @@ def import_triton_cache(
         import triton
 
         this_triton: str | None = triton.__version__
-    except Exception:
+    except Exception:  # broad: importing Triton runs its code (a broken install raises anything)
         this_triton = None
     report: dict[str, Any] = {
         "source": str(root),

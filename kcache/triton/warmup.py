@@ -167,7 +167,7 @@ def _knob(driver: Any) -> str:
     """``TRITON_LIBCUDA_PATH`` as Triton's knob reads it ("" when unset)."""
     try:
         return str(driver.knobs.nvidia.libcuda_path or "")
-    except Exception:
+    except Exception:  # broad: Triton's knobs vary between versions
         return ""
 
 
@@ -215,7 +215,7 @@ def install_libcuda_memo(driver: Any) -> None:
                         )
                     ):
                         return dirs
-            except Exception as e:
+            except Exception as e:  # broad: a memo; Triton's own search runs when it cannot answer
                 logger.debug("libcuda memo: %s", e)
         dirs = orig()
         if key is not None and dirs:

@@ -100,7 +100,7 @@ def kernel_from_hit(hit: Any, content_hash: str) -> Kernel | None:
         if not isinstance(sig, str) or not isinstance(args, str):
             return None
         k = Kernel(sig, args, hit.read("kernel.cu"), hit.read("kernel.cubin"))
-    except Exception:
+    except Exception:  # broad: stored bytes that do not make a kernel (hostile or corrupt) are a miss
         return None
     if k.problem() or k.content_hash != content_hash:
         return None
@@ -117,7 +117,7 @@ def read_manifest(store: Store, fp: Fingerprint, count: bool = True) -> list[str
         if not isinstance(members, list):
             return None
         return [m for m in members if _kinds.valid_id(m)]
-    except Exception:
+    except Exception:  # broad: msgpack raises more than its documented errors on hostile bytes
         return None
 
 
@@ -131,7 +131,7 @@ def _index_members(store: Store, fp: Fingerprint) -> list[str]:
                 h = rec.key[len(prefix) :]
                 if _kinds.valid_id(h):
                     out.append(h)
-    except Exception as e:
+    except Exception as e:  # broad: the index only lists; sqlite3 and a corrupt database raise many kinds
         logger.info("nvfuser: cannot list kernels from the index: %s", e)
     out.reverse()  # oldest first, as a manifest lists them
     return out

@@ -90,7 +90,7 @@ def _module_build(module: ModuleType | None) -> str | None:
         fn = getattr(module, "version", None)
         try:
             ver = fn() if callable(fn) else getattr(module, "__version__", None)
-        except Exception:
+        except Exception:  # broad: nvFuser's version() is foreign code
             ver = None
     if ver is not None:
         parts.append(str(ver))

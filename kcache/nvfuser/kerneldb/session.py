@@ -221,7 +221,7 @@ class Session:
             if self.legacy is not None:
                 try:
                     self.legacy.save()
-                except Exception as e:
+                except Exception as e:  # broad: nvFuser's C++ raises what it meets; kernels are kept
                     warn_once("nvfuser-legacy-save", f"nvfuser: could not save the fusion cache: {e}")
             self.added += len(r.added)
             self.harvests.append(r)
@@ -335,7 +335,7 @@ def adopt_stale(store: Store, fp: Fingerprint, base: str, exclude: str = "") -> 
                 info = json.load(f)
             if isinstance(info, dict) and info.get("fingerprint") == fp.hash and not store.readonly:
                 n += len(harvest(store, os.path.join(path, DB_DIR), fp).added)
-        except Exception:
+        except Exception:  # broad: a dead process's leftovers are best effort; the folder goes either way
             pass
         shutil.rmtree(path, ignore_errors=True)
     return n

@@ -237,7 +237,7 @@ def unpack_entry(
         raise Refused("too large", f"{len(raw)} bytes")
     try:
         d = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_str_len=1 << 16, max_map_len=4096)
-    except Exception as e:
+    except Exception as e:  # broad: msgpack raises more than its documented errors on hostile bytes
         raise Refused("malformed", f"does not decode ({type(e).__name__})") from None
     if not isinstance(d, dict) or d.get("f") != FORMAT:
         raise Refused("malformed", "not a kcache entry of this format")
@@ -368,7 +368,7 @@ class RemoteTier:
         an import lock no one will release. No network call. Never raises."""
         try:
             self._clients()
-        except Exception as e:
+        except Exception as e:  # broad: redis-py raises its own and OS errors; a warm-up never raises
             logger.debug("shared tier warm-up: %s", e)
 
     def _clients(self) -> tuple[Any, Any] | None:
@@ -427,7 +427,7 @@ class RemoteTier:
         try:
             with redis_io.bounded(self.cfg.timeout_s if seconds is None else seconds, max_bytes):
                 out = fn(clients[0])
-        except Exception as e:
+        except Exception as e:  # broad: the server, redis-py or the bound: a miss, classified here
             if timed:
                 self._count(kind, remote_s=time.perf_counter() - t0)
             if _error_reply(e):
@@ -734,7 +734,7 @@ class RemoteTier:
                 for args in cmds:  # (a cluster's pipeline has no eval(): the commands themselves)
                     pipe.execute_command(*args)
                 replies = pipe.execute(raise_on_error=False)
-        except Exception as e:
+        except Exception as e:  # broad: the server, redis-py or the bound: each put fails, classified here
             if puts:
                 for it in puts[1:]:  # an error per entry, one failure for the breaker
                     self.counts.add(it[1], remote_errors=1)
@@ -788,7 +788,7 @@ class RemoteTier:
         for c in self._clients_ or ():
             try:
                 c.close()
-            except Exception:
+            except Exception:  # broad: closing goes on whatever a client met
                 pass
 
     # ------------------------------------------------------------------ single flight

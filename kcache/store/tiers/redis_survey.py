@@ -78,7 +78,7 @@ def _cluster(cfg: Any, limit: int, budget_s: float, timeout_s: float) -> dict[st
             with redis_io.bounded(timeout_s):
                 rc = cc.cluster
                 known = [(n.host, int(n.port)) for n in rc.get_nodes()]
-        except Exception as e:
+        except Exception as e:  # broad: a report: redis-py's errors and the bound are told, not raised
             out["error"] = redis_io_error(e)
             return out
         table: list[dict[str, Any]] = []
@@ -92,7 +92,7 @@ def _cluster(cfg: Any, limit: int, budget_s: float, timeout_s: float) -> dict[st
                     info = _cluster_info(r.execute_command("CLUSTER", "INFO"))
                 table = _parse_nodes(text)
                 break
-            except Exception:
+            except Exception:  # broad: as above: the next node is asked
                 continue
         if not table:
             out["error"] = "no node answers CLUSTER NODES"
@@ -143,7 +143,7 @@ def _node(r: Any, address: str, timeout_s: float) -> dict[str, Any]:
             t0 = time.perf_counter()
             r.ping()
             node["ping_ms"] = round((time.perf_counter() - t0) * 1000, 3)
-    except Exception as e:
+    except Exception as e:  # broad: as above
         node["error"] = redis_io_error(e)
         return node
     node["reachable"] = True
@@ -185,7 +185,7 @@ def _scan(
                     for k in keys:
                         p.strlen(k)
                     sizes = p.execute(raise_on_error=False) if keys else []
-            except Exception as e:
+            except Exception as e:  # broad: as above
                 node["error"] = redis_io_error(e)
                 error = error or f"{node['address']}: {node['error']}"
                 pending.remove((node, r))
