@@ -127,3 +127,27 @@ def test_guarded_swallows_unless_strict(monkeypatch: pytest.MonkeyPatch, kcache_
 
     with pytest.raises(KeyError):
         edge()
+
+
+# ------------------------------------------------------------------------------ what strict found
+def test_the_suite_runs_strict() -> None:
+    assert os.environ.get("KCACHE_STRICT") == "1"  # tests/conftest.py; children get it via clean_env
+
+
+def test_inductor_uninstall_undoes_every_part() -> None:
+    """kcache.disable() swallowed an AttributeError here (graphs had no uninstall): torch's
+    backends, switches and compile-pool hooks were left kcache's."""
+    pytest.importorskip("torch")
+    from kcache import inductor
+    from kcache.inductor import graphs, workers
+
+    graphs.hold("pt2:fx-graph-v1::k:c1", b"held")
+    undone = []
+    real = workers.uninstall
+    try:
+        workers.uninstall = lambda: undone.append(True)  # the part after graphs in the order
+        inductor.uninstall()
+    finally:
+        workers.uninstall = real
+    assert undone == [True]
+    assert graphs.take("pt2:fx-graph-v1::k:c1") is None

@@ -85,6 +85,11 @@ def clear() -> None:
         _prefetched.clear()
 
 
+def uninstall() -> None:
+    """kcache.disable(): nothing is held for torch's lookups any more (graphs patches nothing)."""
+    clear()
+
+
 def fx_remote_key(fx_key: str) -> str:
     """torch's remote-cache key for an FX graph cache key (``pt2:fx-graph-v1::<key>:c1``, or the
     form seen in this process's own FX lookups)."""
