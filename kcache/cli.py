@@ -163,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
-        except Exception:
+        except (AttributeError, ValueError, OSError):  # a stream that is no text file (replaced)
             pass
     try:
         args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `kcache inspect | head`
         try:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except Exception:
+        except (OSError, ValueError, AttributeError):  # no /dev/null, no stdout descriptor: exit
             pass
         return 1
     except (CommandError, StoreError, MaintenanceError) as e:
@@ -196,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             _fail(f"the store's index cannot be used now ({e})")
         return 1
-    except Exception as e:
+    except Exception as e:  # broad: the command line's last resort: one line, exit 1, never a traceback
         _fail(f"{type(e).__name__}: {e}")
         return 1
 

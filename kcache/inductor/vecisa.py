@@ -107,7 +107,7 @@ class _ProbeSubprocess:
             key = memo_key(lib, args[0], kwargs.get("env"), self._mod.VecISA._avx_py_load)
             hit = store.get(KIND, key, count=False)
             code = int(hit.read(MEMBER)) if hit is not None else None
-        except Exception as e:
+        except Exception as e:  # broad: a memo; torch's probe runs when it cannot answer
             logger.debug("torch.compile: ISA probe memo not read: %s", e)
             return call(args, *rest, **kwargs)
         if code is not None:
@@ -133,7 +133,7 @@ class _ProbeSubprocess:
             store.put(
                 KIND, key, {MEMBER: str(code).encode()}, summary={"probe": "cpu-vec-isa"}, compile_s=seconds
             )
-        except Exception as e:
+        except Exception as e:  # broad: as above: the answer is used all the same
             logger.debug("torch.compile: ISA probe answer not kept: %s", e)
 
 

@@ -135,7 +135,7 @@ def _check_triton(spec: Spec, e: Entry, obj: Any, where: str) -> None:
     try:
         from triton.runtime.autotuner import Autotuner, Heuristics
         from triton.runtime.jit import JITFunction, KernelInterface
-    except Exception as ex:
+    except Exception as ex:  # broad: importing Triton runs its code (a broken install raises anything)
         raise SpecError(f"{where}: Triton is not importable here ({ex})") from None
     if not isinstance(obj, KernelInterface):
         raise SpecError(
@@ -164,7 +164,7 @@ def _check_triton(spec: Spec, e: Entry, obj: Any, where: str) -> None:
         from triton.backends.nvidia.compiler import CUDAOptions
 
         known_opts = set(CUDAOptions.__dataclass_fields__)
-    except Exception:
+    except Exception:  # broad: as above; the options every Triton has then
         known_opts = {"num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "debug"}
     for k in e.options:
         if k not in known_opts or k in ("arch", "backend_name", "extern_libs", "warp_size"):

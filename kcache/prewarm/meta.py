@@ -40,7 +40,7 @@ def libtriton_path() -> str | None:
         from ..triton.keymemo import _libtriton_path
 
         return _libtriton_path(cache_mod)
-    except Exception:
+    except Exception:  # broad: importing Triton runs its code (a broken install raises anything)
         return None
 
 
@@ -70,7 +70,7 @@ def current_build(*, compute: bool = True) -> dict[str, Any]:
             if hit is not None:
                 d = hit.read("digest").decode()
                 out["libtriton_sha256"] = d if len(d) == 64 else None
-    except Exception as e:
+    except Exception as e:  # broad: an optional field of a report (Triton's code, the store)
         logger.debug("libtriton digest: %s", e)
     return out
 
@@ -102,7 +102,7 @@ def check_store_build(store: Store | None) -> str | None:
         return None  # never prewarmed
     try:
         built = json.loads(first.read("build.json"))
-    except Exception:
+    except Exception:  # broad: the stored build is advice; hostile bytes say nothing
         return None
     me = current_build(compute=False)
     digest = me.get("libtriton_sha256") or "any"  # without the memo, the ABI and version only

@@ -180,13 +180,13 @@ def spec_value(v: Any) -> Any:
         out: dict[str, Any] = {"tensor": name, "shape": [int(s) for s in v.shape]}
         try:
             contiguous = bool(v.is_contiguous())
-        except Exception:
+        except Exception:  # broad: a tensor-like of the program's (any subclass)
             contiguous = True
         if not contiguous:
             out["strides"] = [int(s) for s in v.stride()]
         try:
             ptr = int(v.data_ptr())
-        except Exception:
+        except Exception:  # broad: as above
             ptr = 0
         if ptr % 16:
             out["alignment"] = ptr & -ptr
@@ -245,7 +245,7 @@ def _importable(modname: str, mod: ModuleType) -> bool:
         return True
     try:
         found = importlib.machinery.PathFinder.find_spec(top, sys.path)
-    except Exception:
+    except Exception:  # broad: finders run any code
         found = None
     if found is None:
         return False
@@ -288,7 +288,7 @@ class Recorder:
         rid, entry, why = got
         try:
             self._append(rid, entry, why)
-        except Exception as e:
+        except Exception as e:  # broad: recording must never fail the program's compile
             warn_once("record-write", f"KCACHE_RECORD: cannot append to {self.path}: {e}")
 
     def _build(self, jit: Any, kw: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
@@ -429,7 +429,7 @@ def _grid_value(grid: Any, bound: Mapping[str, Any] | None) -> Any:
                 g = grid(bound)
                 if all(isinstance(x, int) for x in g):
                     return [int(x) for x in g]
-            except Exception:
+            except Exception:  # broad: the program's grid function (any code)
                 return None
     return None
 
@@ -449,11 +449,11 @@ def fit_grid(grid: Any, given: Mapping[str, Any], tuner: Any) -> list[Any] | Non
     for cfg in configs:
         try:
             metas.append({**given, **cfg.all_kwargs()})
-        except Exception:
+        except Exception:  # broad: the program's configs (any code)
             return None
     try:
         values = [tuple(int(x) for x in grid(m)) for m in metas]
-    except Exception:
+    except Exception:  # broad: the program's grid function (any code)
         return None
     ndim = max(len(v) for v in values)
     if ndim > 3 or any(len(v) != ndim for v in values):
@@ -492,7 +492,7 @@ def fit_grid(grid: Any, given: Mapping[str, Any], tuner: Any) -> list[Any] | Non
 def _env_now() -> dict[str, str]:
     try:
         return dict(sorted(current_invalidating_env().items()))
-    except Exception:
+    except Exception:  # broad: importing Triton runs its code (a broken install raises anything)
         return {}
 
 
@@ -572,7 +572,7 @@ def attach(record_path: str | None) -> Callable[[], None]:
     def on_triton(mod: ModuleType) -> None:
         try:
             check_store_build(active_store())
-        except Exception as e:
+        except Exception as e:  # broad: an advisory check at Triton's import
             logger.debug("prewarm build check: %s", e)
         if record_path and not os.environ.get(WORKER_ENV):
             rec = Recorder(record_path)
@@ -585,7 +585,7 @@ def attach(record_path: str | None) -> Callable[[], None]:
         while undo:
             try:
                 undo.pop()()
-            except Exception:
+            except Exception:  # broad: undoing goes on whatever one part met
                 pass
 
     return detach

@@ -88,7 +88,7 @@ class Executor:
         self.utils_builds = self._aux_puts() - before
         try:
             self.build = record_build(self.store, f"cuda:{self.arch}" if self.arch else None)
-        except Exception as e:
+        except Exception as e:  # broad: the build record is advice (Triton's code, the store)
             logger.info("prewarm: could not record the build: %s", e)
 
     def _aux_puts(self) -> int:
@@ -180,7 +180,7 @@ def _why_not(store_dir: str | None) -> str:
         Store.open(s.dir, max_size=s.max_size, readonly=s.readonly, allow_insecure=s.allow_insecure).close()
     except StoreError as e:
         return str(e)
-    except Exception as e:
+    except Exception as e:  # broad: a report of why the store cannot be used
         return f"{type(e).__name__}: {e}"
     return "see the warning above"
 
@@ -213,7 +213,7 @@ def _gpu_available() -> bool:
         import torch
 
         return bool(torch.cuda.is_available())
-    except Exception:
+    except Exception:  # broad: importing torch runs its code (a broken install raises anything)
         return False
 
 

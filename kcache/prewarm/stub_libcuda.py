@@ -177,7 +177,7 @@ def stub_libcuda() -> str | None:
                 atexit.register(shutil.rmtree, d, True)
                 _build(cc, src, d)
             ctypes.CDLL(os.path.join(d, SO), mode=os.RTLD_NOW | getattr(os, "RTLD_GLOBAL", 0))
-        except Exception as e:
+        except Exception as e:  # broad: a compiler and a dlopen: what they raise is told
             detail = getattr(e, "stderr", b"") or b""
             _error = f"could not build a stub libcuda ({e} {detail.decode(errors='replace')[:200]})".strip()
             return None

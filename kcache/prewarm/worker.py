@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         for iid in job["items"]:
             r = ex.run(items[iid])
             send({"event": "item", "result": r.as_dict()})
-    except Exception as e:
+    except Exception as e:  # broad: a worker's last resort: its parent gets the error, not a traceback
         send({"event": "fatal", "error": f"{type(e).__name__}: {str(e).strip()[:500]}"})
         return 1
     finally:

@@ -120,7 +120,7 @@ def memo_triton_key(original: Any, cache_mod: Any) -> str:
         try:
             if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == real_path:
                 return _SentinelFile(chunk)
-        except Exception:
+        except Exception:  # broad: a path-like of the caller's (any __fspath__)
             pass
         return real_open(file, *args, **kwargs)
 
@@ -162,7 +162,7 @@ def install_key_memo() -> None:
     def triton_key() -> str:
         try:
             return memo_triton_key(original, cache_mod)
-        except Exception as e:
+        except Exception as e:  # broad: a memo of Triton's key; Triton's own runs then
             logger.info("triton_key memo failed (%s); using Triton's", e)
             return original()
 
@@ -174,7 +174,7 @@ def install_key_memo() -> None:
             try:
                 mod.triton_key = triton_key
                 _patched[name] = mod
-            except Exception:
+            except Exception:  # broad: a foreign module may refuse the attribute
                 pass
     cache_mod.triton_key = triton_key
 
