@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 from .. import kinds as _kinds
+from ..boundary import failed, guarded
 from ..log import logger, warn_once
 
 MEMBER = "kernel.so"
@@ -53,12 +54,13 @@ def on_import(mod: Any) -> None:
             plan = _plan(self)
             if plan is not None and _restore(*plan):
                 return
-        except Exception as e:  # broad: a restore that fails means compiling, as torch does
-            logger.debug("cpp restore: %s", e)
+        except Exception as e:  # the edge (torch's CppBuilder.build): a bug, reported; compiled
+            failed("inductor-cpp", "kcache's lookup of a CPU kernel", e)
         t0 = time.perf_counter()
         orig(self)
         if plan is not None:
-            _keep(*plan, time.perf_counter() - t0)
+            with guarded("inductor-cpp-keep", "kcache's keeping of a CPU kernel"):  # torch has its library
+                _keep(*plan, time.perf_counter() - t0)
 
     build._kcache = True  # type: ignore[attr-defined]
     build.__wrapped__ = orig  # type: ignore[attr-defined]
@@ -178,11 +180,11 @@ def _keep(target: str, key: str, comps: dict[str, Any], seconds: float) -> None:
     store = _store()
     if store is None or not policy.may_keep(_kinds.INDUCTOR_CPP):
         return
-    try:
-        from ..store.fs import read_at
+    from ..store.fs import UnsafePath, read_at
 
+    try:
         data, _st = read_at(None, target, MAX_SO)
-    except Exception as e:  # broad: keeping is best effort; torch has its library
+    except (OSError, UnsafePath) as e:  # gone, replaced or too large: not kept
         logger.debug("cpp keep: %s", e)
         return
     store.put(
