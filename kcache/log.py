@@ -16,11 +16,11 @@ LEVELS = {"warning": logging.WARNING, "info": logging.INFO, "debug": logging.DEB
 
 
 class _Redact(logging.Filter):
-    """Every message of kcache's logger goes out through :func:`kcache.config.redact`: a URL's
+    """Every message of kcache's logger goes out through :func:`kcache.redact.redact`: a URL's
     password or a secret value never reaches a log, whatever text (an exception's) carries it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from .config import redact
+        from .redact import redact
 
         try:
             record.msg, record.args = redact(record.getMessage()), None

@@ -46,11 +46,13 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         (
             "kcache/config.py",
             "kcache/log.py",
+            "kcache/redact.py",
             "kcache/kinds.py",
             "kcache/fingerprint.py",
             "kcache/counters.py",
             "kcache/_imports.py",
             "kcache/patch.py",
+            "kcache/boundary.py",
             "kcache/safefs/*",
         ),
     ),

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kcache import config
+from kcache import config, redact
 
 PYTHON = sys.executable
 LEFT, RIGHT = "Xq7Left", "Zk9Right"  # the two halves of every password below: neither may show
@@ -130,13 +130,13 @@ def test_a_reachable_server_with_an_at_sign_in_its_password(redis_private, tmp_p
 def test_redact_masks_every_form_by_its_shape(
     label: str, url: str, password: str | None, monkeypatch
 ) -> None:
-    monkeypatch.setattr(config, "_SECRETS", set())  # no value remembered: the URL's shape alone
+    monkeypatch.setattr(redact, "_SECRETS", set())  # no value remembered: the URL's shape alone
     text = config.redact(f"error: cannot reach {url!r} ({url})")
     assert LEFT not in text and RIGHT not in text, text
 
 
 def test_remembered_secrets_are_masked_in_any_text(monkeypatch) -> None:
-    monkeypatch.setattr(config, "_SECRETS", set())
+    monkeypatch.setattr(redact, "_SECRETS", set())
     config.load({"KCACHE_REMOTE": f"redis://u:{LEFT} {RIGHT}@h:1/0", "KCACHE_REMOTE_PASSWORD": "pw-" + PW})
     text = config.redact(f"AuthenticationError: {LEFT} {RIGHT} / pw-{PW}")
     assert LEFT not in text and RIGHT not in text, text

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from kcache import config
+from kcache import config, redact
 from kcache.store import Store
 from kcache.store.tiers import redis as rt
 from kcache.store.tiers import redis_keys as rk
@@ -98,7 +98,7 @@ def entry_key(store: Store, kind: str, key: str, prefix: str | None = None) -> s
 
 # ------------------------------------------------------------------------------------ settings
 def test_cluster_urls_are_settings_and_never_print_a_password(monkeypatch) -> None:
-    monkeypatch.setattr(config, "_SECRETS", set())
+    monkeypatch.setattr(redact, "_SECRETS", set())
     good = [
         "redis+cluster://127.0.0.1:7000",
         "redis+cluster://10.0.0.1:7000,10.0.0.2:7000,node-3.internal:7001",
