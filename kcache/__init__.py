@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import _thread
 
+from . import _imports
+
 if False:  # annotations only: typing, pathlib and the store are not loaded at start-up
     from pathlib import Path
     from typing import Any
@@ -31,33 +33,6 @@ _store: Store | None = None
 _failed = False  # the settings or the store are unusable: warned once, caching off
 _integrations: list[Any] = []  # functions that undo what was attached
 _exit_hook = False
-
-#: Modules whose import attaches an integration, and the function that attaches it. torch's are
-#: its config modules (the remote-cache switches) and its remote-cache module (the backends).
-_TRIGGERS = (
-    ("triton", "_on_triton"),
-    ("nvfuser_direct", "_on_nvfuser"),
-    ("nvfuser", "_on_nvfuser"),
-    ("torch._inductor.config", "_on_torch"),
-    ("torch._functorch.config", "_on_torch"),
-    ("torch._dynamo.config", "_on_torch"),
-    ("torch._inductor.remote_cache", "_on_torch"),
-    ("torch._inductor.cpp_builder", "_on_torch"),
-    ("torch._dynamo.package", "_on_torch"),
-    ("torch._inductor.runtime.triton_heuristics", "_on_torch"),
-    ("torch._inductor.cpu_vec_isa", "_on_torch"),
-    ("torch._inductor.utils", "_on_torch"),
-    ("torch._inductor.codecache", "_on_torch"),
-    ("torch._functorch._aot_autograd.autograd_cache", "_on_torch"),
-    ("torch._dynamo.pgo", "_on_torch"),
-    ("torch._inductor.runtime.autotune_cache", "_on_torch"),
-    ("torch._inductor.compile_fx", "_on_torch"),
-    ("torch._functorch._aot_autograd.aot_autograd_result", "_on_torch"),
-    ("torch._functorch._aot_autograd.graph_compile", "_on_torch"),
-    ("torch._functorch.aot_autograd", "_on_torch"),
-    ("torch._inductor.async_compile", "_on_torch"),
-    ("torch._inductor.codegen.triton", "_on_torch"),
-)
 
 
 def enable(
@@ -102,14 +77,9 @@ def _enable_from_env() -> None:
 
 
 def _attach(*, triton: bool, nvfuser: bool, torch: bool) -> None:
-    from ._imports import forget, when_imported
+    from .integrations import attach
 
-    wanted = {"triton": triton, "nvfuser": nvfuser, "torch": torch}
-    for name, fn_name in _TRIGGERS:
-        if wanted[name.split(".")[0].split("_")[0]]:
-            fn = globals()[fn_name]
-            when_imported(name, fn)
-            _integrations.append(lambda name=name, fn=fn: forget(name, fn))
+    attach(active_store, _usable, {"triton": triton, "nvfuser": nvfuser, "torch": torch}, _integrations)
 
 
 def _usable() -> bool:
@@ -175,53 +145,10 @@ def active_store() -> Store | None:
         return store
 
 
-def _on_triton(mod: Any) -> None:
-    if not _usable():
-        return
-    from .triton import install, uninstall
-
-    install(mod)
-    _integrations.append(uninstall)
-    s = _settings
-    if s is not None and s.record:
-        from .prewarm.record import attach as _attach_prewarm
-
-        _integrations.append(_attach_prewarm(s.record))
-    else:
-        _check_prewarm_build(mod)
-
-
-def _on_nvfuser(mod: Any) -> None:
-    if not _usable():
-        return
-    from .nvfuser import kerneldb
-
-    kerneldb.on_import(mod)
-    _integrations.append(kerneldb.detach_all)
-
-
-def _on_torch(mod: Any) -> None:
-    if not _usable():
-        return
-    from . import inductor
-
-    inductor.on_import(mod)
-    if inductor.uninstall not in _integrations:
-        _integrations.append(inductor.uninstall)
-
-
-def _check_prewarm_build(_mod: Any) -> None:
-    from .log import logger
-    from .prewarm.meta import check_store_build
-
-    try:
-        check_store_build(active_store())
-    except Exception as e:  # broad: an advisory check at Triton's import; raised under KCACHE_STRICT=1
-        from .boundary import strict
-
-        if strict():
-            raise
-        logger.debug("prewarm build check: %s", e)
+def _on_demand(**switches: bool) -> bool:
+    """A library built one of kcache's objects itself (see :func:`kcache._imports.turn_on`): turn kcache on
+    with the environment's settings unless it is on."""
+    return is_enabled() or enable(**switches)
 
 
 def disable() -> None:
@@ -291,8 +218,14 @@ def stats() -> dict[str, Any]:
     return out
 
 
-def prewarm(spec: Any, **kwargs: Any) -> Any:
-    """Prepare what a prewarm spec lists (see :mod:`kcache.prewarm`)."""
-    from .prewarm import prewarm as _prewarm
+def __getattr__(name: str) -> Any:
+    # ``kcache.prewarm`` is the subpackage (callable: ``kcache.prewarm(spec, ...)``), imported on
+    # first use as ``import kcache.prewarm`` would: the facade holds none of prewarm's code.
+    if name == "prewarm":
+        import importlib
 
-    return _prewarm(spec, **kwargs)
+        return importlib.import_module(f"{__name__}.prewarm")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_imports.offer_turn_on(_on_demand)

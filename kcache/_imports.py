@@ -1,4 +1,5 @@
-"""Run a callback right after a module is imported, without importing it ourselves.
+"""Run a callback right after a module is imported, without importing it ourselves; and turn
+kcache on for a library that names one of kcache's classes itself (:func:`turn_on`).
 
 kcache attaches to Triton, nvFuser and torch when the program imports them: importing them at
 start-up would cost seconds in every process, most of which never compile a kernel. The ``.pth``
@@ -91,3 +92,24 @@ def forget(name: str, fn: Callable[[ModuleType], None]) -> None:
     with _lock:
         if fn in _hooks.get(name, []):
             _hooks[name].remove(fn)
+
+
+# ``TRITON_CACHE_MANAGER=kcache.triton.manager:KcacheCacheManager`` without ``KCACHE=1``: Triton
+# imports kcache's manager and builds it, and nothing called kcache.enable(). The manager is below
+# the facade and does not import it; the facade, which Python imports before any of its
+# subpackages, leaves here the function that turns kcache on, and the integration asks for it.
+_turn_on: Callable[..., bool] | None = None
+
+
+def offer_turn_on(fn: Callable[..., bool]) -> None:
+    """The facade: ``fn(**switches)`` turns kcache on (as :func:`kcache.enable` with those
+    switches) unless it is on already, and returns whether it is on."""
+    global _turn_on
+    _turn_on = fn
+
+
+def turn_on(**switches: bool) -> bool:
+    """Turn kcache on with the environment's settings, unless it is on already (a store that
+    cannot be used warns once). Returns whether kcache is on."""
+    fn = _turn_on
+    return bool(fn(**switches)) if fn is not None else False

@@ -1,4 +1,5 @@
-"""One way to attach to another library's attributes, and to let go of them.
+"""One way to attach to another library's attributes, and to let go of them; what an integration
+declares to attach (:class:`Integration`) and where it keeps the cache it is given (:class:`CacheSlot`).
 
 kcache attaches to Triton, torch and nvFuser by replacing attributes (a function, a class
 attribute, a module-level name that other modules bound by name, a knob). Every replacement goes
@@ -115,3 +116,76 @@ class Patches:
 
     def __len__(self) -> int:
         return len(self._done)
+
+
+class CacheSlot:
+    """Where an integration keeps the getter of the active cache it was given at attach (see
+    :class:`Integration`): calling the slot gives the cache in use now, or None (kcache off, not
+    attached). A getter rather than the cache: enabling, disabling and switching stores reach
+    every integration without attaching again."""
+
+    __slots__ = ("_get",)
+
+    def __init__(self) -> None:
+        self._get: Callable[[], Any] | None = None
+
+    def bind(self, get_cache: Callable[[], Any]) -> Callable[[], None]:
+        """Use ``get_cache`` from now on; returns the function that lets go of it (only if it is
+        still the one bound)."""
+        self._get = get_cache
+
+        def unbind() -> None:
+            if self._get is get_cache:
+                self._get = None
+
+        return unbind
+
+    @property
+    def bound(self) -> bool:
+        return self._get is not None
+
+    def __call__(self) -> Any:
+        get = self._get
+        return get() if get is not None else None
+
+
+class Integration:
+    """What an integration declares to the facade, which names it by string only
+    (:data:`kcache.integrations.REGISTRY`) and imports it when one of its triggers is imported.
+
+    - ``name``: its name in the registry; ``switch``: the :func:`kcache.enable` argument that
+      turns it on (``triton``, ``nvfuser``, ``torch``; the name by default);
+    - ``triggers``: the modules whose import attaches it;
+    - ``kinds``: the kinds of entries it keeps;
+    - ``attach(get_cache) -> detach``: called once per :func:`kcache.enable` (before anything
+      else of it runs, even with its switch off: the integration's own objects may be used
+      directly): it keeps the getter of the active cache, and ``detach`` undoes all it did;
+    - ``on_import(module)``: called for each trigger imported while its switch is on (it
+      patches the library; ``detach`` undoes that too);
+    - ``checks()`` (optional): kind -> ``check(hit)``, why the library could not use a verified
+      entry of that kind, or None (what ``kcache verify`` is handed).
+    """
+
+    __slots__ = ("attach", "checks", "kinds", "name", "on_import", "switch", "triggers")
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        triggers: tuple[str, ...],
+        kinds: tuple[str, ...],
+        attach: Callable[[Callable[[], Any]], Callable[[], None]],
+        on_import: Callable[[Any], None],
+        switch: str | None = None,
+        checks: Callable[[], dict[str, Callable[[Any], str | None]]] | None = None,
+    ) -> None:
+        self.name = name
+        self.switch = switch or name
+        self.triggers = triggers
+        self.kinds = kinds
+        self.attach = attach
+        self.on_import = on_import
+        self.checks = checks
+
+    def __repr__(self) -> str:
+        return f"Integration({self.name!r}, switch={self.switch!r}, triggers={len(self.triggers)})"

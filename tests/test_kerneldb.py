@@ -668,7 +668,8 @@ before = tempfile.gettempdir()
 env_before = os.environ.get("TMPDIR")
 import kcache
 from kcache.nvfuser import kerneldb
-kerneldb.PREFER = mode
+from kcache.nvfuser.kerneldb import hooks
+hooks.PREFER = mode
 assert kcache.enable(dir=store, triton=False)
 import nvfuser_direct as nd
 env_during = []

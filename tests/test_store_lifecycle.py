@@ -363,10 +363,10 @@ def test_a_folder_being_removed_cannot_be_held(tmp_path: Path) -> None:
 def test_autotune_results_are_not_kept_when_the_gpu_is_unknown(monkeypatch) -> None:
     from kcache import inductor, kinds
 
-    monkeypatch.setattr(inductor, "_gpu", [None])
+    monkeypatch.setattr(inductor.entries, "_gpu", [None])
     with pytest.raises(inductor.NoGpuModel):
         inductor.store_key(kinds.INDUCTOR_AUTOTUNE, "pt2:autotune::abc")
-    monkeypatch.setattr(inductor, "_gpu", ["NVIDIA H200"])
+    monkeypatch.setattr(inductor.entries, "_gpu", ["NVIDIA H200"])
     key, comps = inductor.store_key(kinds.INDUCTOR_AUTOTUNE, "pt2:autotune::abc")
     assert key.endswith("|gpu=NVIDIA H200") and comps["gpu_name"] == "NVIDIA H200"
     assert inductor.store_key(kinds.INDUCTOR_FX, "pt2:fx::abc")[0] == "pt2:fx::abc"

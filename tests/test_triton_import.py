@@ -135,7 +135,7 @@ def test_autotune_results_are_imported_for_a_gpu_model_the_caller_names(
     try:
         report = import_triton_cache(store, triton_cache["dir"], autotune_gpu="NVIDIA H200")
         assert report["autotune"] == 1
-        monkeypatch.setattr(mgr_mod, "active_store", lambda: store)
+        monkeypatch.setattr(mgr_mod, "active_cache", lambda: store)
         monkeypatch.setattr(mgr_mod, "_gpu_model", lambda: "NVIDIA H200")
         path = KcacheCacheManager(FAKE_KEY).get_file("matmul_kernel.autotune.json")
         assert path and json.loads(Path(path).read_text())["key"][0] == 512

@@ -385,9 +385,10 @@ def test_a_planted_autotune_result_is_quarantined_and_tuned_again(tmp_path: Path
         comps = components_for(key, "k.autotune.json")  # as the manager's put records them
         hit = store.put(KIND_AUTOTUNE, skey, {"k.autotune.json": json.dumps(bad).encode()}, components=comps)
         store.flush(force=True)
+        from kcache.integrations import entry_checks
         from kcache.maintenance.verify import verify
 
-        found = [p for p in verify(store)["problems"] if p["type"] == "bad_metadata"]
+        found = [p for p in verify(store, checks=entry_checks())["problems"] if p["type"] == "bad_metadata"]
         assert [p["id"] for p in found] == [hit.record.id] and "pre_hook" in found[0]["detail"], found
         assert KcacheCacheManager(key).get_file("k.autotune.json") is None  # was: served
         c = store.counts.process_totals()[KIND_AUTOTUNE]

@@ -180,11 +180,12 @@ def verify(root: str | Path, fix: bool) -> dict[str, Any]:
         out["how"] = "cli"
     else:
         from kcache import config, maintenance
+        from kcache.integrations import entry_checks
 
         s = config.load(env={}, dir=str(root))
         st = maintenance.open_store(s, write=fix)
         try:
-            out = maintenance.verify(st, fix=fix)
+            out = maintenance.verify(st, fix=fix, checks=entry_checks())
         finally:
             maintenance.close_store(st)
         out["how"] = "maintenance"
@@ -536,7 +537,9 @@ class Worker:
             if orig_rs is not None:
                 ms.remove_stray = remove_stray
             try:
-                r = maintenance.verify(ms, fix=name == "verify_fix")
+                from kcache.integrations import entry_checks
+
+                r = maintenance.verify(ms, fix=name == "verify_fix", checks=entry_checks())
             finally:
                 maintenance.close_store(ms)
             # Nothing here is damaged: whatever verify reports while other processes write is

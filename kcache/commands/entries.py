@@ -297,6 +297,7 @@ def verify_args(p: argparse.ArgumentParser) -> None:
 
 def verify_run(args: argparse.Namespace) -> int:
     """check every entry against its checksums, and the index against the entries"""
+    from ..integrations import entry_checks
     from ..maintenance import close_store, verify
     from ..maintenance.progress import Progress
 
@@ -304,7 +305,7 @@ def verify_run(args: argparse.Namespace) -> int:
     try:
         total = sum(1 for _ in store.iter_entry_ids())
         with Progress("verify", total, enabled=not wants_json(args)) as prog:
-            res = verify(store, fix=args.fix, progress=prog, jobs=args.jobs or None)
+            res = verify(store, fix=args.fix, progress=prog, jobs=args.jobs or None, checks=entry_checks())
     finally:
         close_store(store)
     if wants_json(args):

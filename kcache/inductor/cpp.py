@@ -89,7 +89,7 @@ def _plan(builder: Any) -> tuple[str, str, dict[str, Any]] | None:
 def key_for(cmd: str, target: str) -> tuple[str, str, dict[str, Any]] | None:
     """(target, store key, components) of the build of ``target`` by command line ``cmd``; None
     when a host-dependent flag in it cannot be resolved (nothing is cached for it then)."""
-    from . import _torch_version
+    from .entries import _torch_version
     from .hostflags import resolve
 
     host = resolve(cmd)
@@ -144,9 +144,9 @@ def _default_cache_dir() -> str | None:
 
 
 def _store() -> Any:
-    from .. import active_store
+    from .attached import cache
 
-    store = active_store()
+    store = cache()
     if store is None or not store.trust_host_code:
         return None  # host code only from a store that passed every check
     return store

@@ -9,8 +9,8 @@ it to here: ``<compiler> <flags> -Q --help=target`` (GCC: every target option an
 (Clang: the driver's ``-target-cpu`` and ``-target-feature`` list), digested.
 
 Asking costs one compiler run (about 0.1 s), so the answer is remembered like the tool versions
-of :mod:`kcache.triton.toolmemo`: machine-local (kind ``triton-meta``: never exported, imported or
-shared), keyed by this boot, the compiler's identity (path, inode, size, times), the flags and
+of :mod:`kcache.triton.toolmemo` (see :mod:`kcache.memo`): machine-local (kind ``triton-meta``:
+never exported, imported or shared), keyed by this boot, the compiler's identity (path, inode, size, times), the flags and
 this CPU's own description (``/proc/cpuinfo``: a virtual machine moved to another host asks
 again), and never read from a store that failed its ownership checks. It is also kept in memory
 for the life of the process.
@@ -29,7 +29,9 @@ import time
 from typing import Any
 
 from .. import kinds as _kinds
+from .. import memo as _memo
 from ..log import logger
+from .attached import cache as active_cache
 
 KIND = _kinds.TRITON_META
 MEMBER = "target"
@@ -86,16 +88,12 @@ def _plausible(how: str, text: bytes) -> bool:
 
 
 def _identity(path: str) -> str:
-    from ..triton.toolmemo import identity
-
-    return identity(path)
+    return _memo.identity(path)
 
 
 def memo_key(compiler_path: str, flags: list[str]) -> str:
-    from ..triton.toolmemo import boot_id
-
     return (
-        f"host-target/v1|boot={boot_id()}|cpu={_cpu_description()}|{_identity(compiler_path)}"
+        f"host-target/v1|boot={_memo.boot_id()}|cpu={_cpu_description()}|{_identity(compiler_path)}"
         f"|flags={' '.join(flags)}"
     )
 
@@ -133,11 +131,7 @@ def resolve(cmd: str) -> str | None:
 
 
 def _memo_store() -> Any:
-    from .. import active_store
-    from ..triton.toolmemo import trusted
-
-    store = active_store()
-    return store if store is not None and trusted(store) else None
+    return _memo.usable(active_cache())
 
 
 def _remembered(compiler: str, flags: list[str]) -> str | None:
@@ -145,17 +139,15 @@ def _remembered(compiler: str, flags: list[str]) -> str | None:
     if store is None:
         return None
     try:
-        hit = store.get(KIND, memo_key(compiler, flags), count=False)
-        answer = hit.read(MEMBER).decode("ascii") if hit is not None else None
-    except Exception as e:  # broad: a memo; the compiler is asked when it cannot answer
+        answer = _memo.recall(store, memo_key(compiler, flags), MEMBER, _answer_ok)
+    except Exception as e:  # broad: a memo that cannot answer leaves the question to the compiler
         logger.debug("torch.compile: host target memo not read: %s", e)
         return None
-    if not answer or not re.fullmatch(r"(gcc|clang):[0-9a-f]{32}", answer):
-        return None
-    from ..triton.toolmemo import credit_memo
+    return answer.decode("ascii") if answer is not None else None
 
-    credit_memo(store, hit)
-    return answer
+
+def _answer_ok(value: bytes) -> bool:
+    return re.fullmatch(rb"(gcc|clang):[0-9a-f]{32}", value) is not None
 
 
 def _remember(compiler: str, flags: list[str], answer: str, seconds: float) -> None:
@@ -163,14 +155,10 @@ def _remember(compiler: str, flags: list[str], answer: str, seconds: float) -> N
     if store is None:
         return
     try:
-        store.put(
-            KIND,
-            memo_key(compiler, flags),
-            {MEMBER: answer.encode()},
-            summary={"probe": "host-target"},
-            compile_s=seconds,
+        _memo.keep(
+            store, memo_key(compiler, flags), MEMBER, answer.encode(), {"probe": "host-target"}, seconds
         )
-    except Exception as e:  # broad: as above: the answer is used all the same
+    except Exception as e:  # broad: an answer not kept is asked again next time
         logger.debug("torch.compile: host target not remembered: %s", e)
 
 

@@ -97,7 +97,7 @@ def fx_served() -> bool:
     """torch will ask kcache for FX graphs now: its FX remote switch is on, the FX remote cache's
     backend is still kcache's (a test or a program may have put its own there), and the FX
     cache's own switches are on, outside a fresh scope."""
-    from . import backend_is_ours
+    from .attached import backend_is_ours
 
     if not _attr("torch._inductor.config", "fx_graph_remote_cache", None):
         return False
@@ -291,7 +291,8 @@ _decisions: dict[str, tuple[Any, Any]] = {}  # function name -> (torch's own, kc
 
 def _kcache_switch(cls_name: str) -> bool:
     """The remote cache ``cls_name`` is on because kcache turned it on, with kcache's backend."""
-    from . import _ours, backend_is_ours
+    from .attached import backend_is_ours
+    from .attached import switched_on as _ours
 
     return cls_name in _ours and backend_is_ours(cls_name)
 

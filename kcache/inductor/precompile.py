@@ -74,7 +74,7 @@ def on_import(mod: Any) -> None:
     def _write_to_local_cache(pickled_content: bytes, path: str) -> None:
         write(pickled_content, path)  # torch's own first: its failure is torch's to report
         if _on() and isinstance(path, str) and _SOURCE_ID.fullmatch(path):
-            from . import put
+            from .entries import put
 
             put(KIND, path, pickled_content)
 
@@ -167,7 +167,7 @@ def _start_afresh(package: Any, error: Exception) -> bool:
         os.rmdir(os.path.dirname(target))  # torch takes the folder for a package, and reads it
     except OSError:
         pass
-    from . import forget
+    from .entries import forget
 
     forget(KIND, source_id)
     warn_once(
@@ -186,7 +186,7 @@ def _materialize(prefix: str, source_id: str) -> None:
     target = os.path.join(folder, "entry")
     if os.path.lexists(target):
         return  # torch's own (or an earlier copy): torch's to judge
-    from . import get
+    from .entries import get
 
     data = get(KIND, source_id)
     if data is None:

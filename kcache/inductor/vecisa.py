@@ -30,10 +30,10 @@ import sys
 import time
 from typing import Any
 
-from .. import active_store
 from .. import kinds as _kinds
+from .. import memo as _memo
 from ..log import logger
-from ..triton.toolmemo import credit_memo
+from .attached import cache as active_cache
 
 KIND = _kinds.TRITON_META
 MODULE = "torch._inductor.cpu_vec_isa"
@@ -41,10 +41,8 @@ MEMBER = "returncode"
 
 
 def _identity(path: str) -> str:
-    from ..triton.toolmemo import identity
-
     try:
-        return identity(path)
+        return _memo.identity(path)
     except OSError:
         return "none"
 
@@ -70,15 +68,12 @@ def _probed_library(mod: Any, args: Any) -> str | None:
 
 
 def memo_key(lib: str, python: str, env: Any, template: str) -> str:
-    from ..triton.keymemo import sha256_file
-    from ..triton.toolmemo import boot_id
-
     torch = sys.modules.get("torch")
     torch_lib = os.path.join(os.path.dirname(getattr(torch, "__file__", "") or ""), "lib", "libtorch_cpu.so")
     ld_path = (env if isinstance(env, dict) else os.environ).get("LD_LIBRARY_PATH", "")
     script = hashlib.sha256(template.encode()).hexdigest()[:16]
     return (
-        f"vec-isa-probe/v1|boot={boot_id()}|so={sha256_file(lib)}|python={_identity(python)}"
+        f"vec-isa-probe/v1|boot={_memo.boot_id()}|so={_memo.sha256_file(lib)}|python={_identity(python)}"
         f"|torch={getattr(torch, '__version__', '?')}|{_identity(torch_lib)}|ld={ld_path}|script={script}"
     )
 
@@ -100,18 +95,17 @@ class _ProbeSubprocess:
 
     def _answer(self, call: Any, check: bool, args: Any, rest: tuple, kwargs: dict) -> Any:
         lib = None if rest else _probed_library(self._mod, args)
-        store = active_store() if lib else None
-        if store is None or not getattr(store, "trust_host_code", False):
+        store = _memo.usable(active_cache()) if lib else None
+        if store is None:
             return call(args, *rest, **kwargs)
         try:
             key = memo_key(lib, args[0], kwargs.get("env"), self._mod.VecISA._avx_py_load)
-            hit = store.get(KIND, key, count=False)
-            code = int(hit.read(MEMBER)) if hit is not None else None
-        except Exception as e:  # broad: a memo; torch's probe runs when it cannot answer
+            value = _memo.recall(store, key, MEMBER, _is_code)
+            code = int(value) if value is not None else None
+        except Exception as e:  # broad: a memo that cannot answer leaves the question to the probe
             logger.debug("torch.compile: ISA probe memo not read: %s", e)
             return call(args, *rest, **kwargs)
         if code is not None:
-            credit_memo(store, hit)
             if code and check:
                 raise self._real.CalledProcessError(code, args)
             return code if call is self._real.check_call else self._real.CompletedProcess(args, code)
@@ -130,11 +124,17 @@ class _ProbeSubprocess:
         if not isinstance(code, int) or code < 0:  # killed by a signal: maybe by something passing
             return
         try:
-            store.put(
-                KIND, key, {MEMBER: str(code).encode()}, summary={"probe": "cpu-vec-isa"}, compile_s=seconds
-            )
-        except Exception as e:  # broad: as above: the answer is used all the same
+            _memo.keep(store, key, MEMBER, str(code).encode(), {"probe": "cpu-vec-isa"}, seconds)
+        except Exception as e:  # broad: an answer not kept is asked again next time
             logger.debug("torch.compile: ISA probe answer not kept: %s", e)
+
+
+def _is_code(value: bytes) -> bool:
+    try:
+        int(value)
+    except ValueError:
+        return False
+    return True
 
 
 def on_import(mod: Any) -> None:

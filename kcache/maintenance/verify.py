@@ -1,5 +1,6 @@
 """``kcache verify [--fix]``: every entry against its checksums, the index against the entries,
-and each Triton group against what this Triton's loader accepts (its metadata).
+and each entry against what its library accepts (the checks its integration declares, e.g. a
+Triton group's metadata against this Triton's loader: handed in, see :func:`verify`).
 
 With ``--fix`` (the store opened for writing): corrupt entries, stray paths and bad or dangling
 rows are removed, good entries the index lacks are added, and an index whose database is corrupt
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..store import Record, StoreError
@@ -55,6 +56,7 @@ def _check(
     known_good: dict[str, Record] | None = None,
     progress: Callable[[int], None] | None = None,
     jobs: int = 1,
+    checks: Mapping[str, Callable[[Any], str | None]] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Record], int]:
     """(problems, good records by id, entries checked). Reads only, ``jobs`` entries at a time.
     Entries in ``known_good`` (checked a moment ago) are not read again."""
@@ -71,7 +73,6 @@ def _check(
             problems.append(_problem("stray_path", name or shard, f"{why}: {where}", shard=shard, name=name))
         else:
             entries.append((shard, name))
-    _triton_version()  # asked once, before the readers start
 
     def one(item: tuple[str, str]) -> tuple[str, str, Record | None, str | None, str, list[str]]:
         shard, name = item
@@ -81,7 +82,7 @@ def _check(
             if hit is None:
                 return shard, name, None, "no record file" if problem == "missing" else str(problem), "", []
             rec = hit.record
-            unusable = _unusable(hit)
+            unusable = _unusable(hit, checks)
             if unusable:
                 return shard, name, None, unusable, "bad_metadata", []
         return shard, name, rec, None, "", list(store.entry_extras(name, rec))
@@ -129,47 +130,23 @@ def _check(
     return problems, good, checked
 
 
-def _unusable(hit: Any) -> str | None:
-    """Why the library could not use this verified entry (a Triton group whose metadata this
-    Triton's loader refuses, an autotune result its autotuner cannot use: see
-    :mod:`kcache.triton.groupcheck` and :mod:`kcache.triton.tunecheck`), or None."""
-    rec = hit.record
-    filename = rec.key.rpartition("/")[2]  # <Triton's key>/<its file>, autotune results @<GPU>
-    same = _triton_version() is not None and rec.components.get("triton_version") == _triton_version()
-    if rec.kind == "triton" and filename.endswith(".json"):
-        from ..triton.groupcheck import problem
-
-        why = problem(filename, {n: hit.read(n) for n in hit.names}, with_triton=same)
-    elif rec.kind == "triton-autotune" and same:  # judged by this Triton's Config
-        from ..triton.tunecheck import problem as tune_problem
-
-        filename = filename.rpartition("@")[0]
-        why = tune_problem(hit.read(filename)) if filename in hit.names else None
-    else:
-        return None
-    return f"Triton could not load it: {why}" if why else None
-
-
-_TRITON: list[str | None] = []
-
-
-def _triton_version() -> str | None:
-    """The installed Triton's version (its rules judge only its own entries); None without it."""
-    if not _TRITON:
-        try:
-            from importlib.metadata import version
-
-            _TRITON.append(version("triton"))
-        except ImportError:  # PackageNotFoundError: no triton installed
-            _TRITON.append(None)
-    return _TRITON[0]
+def _unusable(hit: Any, checks: Mapping[str, Callable[[Any], str | None]] | None) -> str | None:
+    """Why the library could not use this verified entry (its integration's check), or None."""
+    check = (checks or {}).get(hit.record.kind)
+    return check(hit) if check is not None else None
 
 
 def verify(
-    store: Admin, *, fix: bool = False, progress: Callable[[int], None] | None = None, jobs: int | None = None
+    store: Admin,
+    *,
+    fix: bool = False,
+    progress: Callable[[int], None] | None = None,
+    jobs: int | None = None,
+    checks: Mapping[str, Callable[[Any], str | None]] | None = None,
 ) -> dict[str, Any]:
-    """Check every entry (sha256 of every member; a Triton group's metadata too), the index
-    rows and stray files.
+    """Check every entry (sha256 of every member; with ``checks``, kind -> ``check(hit)``, what
+    the integrations say of their own entries: why the library could not use one, or None; see
+    :func:`kcache.integrations.entry_checks`), the index rows and stray files.
 
     With ``fix`` (the store opened for writing): remove corrupt entries, groups Triton could not
     load, stray paths and bad or dangling rows, re-index good entries the index lacks, and
@@ -181,12 +158,12 @@ def verify(
     from .readers import default_jobs
 
     jobs = default_jobs() if jobs is None else max(1, jobs)
-    problems, good, checked = _check(store, progress=progress, jobs=jobs)
+    problems, good, checked = _check(store, progress=progress, jobs=jobs, checks=checks)
     fixed: list[dict[str, Any]] = []
     index_problem = None
     if fix and problems:
-        fixed, index_problem = _fix(store, problems, good)
-        remaining, _good, _checked = _check(store, known_good=good, jobs=jobs)
+        fixed, index_problem = _fix(store, problems, good, checks)
+        remaining, _good, _checked = _check(store, known_good=good, jobs=jobs, checks=checks)
     else:
         remaining = problems
     return {
@@ -203,7 +180,10 @@ def verify(
 
 
 def _fix(
-    store: Admin, problems: list[dict[str, Any]], good: dict[str, Record]
+    store: Admin,
+    problems: list[dict[str, Any]],
+    good: dict[str, Record],
+    checks: Mapping[str, Callable[[Any], str | None]] | None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Fix what can be fixed: files first (they free space), then the index. Returns what was
     fixed, and why the index could not be (a full disk, a lock held elsewhere), or None."""
@@ -219,7 +199,7 @@ def _fix(
     for p in by_type.get("corrupt_entry", []) + by_type.get("bad_metadata", []):
         # Only remove what is still bad: a concurrent writer may have replaced it meanwhile.
         hit, _why = store.read_any(p["id"], full=True)
-        if hit is None or _unusable(hit):
+        if hit is None or _unusable(hit, checks):
             bad_entries.append(p["id"])
             fixed.append(p)
         else:

@@ -11,10 +11,13 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from .. import kinds as _kinds
+from ..patch import Integration
+
 if TYPE_CHECKING:
     from kcache.nvfuser.fusion_cache import FusionCache
 
-__all__ = ["FusionCache", "attach", "flush"]
+__all__ = ["INTEGRATION", "FusionCache", "flush"]
 
 
 def __getattr__(name: str) -> Any:
@@ -25,30 +28,35 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-def _on_import(mod: ModuleType) -> None:
-    from kcache.nvfuser import kerneldb
-
-    kerneldb.on_import(mod)
+_hooked = False  # on_import ran since the last attach: detach unwraps nvFuser
 
 
-def attach() -> Callable[[], None]:
-    """Keep nvFuser's compiled kernels in the store (see :mod:`kcache.nvfuser.kerneldb`).
+def _attach(get_cache: Callable[[], Any]) -> Callable[[], None]:
+    """Keep the getter of the active cache (see :mod:`.attached`); the detach stores what is new
+    and unwraps nvFuser, if :func:`_on_import` ran."""
+    from .attached import cache
 
-    Until nvFuser is imported this only registers an import hook: kerneldb (and what it imports)
-    loads with nvFuser, not in every Python process that has KCACHE=1."""
-    from kcache._imports import forget, when_imported
-
-    when_imported("nvfuser_direct", _on_import)
-    when_imported("nvfuser", _on_import)
+    unbind = cache.bind(get_cache)
 
     def detach() -> None:
-        forget("nvfuser_direct", _on_import)
-        forget("nvfuser", _on_import)
+        global _hooked
+        unbind()
         kdb = sys.modules.get("kcache.nvfuser.kerneldb")
-        if kdb is not None:
+        if _hooked and kdb is not None:
+            _hooked = False
             kdb.detach_all()
 
     return detach
+
+
+def _on_import(mod: ModuleType) -> None:
+    """Keep nvFuser's compiled kernels in the store (see :mod:`kcache.nvfuser.kerneldb`): it
+    loads with nvFuser, not in every Python process that has KCACHE=1."""
+    global _hooked
+    from kcache.nvfuser import kerneldb
+
+    _hooked = True
+    kerneldb.on_import(mod)
 
 
 def flush() -> int:
@@ -56,3 +64,12 @@ def flush() -> int:
     from kcache.nvfuser.kerneldb import flush as _flush
 
     return _flush()
+
+
+INTEGRATION = Integration(
+    "nvfuser",
+    triggers=("nvfuser_direct", "nvfuser"),
+    kinds=(_kinds.NVFUSER, _kinds.NVFUSER_MANIFEST, _kinds.NVFUSER_LEGACY, _kinds.NVFUSER_FUSION),
+    attach=_attach,
+    on_import=_on_import,
+)

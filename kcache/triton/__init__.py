@@ -1,12 +1,13 @@
 """kcache's Triton integration: a cache manager, autotune results, launchers, a triton_key memo.
 
-:func:`attach` arranges for it to be installed when the program imports triton (now, if it
-already has); nothing here imports triton until then.
+:data:`INTEGRATION` (registered in :mod:`kcache.integrations`) installs it when the program
+imports triton (now, if it already has); nothing here imports triton until then.
 
 A program that points Triton at a cache folder while it runs (``triton.knobs.cache.dir = d``,
 or ``os.environ["TRITON_CACHE_DIR"] = d`` after Triton is imported; Triton's own tests do it to
 get a fresh cache, torch's ``fresh_cache()`` too) asks for that cache: kcache steps aside, and
-Triton's own cache manager serves that folder as it would without kcache (:func:`serves_folder`).
+Triton's own cache manager serves that folder as it would without kcache
+(:func:`.attached.serves_folder`).
 The folder Triton had when kcache attached (the environment's, or Triton's default) is kcache's,
 and so is the one Inductor picks for itself (``<TORCHINDUCTOR_CACHE_DIR>/triton/<device>``, set
 when the program left ``TRITON_CACHE_DIR`` unset): a torch.compile warm start stays served.
@@ -24,14 +25,16 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-import re
 import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from .._imports import forget, when_imported
+from .. import kinds as _kinds
+from .._imports import when_imported
 from ..log import logger, warn_once
+from ..patch import Integration
+from . import attached, entrycheck
 
 _installed: dict[str, Any] = {}
 
@@ -47,34 +50,6 @@ def _set_knob(obj: Any, name: str, value: Any) -> None:
         obj.__dict__[dname] = value
     else:
         setattr(obj, name, value)
-
-
-def _folder(path: Any) -> str | None:
-    if not isinstance(path, str) or not path:
-        return None
-    return os.path.abspath(os.path.expanduser(path))
-
-
-def serves_folder() -> bool:
-    """kcache serves the Triton cache folder in use now (see the module doc): the one Triton had
-    when kcache attached, or Inductor's own pick; not one the program chose while running, nor
-    the ``<folder>/triton`` of torch's fresh-cache scopes."""
-    try:
-        from triton import knobs
-
-        current = _folder(knobs.cache.dir)
-    except Exception:  # broad: Triton's knobs vary between versions; kcache's then
-        return True
-    if current is None:
-        return True
-    inductor = _folder(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
-    if inductor is not None:
-        if current == os.path.join(inductor, "triton"):
-            return False  # torch's fresh_cache(): a new, empty Triton folder
-        rest = current[len(inductor) :] if current.startswith(inductor + os.sep) else ""
-        if re.fullmatch(r"/triton/[0-9]+", rest.replace(os.sep, "/")):
-            return True  # Inductor's own: <TORCHINDUCTOR_CACHE_DIR>/triton/<device>
-    return current == _installed.get("folder", current)
 
 
 def _autotuner_init(original: Any) -> Any:
@@ -114,7 +89,7 @@ def install(triton: ModuleType | None = None) -> None:
         if half is not None and not hasattr(half, "KcacheCacheManager"):
             # kcache.triton.manager was imported before triton: its own `import triton` ran this
             # hook while it was half-built. It finishes the installation at its end.
-            _installed["pending"] = True
+            attached.wait_for_manager(install)
             return
         raise
 
@@ -132,8 +107,8 @@ def install(triton: ModuleType | None = None) -> None:
         _set_knob(knobs.cache, "manager_class", KcacheCacheManager)
         _installed["manager"] = True
     try:
-        _installed["folder"] = _folder(knobs.cache.dir)
-    except Exception as e:  # broad: as above
+        attached.set_folder(attached.folder(knobs.cache.dir))
+    except Exception as e:  # broad: Triton's knobs vary between versions
         logger.info("Triton's cache folder not known: %s", e)
     if os.environ.get("TRITON_CACHE_AUTOTUNING", "").strip() == "" and hasattr(knobs, "autotuning"):
         _set_knob(knobs.autotuning, "cache", True)
@@ -190,18 +165,13 @@ def _inductor_compile_worker() -> bool:
     return in_compile_worker()
 
 
-def install_if_pending() -> None:
-    """Finish an installation that had to wait for kcache.triton.manager (see :func:`install`)."""
-    if _installed.pop("pending", False):
-        install()
-
-
 def uninstall() -> None:
     """Undo :func:`install`: the manager knob, autotune caching, the triton_key, tool-version and
     key-component hooks. Never imports Triton (a process that never used it does not pay 160 ms
     to turn kcache off)."""
     if "triton" not in sys.modules:
         _installed.clear()
+        attached.forget_folder()
         return
     try:
         from triton import knobs
@@ -222,7 +192,7 @@ def uninstall() -> None:
             Autotuner.__init__ = own_init
         except Exception:  # broad: undoing goes on
             pass
-    _installed.pop("folder", None)
+    attached.forget_folder()
     for modname, fn in (
         ("kcache.triton.keymemo", "uninstall_key_memo"),
         ("kcache.triton.toolmemo", "uninstall_tool_memo"),
@@ -239,16 +209,35 @@ def uninstall() -> None:
                 logger.debug("%s: %s", fn, e)
 
 
+_hooked = False  # install() ran since the last attach: detach uninstalls
+
+
+def _attach(get_cache: Callable[[], Any]) -> Callable[[], None]:
+    """Keep the getter of the active cache (see :mod:`.attached`); the detach also uninstalls
+    what :func:`install` put into Triton, if it ran."""
+    unbind = attached.cache.bind(get_cache)
+
+    def detach() -> None:
+        global _hooked
+        unbind()
+        if _hooked:
+            _hooked = False
+            uninstall()
+
+    return detach
+
+
 def _on_import(mod: ModuleType) -> None:
+    global _hooked
+    _hooked = True
     install(mod)
 
 
-def attach() -> Callable[[], None]:
-    """Install when triton is imported; returns a function that undoes it."""
-    when_imported("triton", _on_import)
-
-    def detach() -> None:
-        forget("triton", _on_import)
-        uninstall()
-
-    return detach
+INTEGRATION = Integration(
+    "triton",
+    triggers=("triton",),
+    kinds=(_kinds.TRITON, _kinds.TRITON_AUTOTUNE, _kinds.TRITON_AUX, _kinds.TRITON_META),
+    attach=_attach,
+    on_import=_on_import,
+    checks=entrycheck.checks,
+)

@@ -21,14 +21,14 @@ import hashlib
 import os
 import sys
 import threading
-import time
 import uuid
 from typing import Any
 
-from .. import active_store, fingerprint
+from .. import fingerprint
 from .. import kinds as _kinds
 from ..log import logger
-from .toolmemo import boot_id, credit_memo, trusted
+from ..memo import boot_id, remember, sha256_file
+from .attached import cache as active_cache
 
 KIND = _kinds.TRITON_META
 _lock = threading.Lock()
@@ -46,7 +46,7 @@ def _libtriton_path(cache_mod: Any) -> str | None:
 def file_identity(path: str) -> str:
     st = os.stat(path)
     real = os.path.realpath(path)
-    # "v3" and this boot's id (see toolmemo.boot_id): a digest planted under a key anyone could
+    # "v3" and this boot's id (see kcache.memo.boot_id): a digest planted under a key anyone could
     # compute (v1, v2: an older kcache imported them from bundles) is never read; a wrong one
     # would give this Triton another build's key.
     return (
@@ -55,38 +55,23 @@ def file_identity(path: str) -> str:
     )
 
 
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
+def _is_digest(value: bytes) -> bool:
+    digest = value.decode("ascii", "replace")
+    return len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
 
 
 def libtriton_digest(path: str) -> tuple[str, bool]:
     """(sha256 of the file, whether it came from the memo)."""
-    store = active_store()
-    if store is not None and not trusted(store):
-        store = None  # a store that failed its trust checks: never asked, never told
     ident = file_identity(path)
-    if store is not None:
-        hit = store.get(KIND, ident, count=False)
-        if hit is not None:
-            digest = hit.read("digest").decode("ascii", "replace")
-            if len(digest) == 64 and all(c in "0123456789abcdef" for c in digest):
-                credit_memo(store, hit)
-                return digest, True
-    t0 = time.perf_counter()
-    digest = sha256_file(path)
-    if store is not None:
-        store.put(
-            KIND,
-            ident,
-            {"digest": digest.encode()},
-            summary={"file": os.path.basename(path)},
-            compile_s=time.perf_counter() - t0,
-        )
-    return digest, False
+    value, memo = remember(
+        active_cache(),
+        ident,
+        "digest",
+        lambda: sha256_file(path).encode(),
+        summary={"file": os.path.basename(path)},
+        valid=_is_digest,
+    )
+    return value.decode("ascii"), memo
 
 
 class _SentinelFile:

@@ -42,11 +42,13 @@ from typing import Any
 
 from triton.runtime.cache import CacheManager, FileCacheManager
 
-from .. import active_store
+from .._imports import turn_on
 from ..boundary import fail_open, guarded
 from ..log import logger, warn_once
 from ..store import Store
-from . import groupcheck, serves_folder, tunecheck, tuning
+from . import groupcheck, tunecheck, tuning
+from .attached import cache as active_cache
+from .attached import finish_pending, serves_folder
 from .components import components_for, take, target_for
 from .kinds import KIND_AUTOTUNE, KIND_AUX, KIND_GROUP, kind_of, store_key
 
@@ -92,10 +94,7 @@ def _try_enable() -> None:
     once per process (a store that cannot be used is not tried again at every kernel)."""
     global _enable_tried
     _enable_tried = True
-    import kcache
-
-    if not kcache.is_enabled():
-        kcache.enable(triton=False)
+    turn_on(triton=False)
 
 
 def _gpu_model() -> str | None:
@@ -162,10 +161,10 @@ class KcacheCacheManager(CacheManager):
         if not serves_folder():  # the program pointed Triton at a cache folder of its own
             self._file = FileCacheManager(key)
             return
-        self._store = active_store()
+        self._store = active_cache()
         if self._store is None and not _enable_tried:
             _try_enable()
-            self._store = active_store()
+            self._store = active_cache()
         self._dir: str | None = None
         self._staged: dict[str, str] = {}
         self._flight: Any = None  # the group's single flight, held from a miss to put_group
@@ -484,6 +483,4 @@ def _summary(kind: str, filename: str, blob: bytes, comps: dict[str, Any]) -> di
 
 # Imported before triton, this module's `import triton` ran kcache's import hook while the module
 # was half-built, and the hook had to wait: finish installing now.
-from . import install_if_pending as _install_if_pending  # noqa: E402
-
-_install_if_pending()
+finish_pending()

@@ -7,7 +7,7 @@ key, so it is remembered exactly, keyed by what identifies the binary (real path
 mtime and ctime in ns); a replaced binary is asked again.
 
 The memo is machine-local (kind ``triton-meta``): it is never exported, imported or shared; its
-key also names this boot of this machine (:func:`boot_id`), so an entry that reached the store
+key also names this boot of this machine (:func:`kcache.memo.boot_id`), so an entry that reached the store
 any other way (an older kcache's import, another host on a shared folder) is never looked up; a
 store that failed its trust checks (``KCACHE_ALLOW_INSECURE=1``) is never asked; and an answer
 without the ``release X.Y`` Triton parses is ignored (the tool is asked).
@@ -26,64 +26,18 @@ import sys
 import time
 from typing import Any
 
-from .. import active_store
 from .. import kinds as _kinds
 from ..boundary import failed, guarded
+from ..memo import boot_id, identity, keep, recall, trusted
+from .attached import cache as active_cache
 
 KIND = _kinds.TRITON_META
 MODULES = ("triton.knobs", "triton.backends.nvidia.compiler")
 
 
-def identity(path: str) -> str:
-    """What identifies the file at ``path``: real path, inode, size, mtime and ctime in ns."""
-    st = os.stat(path)
-    return f"{os.path.realpath(path)}|ino={st.st_ino}|size={st.st_size}|mtime={st.st_mtime_ns}|ctime={st.st_ctime_ns}"
-
-
-_boot: str | None = None
-
-
-def boot_id() -> str:
-    """This boot of this machine: Linux's random per-boot id ("none" where there is none).
-
-    Part of every machine-local memo key: the binary's path, inode, size and times are the same
-    in every container of one image, and a bundle made in one could carry a wrong answer under
-    exactly the key another looks up (older kcache versions imported such entries; a plausible
-    wrong ``ptxas --version`` breaks every compile). Nothing outside this machine knows this id
-    (local users can read it: a store they can write is not asked at all, see :func:`trusted`),
-    and it changes at every boot: one ``--version`` call (and one libtriton hash) per boot."""
-    global _boot
-    if _boot is None:
-        try:
-            with open("/proc/sys/kernel/random/boot_id", "rb") as f:
-                _boot = f.read(64).strip().decode("ascii", "replace") or "none"
-        except OSError:
-            _boot = "none"
-    return _boot
-
-
-def trusted(store: Any) -> bool:
-    """Whether machine-local answers may be read from (and written to) ``store``: not from a
-    store that failed its ownership checks (another user could plant them)."""
-    return bool(getattr(store, "trust_host_code", False))
-
-
-def credit_memo(store: Any, hit: Any) -> None:
-    """A remembered answer was used: the time it took to get when it was made is saved
-    ("saved" in ``kcache stats``; memos are not counted as hits, their time is)."""
-    from .. import counters
-
-    try:
-        saved = counters.credit(hit.record.kind, hit.record.compile_s)
-        if saved:
-            store.counts.add(hit.record.kind, saved_s=saved)
-    except Exception:  # broad: the credit is a statistic; the answer is used all the same
-        pass
-
-
 def memo_key(path: str, stderr: Any) -> str:
     """The store key of ``[path, "--version"]`` run with ``stderr``."""
-    # "v3": bound to this boot (see boot_id); v1 and v2 entries (which an import could have
+    # "v3": bound to this boot (see kcache.memo.boot_id); v1 and v2 entries (which an import could have
     # planted under a key anyone could compute) are never read.
     return f"tool-version/v3|boot={boot_id()}|{identity(path)}|stderr={stderr!r}"
 
@@ -98,7 +52,7 @@ class _MemoSubprocess:
         return getattr(self._real, name)
 
     def check_output(self, args: Any, *rest: Any, **kwargs: Any) -> Any:
-        store = active_store()
+        store = active_cache()
         if (
             store is None
             or not trusted(store)
@@ -113,10 +67,9 @@ class _MemoSubprocess:
             return self._real.check_output(args, *rest, **kwargs)
         try:
             key = memo_key(args[0], kwargs.get("stderr"))
-            hit = store.get(KIND, key, count=False)
-            if hit is not None and _plausible(hit.read("output")):
-                credit_memo(store, hit)
-                return hit.read("output")
+            out = recall(store, key, "output", _plausible)
+            if out is not None:
+                return out
         except OSError:  # the tool changed or vanished under us: ask it
             return self._real.check_output(args, *rest, **kwargs)
         except Exception as e:  # the edge (Triton asks for a tool's version): a bug is reported
@@ -126,13 +79,7 @@ class _MemoSubprocess:
         out = self._real.check_output(args, *rest, **kwargs)
         if isinstance(out, bytes):
             with guarded("triton-tool-memo", "kcache's memo of a tool's version"):
-                store.put(
-                    KIND,
-                    key,
-                    {"output": out},
-                    summary={"tool": os.path.basename(args[0])},
-                    compile_s=time.perf_counter() - t0,
-                )
+                keep(store, key, "output", out, {"tool": os.path.basename(args[0])}, time.perf_counter() - t0)
         return out
 
 

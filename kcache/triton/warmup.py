@@ -197,9 +197,9 @@ def install_libcuda_memo(driver: Any) -> None:
             # Triton answers from TRITON_LIBCUDA_PATH without ldconfig: nothing to remember (and
             # an entry per folder named, e.g. prewarm's stand-in, would only add up).
             return orig()
-        from .. import active_store
+        from .attached import cache
 
-        store = active_store()
+        store = cache()
         key = _key(driver) if store is not None and store.trust_host_code else None
         if key is not None:
             try:

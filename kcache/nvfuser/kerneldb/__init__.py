@@ -37,7 +37,7 @@ The modules, in the order they build on each other:
 - :mod:`.session`: a process's private folder (:class:`Session`), ``tmpdir`` mode, stale folders;
 - :mod:`.hooks`: the import hooks, the wrapped ``execute``, :func:`flush` and :func:`status`.
 
-This package loads when nvFuser is imported (:func:`kcache.nvfuser.attach` registers the hook),
+This package loads when nvFuser is imported (:data:`kcache.nvfuser.INTEGRATION` attaches it),
 not in every process that has ``KCACHE=1``.
 """
 
@@ -67,7 +67,6 @@ __all__ = [
     "NEUTRAL_DISABLE",
     "NEUTRAL_ENABLE",
     "NEUTRAL_ENV",
-    "PREFER",
     "ROOT_PREFIX",
     "SESSION_FILE",
     "DbRow",
@@ -91,7 +90,3 @@ __all__ = [
     "status",
     "update_manifest",
 ]
-
-#: "direct" or "tmpdir": how to point nvFuser at the folder ("direct" falls back to "tmpdir").
-#: Read when a session starts (:func:`.hooks._start`), so setting it here takes effect.
-PREFER = "direct"

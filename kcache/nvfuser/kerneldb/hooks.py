@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 from .fingerprint import current_fingerprint
 from .session import Session
 
+#: "direct" or "tmpdir": how to point nvFuser at the folder ("direct" falls back to "tmpdir").
+#: Read when a session starts (:func:`_start`), so setting it here takes effect (tests do).
+PREFER = "direct"
+
 _lock = threading.RLock()
 _sessions: dict[str, Session] = {}
 _states: dict[str, _ModuleState] = {}
@@ -60,8 +64,6 @@ def _start(st: _ModuleState) -> Session | None:
             t0 = time.perf_counter()
             fp = current_fingerprint(st.module)
             s = Session.create(st.store, fp, st.name)
-            from . import PREFER  # read from the package at each start: tests and tools set it there
-
             s.point(st.module, prefer=PREFER)
             s.start_s = time.perf_counter() - t0
             if st.name == "nvfuser":
@@ -135,9 +137,9 @@ def _unwrap(name: str) -> None:
 
 
 def _active_store() -> Any:
-    import kcache
+    from ..attached import cache
 
-    return kcache.active_store()
+    return cache()
 
 
 def _install(module: ModuleType) -> None:

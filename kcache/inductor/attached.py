@@ -1,0 +1,32 @@
+"""What the torch.compile integration was given and what it turned on, read by all its parts
+(none of which imports the package, which attaches them):
+
+- :data:`cache`: the getter of the active cache it was given at attach
+  (:data:`kcache.inductor.INTEGRATION`);
+- the remote caches whose switch kcache turned on, and the backends it set
+  (:func:`backend_is_ours`).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from ..patch import CacheSlot
+
+cache = CacheSlot()
+
+switched_on: set[str] = set()  # cache classes whose switch kcache turned on in this process
+installed_backends: dict[str, Any] = {}  # cache class name -> the backend_override_cls it had before
+our_backends: dict[str, Any] = {}  # cache class name -> the backend_override_cls kcache set
+
+
+def backend_is_ours(cls_name: str) -> bool:
+    """torch's remote cache class ``cls_name`` has kcache's store as its backend (or will have,
+    when ``torch._inductor.remote_cache`` loads: kcache turned its switch on)."""
+    rc = sys.modules.get("torch._inductor.remote_cache")
+    if rc is None:
+        return cls_name in switched_on
+    cls = getattr(rc, cls_name, None)
+    ours = our_backends.get(cls_name)
+    return ours is not None and cls is not None and cls.__dict__.get("backend_override_cls") is ours

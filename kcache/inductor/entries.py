@@ -1,0 +1,256 @@
+"""Inductor's bytes as kcache entries: the store side of kcache's remote-cache backend (see
+:mod:`kcache.inductor`): keys, :func:`get`, :func:`put` and :func:`forget`, on the cache the
+integration was given (:mod:`.attached`).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from typing import Any
+
+from .. import kinds as _kinds
+from ..boundary import fail_open
+from ..log import logger, warn_once
+from .attached import cache as active_cache
+
+MEMBER = "value"  # the one file of an inductor entry: the bytes Inductor gave
+
+
+# ------------------------------------------------------------------------------------ keys
+@functools.lru_cache(maxsize=1)
+def _torch_version() -> str:
+    torch = sys.modules.get("torch")
+    v = str(getattr(torch, "__version__", "?"))
+    git = getattr(getattr(torch, "version", None), "git_version", None)
+    return f"{v}+{git[:12]}" if isinstance(git, str) and git else v
+
+
+_gpu: list[str | None] = []
+
+
+class NoGpuModel(Exception):
+    """The GPU model cannot be read here: autotune results are then neither served nor kept."""
+
+
+def _gpu_model() -> str | None:
+    """The GPU model autotune results were (or will be) measured on; "cpu" without CUDA; None
+    when it cannot be told (results are then not cached: an "unknown" key would mix GPUs).
+
+    Read through Inductor's device interface ``Worker`` API where torch has it: it answers in
+    compile workers (forked, no CUDA of their own) from what the parent recorded, where
+    ``torch.cuda.get_device_name`` would try to initialise CUDA and fail."""
+    if _gpu:
+        return _gpu[0]
+    name: str | None = "cpu"
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            name = None
+            try:
+                from torch._dynamo.device_interface import get_interface_for_device
+
+                worker = get_interface_for_device("cuda").Worker
+                name = str(worker.get_device_properties(worker.current_device()).name)
+            except Exception:  # broad: torch's device interface varies between versions (then asked directly)
+                name = str(torch.cuda.get_device_name(torch.cuda.current_device()))
+    except Exception as e:  # broad: CUDA's initialisation raises what the driver meets
+        logger.debug("torch.compile: no GPU model (%s)", e)
+        name = None
+    _gpu.append(name)
+    return name
+
+
+def store_key(kind: str, key: str) -> tuple[str, dict[str, Any]]:
+    """kcache's key for Inductor's ``key`` and its named components (for ``explain``)."""
+    comps: dict[str, Any] = {"torch_version": _torch_version()}
+    if key.startswith("pt2:") and "::" in key:
+        comps["cache"] = key[4 : key.index("::")]
+    if kind in (_kinds.INDUCTOR_PGO, _kinds.INDUCTOR_PRECOMPILE):  # keys without torch's version
+        key = f"{key}|torch={comps['torch_version']}"
+    elif kind == _kinds.INDUCTOR_AUTOTUNE:
+        gpu = _gpu_model()
+        if gpu is None:
+            raise NoGpuModel("the GPU model is unknown here")
+        comps["gpu_name"] = gpu
+        key = f"{key}|gpu={gpu}"
+    return key, comps
+
+
+def _compile_s(data: bytes) -> float:
+    """The compile time Inductor recorded in its envelope (``"time_taken_ms": N``, at the end)."""
+    i = data.rfind(b'"time_taken_ms"', max(0, len(data) - 256))
+    if i < 0:
+        return 0.0
+    digits = bytearray()
+    for c in data[i + 15 :]:
+        if 48 <= c <= 57:
+            digits.append(c)
+        elif digits:
+            break
+    return int(digits) / 1000.0 if digits else 0.0
+
+
+# ------------------------------------------------------------------------------------ get/put
+def _store() -> Any:
+    store = active_cache()
+    if store is not None and not store.trust_host_code and _kinds.get(_kinds.INDUCTOR_FX).pickled:
+        # A store opened with KCACHE_ALLOW_INSECURE: torch unpickles what it is given, so
+        # nothing pickled is taken from (or put into) it. Autotune JSON would be safe, but one
+        # rule for the whole integration is easier to reason about.
+        warn_once(
+            "inductor-insecure",
+            "the store failed its ownership checks: torch.compile's caches are not kept in it",
+        )
+        return None
+    return store
+
+
+@fail_open("inductor-get", "kcache's torch.compile cache lookup")
+def get(kind: str, key: str) -> bytes | None:
+    """The bytes stored for Inductor's ``key``, or None. Never raises."""
+    from .. import counters
+    from . import graphs, policy
+
+    graph = kind in (_kinds.INDUCTOR_FX, _kinds.INDUCTOR_AOT)
+    served: float | None = None  # a graph served: its recorded compile time ("saved", counters.py)
+    try:
+        if not policy.may_serve(kind, key):
+            return None
+        if kind == _kinds.INDUCTOR_FX:
+            graphs.learn(key)
+            held = graphs.take(key)  # fetched with its AOTAutograd entry a moment ago
+            if held is not None:
+                graph = False  # the AOT hit's compile time covers it and its kernels
+                return held
+        store = _store()
+        if store is None:
+            return None
+        skey, comps = store_key(kind, key)
+        hit = store.get(kind, skey, comps)
+        data = hit.read(MEMBER) if hit is not None else None
+        if data is not None and kind == _kinds.INDUCTOR_AOT:
+            data = data if _with_graphs(store, key, data, hit.record.compile_s) else None
+        if data is None:
+            return None
+        served = hit.record.compile_s
+        return data
+    except NoGpuModel:
+        return None
+    finally:
+        if graph:
+            counters.graph_lookup(served)
+            if served is None:
+                from . import workers
+
+                workers.compile_coming()  # a graph will be compiled: its workers are wanted now
+
+
+def _with_graphs(store: Any, key: str, data: bytes, compile_s: float) -> bool:
+    """Fetch the FX graphs an AOTAutograd entry names (held for torch's lookups that follow).
+    False, with the hit counted as a miss, when one of them cannot be served: the entry is then
+    removed if a graph is gone from the store (see :mod:`.graphs`)."""
+    from . import graphs, policy
+
+    try:
+        needed = graphs.fx_keys(data)
+    except graphs.Unreadable as e:
+        logger.debug("torch.compile: AOTAutograd entry %s not served: %s", key, e)
+        store.counts.add(_kinds.INDUCTOR_AOT, hits=-1, misses=1, saved_s=-compile_s)
+        return False
+    fetched = []
+    graphs.form_known()  # takes the form of FX keys from torch when this process saw none yet
+    for fx_key in needed:
+        remote_key = graphs.fx_remote_key(fx_key)
+        hit = None
+        if policy.may_serve(_kinds.INDUCTOR_FX, remote_key):
+            skey, comps = store_key(_kinds.INDUCTOR_FX, remote_key)
+            hit = store.get(_kinds.INDUCTOR_FX, skey, comps)
+        if hit is None:
+            store.counts.add(_kinds.INDUCTOR_AOT, hits=-1, misses=1, saved_s=-compile_s)
+            if graphs.form_known() and policy.may_serve(_kinds.INDUCTOR_FX, remote_key):
+                forget(_kinds.INDUCTOR_AOT, key)  # its graph is gone from the store
+            logger.debug("torch.compile: AOTAutograd entry %s not served: FX graph %s absent", key, fx_key)
+            return False
+        # the AOT entry's compile time includes its graphs': credited once, with the AOT hit
+        store.counts.add(_kinds.INDUCTOR_FX, saved_s=-hit.record.compile_s)
+        fetched.append((remote_key, hit.read(MEMBER)))
+    for remote_key, blob in fetched:
+        graphs.hold(remote_key, blob)
+    return True
+
+
+@fail_open("inductor-forget", "kcache's removal of an entry torch could not use")
+def forget(kind: str, key: str) -> None:
+    """Remove what the store holds for Inductor's ``key`` (torch could not use it). Never raises."""
+    try:
+        store = _store()
+        if store is None or store.readonly:
+            return
+        skey, _ = store_key(kind, key)
+        store.remove([store.entry_id(kind, skey)])
+    except OSError as e:  # the store's folder could not be changed: the entry is judged again
+        logger.debug("torch.compile: could not remove %s %s: %s", kind, key, e)
+
+
+@fail_open("inductor-put", "kcache's storing of a torch.compile cache entry")
+def put(kind: str, key: str, data: Any) -> None:
+    """Keep Inductor's bytes for ``key`` (replacing what was there). Never raises."""
+    try:
+        from . import graphs, policy
+
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            warn_once(
+                "inductor-put-type",
+                f"torch.compile gave kcache a {type(data).__name__}, not bytes; not stored",
+            )
+            return
+        if not policy.may_keep(kind):
+            return
+        if kind == _kinds.INDUCTOR_FX:
+            graphs.learn(key)
+        store = _store()
+        if store is None:
+            return
+        blob = bytes(data)
+        if kind == _kinds.INDUCTOR_AOT and not _graphs_kept(store, key, blob):
+            return
+        skey, comps = store_key(kind, key)
+        summary = {k: v for k, v in comps.items() if k in ("cache", "gpu_name", "torch_version")}
+        if kind in (_kinds.INDUCTOR_FX, _kinds.INDUCTOR_AOT):
+            from .naming import graph_summary
+
+            summary.update(graph_summary())  # the compiled function's name, for inspect
+        t0 = time.perf_counter()
+        store.replace(
+            kind, skey, {MEMBER: blob}, components=comps, summary=summary, compile_s=_compile_s(blob)
+        )
+        policy.kept(kind, key)
+        logger.debug(
+            "torch.compile: stored %s %s (%d bytes, %.1f ms)",
+            kind,
+            key,
+            len(blob),
+            1e3 * (time.perf_counter() - t0),
+        )
+    except NoGpuModel:
+        return
+
+
+def _graphs_kept(store: Any, key: str, blob: bytes) -> bool:
+    """The FX graphs an AOTAutograd entry names are all in the store (torch put them first)."""
+    from . import graphs
+
+    try:
+        needed = graphs.fx_keys(blob)
+    except graphs.Unreadable as e:
+        logger.debug("torch.compile: AOTAutograd entry %s not kept: %s", key, e)
+        return False
+    for fx_key in needed:
+        skey, _ = store_key(_kinds.INDUCTOR_FX, graphs.fx_remote_key(fx_key))
+        rec, _why = store.read_record(store.entry_id(_kinds.INDUCTOR_FX, skey))
+        if rec is None:
+            logger.debug("torch.compile: AOTAutograd entry %s not kept: FX graph %s not stored", key, fx_key)
+            return False
+    return True

@@ -1,0 +1,131 @@
+"""Machine-local memos: answers about this machine that are slow to get and kept in the store.
+
+Triton's libtriton digest, the CUDA tools' ``--version``, libcuda's folders, Inductor's vector-ISA
+probes and what ``-march=native`` means here: each is an answer about one file or tool on this
+machine, kept as a ``triton-meta`` entry keyed by what identifies that file (:func:`identity`)
+and by this boot of this machine (:func:`boot_id`). The integrations that keep them share this
+module (none imports another).
+
+The rules every memo follows:
+- machine-local: the kind is never exported, imported or shared (:mod:`kcache.kinds`), and the
+  key names this boot, so an entry that reached the store any other way is never looked up;
+- never read from or written to a store that failed its ownership checks (:func:`usable`):
+  another user could have planted the answer;
+- a remembered answer is checked before use (``valid``) and its making time is credited as
+  saved (:func:`recall`), never counted as a hit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import kinds as _kinds
+
+if TYPE_CHECKING:
+    from .store.api import Cache
+
+KIND = _kinds.TRITON_META
+
+_boot: str | None = None
+
+
+def boot_id() -> str:
+    """This boot of this machine: Linux's random per-boot id ("none" where there is none).
+
+    Part of every machine-local memo key: the binary's path, inode, size and times are the same
+    in every container of one image, and a bundle made in one could carry a wrong answer under
+    exactly the key another looks up (older kcache versions imported such entries; a plausible
+    wrong ``ptxas --version`` breaks every compile). Nothing outside this machine knows this id
+    (local users can read it: a store they can write is not asked at all, see :func:`usable`),
+    and it changes at every boot: one ``--version`` call (and one libtriton hash) per boot."""
+    global _boot
+    if _boot is None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+                _boot = f.read(64).strip().decode("ascii", "replace") or "none"
+        except OSError:
+            _boot = "none"
+    return _boot
+
+
+def identity(path: str) -> str:
+    """What identifies the file at ``path``: real path, inode, size, mtime and ctime in ns."""
+    st = os.stat(path)
+    return f"{os.path.realpath(path)}|ino={st.st_ino}|size={st.st_size}|mtime={st.st_mtime_ns}|ctime={st.st_ctime_ns}"
+
+
+def sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def trusted(cache: Any) -> bool:
+    """Whether machine-local answers may be read from (and written to) ``cache``: not from a
+    store that failed its ownership checks (another user could plant them)."""
+    return bool(getattr(cache, "trust_host_code", False))
+
+
+def usable(cache: Cache | None) -> Cache | None:
+    """``cache`` if memos may use it (see :func:`trusted`), else None."""
+    return cache if cache is not None and trusted(cache) else None
+
+
+def credit(cache: Any, hit: Any) -> None:
+    """A remembered answer was used: the time it took to get when it was made is saved
+    ("saved" in ``kcache stats``; memos are not counted as hits, their time is)."""
+    from . import counters
+
+    try:
+        saved = counters.credit(hit.record.kind, hit.record.compile_s)
+        if saved:
+            cache.counts.add(hit.record.kind, saved_s=saved)
+    except Exception:  # broad: the credit is a statistic; the answer is used all the same
+        pass
+
+
+def recall(cache: Cache, key: str, member: str, valid: Callable[[bytes], bool] | None = None) -> bytes | None:
+    """The remembered ``member`` of ``key`` if there is one and ``valid`` accepts it (credited as
+    saved), else None. Not counted as a hit or a miss."""
+    hit = cache.get(KIND, key, count=False)
+    if hit is None:
+        return None
+    value = hit.read(member)
+    if valid is not None and not valid(value):
+        return None
+    credit(cache, hit)
+    return value
+
+
+def keep(cache: Cache, key: str, member: str, value: bytes, summary: dict[str, Any], seconds: float) -> None:
+    """Remember ``value`` as ``member`` of ``key`` (it took ``seconds`` to get)."""
+    cache.put(KIND, key, {member: value}, summary=summary, compile_s=seconds)
+
+
+def remember(
+    cache: Cache | None,
+    key: str,
+    member: str,
+    compute: Callable[[], bytes],
+    *,
+    summary: dict[str, Any],
+    valid: Callable[[bytes], bool] | None = None,
+) -> tuple[bytes, bool]:
+    """(the answer, whether it came from the memo): the remembered one if valid, else
+    ``compute()``, kept for next time. Without a usable ``cache``, ``compute()`` alone."""
+    cache = usable(cache)
+    if cache is not None:
+        value = recall(cache, key, member, valid)
+        if value is not None:
+            return value, True
+    t0 = time.perf_counter()
+    value = compute()
+    if cache is not None:
+        keep(cache, key, member, value, summary, time.perf_counter() - t0)
+    return value, False

@@ -1,0 +1,75 @@
+"""What the Triton integration was given and found when it attached, read by all its parts (none
+of which imports the package, which installs them):
+
+- :data:`cache`: the getter of the active cache that :func:`kcache.triton.INTEGRATION.attach`
+  was given (Triton builds cache managers with a key only: they read the cache here);
+- :func:`serves_folder`: whether the Triton cache folder in use now is kcache's;
+- an installation that had to wait until the manager module was loaded (:func:`finish_pending`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+from ..patch import CacheSlot
+
+cache = CacheSlot()
+
+_UNSET = object()
+_folder_at_install: Any = _UNSET  # Triton's cache folder when kcache installed (None: not known)
+_pending: Callable[[], None] | None = None
+
+
+def folder(path: Any) -> str | None:
+    if not isinstance(path, str) or not path:
+        return None
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def set_folder(path: str | None) -> None:
+    global _folder_at_install
+    _folder_at_install = path
+
+
+def forget_folder() -> None:
+    global _folder_at_install
+    _folder_at_install = _UNSET
+
+
+def serves_folder() -> bool:
+    """kcache serves the Triton cache folder in use now (see kcache/triton/__init__.py): the one
+    Triton had when kcache attached, or Inductor's own pick; not one the program chose while
+    running, nor the ``<folder>/triton`` of torch's fresh-cache scopes."""
+    try:
+        from triton import knobs
+
+        current = folder(knobs.cache.dir)
+    except Exception:  # broad: any Triton whose knobs cannot say: kcache's (as before it looked)
+        return True
+    if current is None:
+        return True
+    inductor = folder(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+    if inductor is not None:
+        if current == os.path.join(inductor, "triton"):
+            return False  # torch's fresh_cache(): a new, empty Triton folder
+        rest = current[len(inductor) :] if current.startswith(inductor + os.sep) else ""
+        if re.fullmatch(r"/triton/[0-9]+", rest.replace(os.sep, "/")):
+            return True  # Inductor's own: <TORCHINDUCTOR_CACHE_DIR>/triton/<device>
+    return _folder_at_install is _UNSET or current == _folder_at_install
+
+
+def wait_for_manager(finish: Callable[[], None]) -> None:
+    """The installation found kcache.triton.manager half-built (it was imported before triton,
+    and its own ``import triton`` ran the hook): ``finish`` runs at the manager module's end."""
+    global _pending
+    _pending = finish
+
+
+def finish_pending() -> None:
+    global _pending
+    finish, _pending = _pending, None
+    if finish is not None:
+        finish()
