@@ -172,6 +172,7 @@ def uninstall() -> None:
     if "triton" not in sys.modules:
         _installed.clear()
         attached.forget_folder()
+        attached.drop_pending()
         return
     try:
         from triton import knobs

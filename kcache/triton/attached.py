@@ -68,6 +68,11 @@ def wait_for_manager(finish: Callable[[], None]) -> None:
     _pending = finish
 
 
+def drop_pending() -> None:
+    global _pending
+    _pending = None
+
+
 def finish_pending() -> None:
     global _pending
     finish, _pending = _pending, None
