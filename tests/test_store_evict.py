@@ -41,3 +41,30 @@ def test_the_bound_holds_with_concurrent_writers(tmp_path: Path) -> None:
     # depends on scheduling (2.5x was sampled once beside a parallel test run).
     # tools/bench_evict.py measures it against the 1.25x target; docs/benchmarks.md has figures.
     assert run["peak_committed_ratio"] > 0
+
+
+def test_a_recount_keeps_what_was_put_while_it_walked(tmp_path: Path) -> None:
+    """A recount walks the folders while other threads and processes put and evict. An entry put
+    behind the walk (its shard walked already) and an entry removed ahead of it (not there when
+    its shard was walked) are both missed by the walk; the count must still hold the new entry.
+    Before, the recount added only the net change meanwhile (here +1,000 - 1,000 = 0) and the
+    count stayed an entry short for good: a store of 11 entries of 1,000 bytes under a 10,000
+    bound counted 10,000 and was never evicted (tests/test_store.py's eviction test, 1 run in
+    12 on a loaded box)."""
+    from kcache.store import Store
+
+    s = Store.open(tmp_path / "s", max_size=1 << 30)
+    try:
+        ids = [s.put("triton", f"k{i}", {"a.bin": b"x" * 1000}).record.id for i in range(5)]
+        usage = s.disk.evictor.usage
+        assert usage.total() == 5000
+        before = usage.added()  # the recount begins
+        walked = 4000  # it will see k1..k4: k0 is removed before its shard is walked
+        assert s.remove([ids[0]]) == 1
+        s.put("triton", "k5", {"a.bin": b"y" * 1000})  # behind the walk: not seen by it
+        total = usage.settle(walked, before)
+        on_disk = 5000  # k1..k5
+        assert total is not None and total >= on_disk, total
+        assert usage.total() == total
+    finally:
+        s.close()
