@@ -461,7 +461,10 @@ def test_a_trickling_node_costs_each_call_its_deadline_and_only_its_own_keys(
         else:
             raise AssertionError("the announced port did not spread")
         a = stores("a", c.url, prefix)
-        b = stores("b", c.url, prefix)
+        # A call's deadline of 1 s, not 100 ms: under a loaded CI box, 1 MiB from a fast node
+        # can take more than 130 ms, and the test is about the trickling node (40 s a value
+        # without the deadline), not about how fast the others answer.
+        b = stores("b", c.url, prefix, KCACHE_REMOTE_TIMEOUT="1s")
         big, on_slow = [], []
         i = 0
         while len(on_slow) < 4 or len(big) - len(on_slow) < 4:
@@ -492,7 +495,7 @@ def test_a_trickling_node_costs_each_call_its_deadline_and_only_its_own_keys(
         cb = counts(b)
         assert cb["remote_errors"] >= 3 and cb["remote_bypassed"] >= 1, cb
         assert cb["remote_hits"] == len(big) - len(on_slow), cb
-        assert max(took.values()) < 5.0, took  # its deadline: 0.1 s + 1/32 s for 1 MiB
+        assert max(took.values()) < 5.0, took  # its deadline: 1 s + 1/32 s for 1 MiB
         breakers = b.tiers[0].describe()["breakers"]
         assert (
             list(breakers) == [f"127.0.0.1:{proxy.listen_port}"]
