@@ -141,3 +141,41 @@ def test_prewarm_is_the_callable_subpackage_after_a_plain_import(tmp_path: Path)
         KCACHE_DIR=str(tmp_path / "store"),
     )
     assert res == {"loaded_at_import": False, "module": True, "callable": True, "answer": "SpecError"}
+
+
+def test_triton_patches_carry_one_marker_and_undo_leaves_a_later_wrapper(tmp_path: Path) -> None:
+    """Every attribute of Triton's that kcache replaces carries :data:`kcache.patch.MARKER`;
+    disable puts the originals back, except where someone wrapped kcache's wrapper since; an
+    enable after a disable wraps once again, not twice."""
+    out = _child(
+        f"""
+        import json
+        import triton, triton.compiler.compiler as cc
+        from triton.runtime.autotuner import Autotuner
+        import kcache
+        from kcache.patch import is_ours, original
+        from kcache.triton.keymemo import memo_triton_key  # noqa: F401  (loads the module)
+        own = {{"key": cc.get_cache_key, "init": Autotuner.__dict__["__init__"], "compile": cc.compile}}
+        names = {{"key": lambda: cc.get_cache_key, "init": lambda: Autotuner.__dict__["__init__"],
+                 "compile": lambda: triton.compile}}
+        r = {{}}
+        for round in (1, 2):
+            assert kcache.enable(dir={str(tmp_path / "store")!r}, nvfuser=False, torch=False)
+            r[f"marked{{round}}"] = {{n: is_ours(get()) and original(get()) is own[n] for n, get in names.items()}}
+            r[f"once{{round}}"] = {{n: not is_ours(getattr(get(), "__kcache_original__")) for n, get in names.items()}}
+            ours = cc.compile
+            later = lambda *a, **k: ours(*a, **k)  # a wrapper of someone else, after kcache's
+            if round == 1:
+                cc.compile = later
+            kcache.disable()
+            r[f"restored{{round}}"] = {{n: get() is own[n] for n, get in names.items()}}
+            r[f"later{{round}}"] = cc.compile is later
+            cc.compile = own["compile"]
+        print(json.dumps(r))
+        """,
+        tmp_path,
+    )
+    for rnd in (1, 2):
+        assert all(out[f"marked{rnd}"].values()) and all(out[f"once{rnd}"].values()), out
+        assert all(out[f"restored{rnd}"].values()), out
+    assert out["later1"] and not out["later2"], out

@@ -53,7 +53,7 @@ try:
     key = cache_mod.triton_key()
 finally:
     builtins.open = real_open
-original = getattr(cache_mod.triton_key, "_kcache_original", None)
+original = getattr(cache_mod.triton_key, "__kcache_original__", None)
 own = getattr(original, "__wrapped__", original)() if original is not None else None
 print(json.dumps({"memo_installed": original is not None, "key": key, "own_key": own, "libtriton_reads": len(reads)}))
 """

@@ -176,7 +176,7 @@ def _own_triton_key_cost() -> float:
     cache_mod = importlib.import_module("triton.runtime.cache")
     if not hasattr(cache_mod, "triton_key"):  # Triton 3.4
         cache_mod = importlib.import_module("triton.compiler.compiler")
-    fn = getattr(cache_mod.triton_key, "_kcache_original", cache_mod.triton_key)
+    fn = getattr(cache_mod.triton_key, "__kcache_original__", cache_mod.triton_key)
     fn = getattr(fn, "__wrapped__", fn)
     t = time.perf_counter()
     fn()

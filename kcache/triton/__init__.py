@@ -33,10 +33,9 @@ from typing import Any
 from .. import kinds as _kinds
 from .._imports import when_imported
 from ..log import logger, warn_once
-from ..patch import Integration
+from ..patch import Integration, is_ours
 from . import attached, entrycheck
-
-_installed: dict[str, Any] = {}
+from .attached import patches
 
 
 def _set_knob(obj: Any, name: str, value: Any) -> None:
@@ -47,9 +46,9 @@ def _set_knob(obj: Any, name: str, value: Any) -> None:
     desc = next((c.__dict__[name] for c in type(obj).__mro__ if name in c.__dict__), None)
     dname = getattr(desc, "name", None)
     if desc is not None and hasattr(desc, "__set__") and isinstance(dname, str):
-        obj.__dict__[dname] = value
+        patches.set(obj, dname, value, in_dict=True)
     else:
-        setattr(obj, name, value)
+        patches.set(obj, name, value)
 
 
 def _autotuner_init(original: Any) -> Any:
@@ -70,7 +69,6 @@ def _autotuner_init(original: Any) -> Any:
         except Exception:  # broad: a foreign signature; the autotuner is built already
             pass
 
-    __init__._kcache = True  # type: ignore[attr-defined]
     return __init__
 
 
@@ -102,25 +100,22 @@ def install(triton: ModuleType | None = None) -> None:
             f"TRITON_CACHE_MANAGER={os.environ['TRITON_CACHE_MANAGER']} is set: it wins, kcache does not "
             "cache Triton kernels in this process",
         )
-    else:
-        _installed["previous_manager"] = knobs.cache.__dict__.get("manager_class")
+    elif not patches.holds(knobs.cache, "manager_class"):
         _set_knob(knobs.cache, "manager_class", KcacheCacheManager)
-        _installed["manager"] = True
     try:
         attached.set_folder(attached.folder(knobs.cache.dir))
     except Exception as e:  # broad: Triton's knobs vary between versions
         logger.info("Triton's cache folder not known: %s", e)
     if os.environ.get("TRITON_CACHE_AUTOTUNING", "").strip() == "" and hasattr(knobs, "autotuning"):
-        _set_knob(knobs.autotuning, "cache", True)
-        _installed["autotune"] = True
+        if not patches.holds(knobs.autotuning, "cache"):
+            _set_knob(knobs.autotuning, "cache", True)
         try:
             from triton.runtime.autotuner import Autotuner
 
             own = Autotuner.__dict__.get("__init__")
-            wrapped = _autotuner_init(own) if own is not None and not getattr(own, "_kcache", False) else None
+            wrapped = _autotuner_init(own) if own is not None and not is_ours(own) else None
             if wrapped is not None:
-                Autotuner.__init__ = wrapped
-                _installed["autotuner_init"] = own
+                patches.wrap(Autotuner, "__init__", lambda _: wrapped)
         except Exception as e:  # broad: Triton's autotuner varies between versions
             logger.info("autotuners with hooks of their own are cached too: %s", e)
     try:
@@ -167,47 +162,19 @@ def _inductor_compile_worker() -> bool:
 
 def uninstall() -> None:
     """Undo :func:`install`: the manager knob, autotune caching, the triton_key, tool-version and
-    key-component hooks. Never imports Triton (a process that never used it does not pay 160 ms
-    to turn kcache off)."""
+    key-component hooks (:data:`.attached.patches`). Never imports Triton (a process that never
+    used it does not pay 160 ms to turn kcache off)."""
+    patches.undo()
+    attached.forget_folder()
     if "triton" not in sys.modules:
-        _installed.clear()
-        attached.forget_folder()
         attached.drop_pending()
         return
-    try:
-        from triton import knobs
-    except Exception:  # broad: a broken Triton install raises anything; nothing to undo then
-        return
-    if _installed.pop("manager", False):
-        knobs.cache.__dict__.pop("manager_class", None)
-        prev = _installed.pop("previous_manager", None)
-        if prev is not None:
-            knobs.cache.__dict__["manager_class"] = prev
-    if _installed.pop("autotune", False):
-        knobs.autotuning.__dict__.pop("cache", None)
-    own_init = _installed.pop("autotuner_init", None)
-    if own_init is not None:
+    toolmemo = sys.modules.get("kcache.triton.toolmemo")
+    if toolmemo is not None:
         try:
-            from triton.runtime.autotuner import Autotuner
-
-            Autotuner.__init__ = own_init
-        except Exception:  # broad: undoing goes on
-            pass
-    attached.forget_folder()
-    for modname, fn in (
-        ("kcache.triton.keymemo", "uninstall_key_memo"),
-        ("kcache.triton.toolmemo", "uninstall_tool_memo"),
-        ("kcache.triton.components", "uninstall_component_capture"),
-        ("kcache.triton.groupcheck", "uninstall_compile_guard"),
-        ("kcache.triton.warmup", "uninstall_libcuda_memo"),
-    ):
-        mod = sys.modules.get(modname)
-        undo = getattr(mod, fn, None) if mod is not None else None
-        if undo is not None:
-            try:
-                undo()
-            except Exception as e:  # broad: undoing goes on whatever one hook met
-                logger.debug("%s: %s", fn, e)
+            toolmemo.uninstall_tool_memo()
+        except Exception as e:  # broad: undoing goes on whatever the import hooks met
+            logger.debug("uninstall_tool_memo: %s", e)
 
 
 _hooked = False  # install() ran since the last attach: detach uninstalls

@@ -4,7 +4,8 @@ of which imports the package, which installs them):
 - :data:`cache`: the getter of the active cache that :func:`kcache.triton.INTEGRATION.attach`
   was given (Triton builds cache managers with a key only: they read the cache here);
 - :func:`serves_folder`: whether the Triton cache folder in use now is kcache's;
-- an installation that had to wait until the manager module was loaded (:func:`finish_pending`).
+- an installation that had to wait until the manager module was loaded (:func:`finish_pending`);
+- :data:`patches`: every attribute of Triton's that kcache replaced, undone at once on uninstall.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ..patch import CacheSlot
+from ..patch import CacheSlot, Patches
 
 cache = CacheSlot()
+patches = Patches("triton")
 
 _UNSET = object()
 _folder_at_install: Any = _UNSET  # Triton's cache folder when kcache installed (None: not known)

@@ -24,7 +24,6 @@ from typing import Any
 from .. import fingerprint
 
 _local = threading.local()
-_installed = False
 
 
 def _base32(hexdigest: str) -> str:
@@ -119,33 +118,20 @@ def target_for(key: str, origin: Origin | None) -> str | None:
 
 def install_component_capture() -> None:
     """Wrap ``triton.compiler.compiler.get_cache_key`` (where ``compile`` looks it up)."""
-    global _installed
-    if _installed:
-        return
     import triton.compiler.compiler as cc
 
-    orig = getattr(cc, "get_cache_key", None)
-    if orig is None or getattr(orig, "_kcache_wrapped", False):
+    from .attached import patches
+
+    if getattr(cc, "get_cache_key", None) is None or patches.holds(cc, "get_cache_key"):
         return
 
-    def get_cache_key(src: Any, backend: Any, backend_options: Any, env_vars: Any) -> str:
-        key = orig(src, backend, backend_options, env_vars)
-        _local.last = Origin(key, src, backend, backend_options, env_vars)
-        return key
+    def make(orig: Any) -> Any:
+        def get_cache_key(src: Any, backend: Any, backend_options: Any, env_vars: Any) -> str:
+            key = orig(src, backend, backend_options, env_vars)
+            _local.last = Origin(key, src, backend, backend_options, env_vars)
+            return key
 
-    get_cache_key._kcache_wrapped = True  # type: ignore[attr-defined]
-    get_cache_key.__wrapped__ = orig  # type: ignore[attr-defined]
-    cc.get_cache_key = get_cache_key
-    _installed = True
+        get_cache_key.__wrapped__ = orig  # type: ignore[attr-defined]
+        return get_cache_key
 
-
-def uninstall_component_capture() -> None:
-    """Put Triton's own ``get_cache_key`` back."""
-    global _installed
-    import sys
-
-    cc = sys.modules.get("triton.compiler.compiler")
-    fn = getattr(cc, "get_cache_key", None) if cc is not None else None
-    if fn is not None and getattr(fn, "_kcache_wrapped", False):
-        cc.get_cache_key = fn.__wrapped__  # type: ignore[union-attr]
-    _installed = False
+    patches.wrap(cc, "get_cache_key", make)

@@ -260,7 +260,6 @@ def _guard(orig: Any, codes: frozenset[Any]) -> Any:
         finally:
             _served.items = outer
 
-    compile._kcache_wrapped = True  # type: ignore[attr-defined]
     compile.__wrapped__ = orig  # type: ignore[attr-defined]
     compile.__doc__ = getattr(orig, "__doc__", None)
     return compile
@@ -277,25 +276,17 @@ def install_compile_guard() -> None:
 
     import triton.compiler.compiler as cc
 
+    from ..patch import is_ours
+    from .attached import patches
+
     orig = cc.compile
-    if getattr(orig, "_kcache_wrapped", False):
+    if is_ours(orig):
         return
     guarded = _guard(orig, _loader_codes())
     for modname, attr in _GUARDED:
         mod = sys.modules.get(modname)
         if mod is not None and getattr(mod, attr, None) is orig:
-            setattr(mod, attr, guarded)
-
-
-def uninstall_compile_guard() -> None:
-    """Put Triton's own ``compile`` back wherever the guard was put."""
-    import sys
-
-    for modname, attr in _GUARDED:
-        mod = sys.modules.get(modname)
-        fn = getattr(mod, attr, None) if mod is not None else None
-        if fn is not None and getattr(fn, "_kcache_wrapped", False):
-            setattr(mod, attr, fn.__wrapped__)
+            patches.wrap(mod, attr, lambda _: guarded)
 
 
 def servable(store: Any, filename: str, hit: Any, target: str | None) -> bool:

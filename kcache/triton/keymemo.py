@@ -28,6 +28,7 @@ from .. import fingerprint
 from .. import kinds as _kinds
 from ..log import logger
 from ..memo import boot_id, remember, sha256_file
+from ..patch import is_ours
 from .attached import cache as active_cache
 
 KIND = _kinds.TRITON_META
@@ -128,19 +129,18 @@ def memo_triton_key(original: Any, cache_mod: Any) -> str:
     return result.replace(fake_digest, digest)
 
 
-_patched: dict[str, Any] = {}
-
-
 def install_key_memo() -> None:
     """Replace ``triton_key`` in triton.runtime.cache and in every module that bound it by name."""
     import importlib
+
+    from .attached import patches
 
     # 3.5+ define triton_key in triton.runtime.cache; 3.4 in triton.compiler.compiler.
     cache_mod = importlib.import_module("triton.runtime.cache")
     if not hasattr(cache_mod, "triton_key"):
         cache_mod = importlib.import_module("triton.compiler.compiler")
     original = getattr(cache_mod, "triton_key", None)
-    if original is None or getattr(original, "_kcache_memo", False):
+    if original is None or is_ours(original):
         return
 
     @functools.cache
@@ -151,23 +151,10 @@ def install_key_memo() -> None:
             logger.info("triton_key memo failed (%s); using Triton's", e)
             return original()
 
-    triton_key._kcache_memo = True  # type: ignore[attr-defined]
-    triton_key._kcache_original = original  # type: ignore[attr-defined]
-    _patched["original"] = original
-    for name, mod in list(sys.modules.items()):
+    for mod in list(sys.modules.values()):
         if mod is not None and getattr(mod, "triton_key", None) is original:
             try:
-                mod.triton_key = triton_key
-                _patched[name] = mod
+                patches.wrap(mod, "triton_key", lambda _: triton_key)
             except Exception:  # broad: a foreign module may refuse the attribute
                 pass
-    cache_mod.triton_key = triton_key
-
-
-def uninstall_key_memo() -> None:
-    original = _patched.pop("original", None)
-    if original is None:
-        return
-    for mod in list(_patched.values()):
-        mod.triton_key = original
-    _patched.clear()
+    patches.wrap(cache_mod, "triton_key", lambda _: triton_key)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 from typing import Any
 
@@ -97,8 +96,10 @@ def _plausible(out: bytes) -> bool:
 
 
 def _patch(mod: Any) -> None:
+    from .attached import patches
+
     if getattr(mod, "subprocess", None) is subprocess:
-        mod.subprocess = _MemoSubprocess(subprocess)
+        patches.wrap(mod, "subprocess", _MemoSubprocess)
 
 
 def install_tool_memo() -> None:
@@ -110,10 +111,9 @@ def install_tool_memo() -> None:
 
 
 def uninstall_tool_memo() -> None:
+    """Stop patching the listed modules as they are imported (:data:`.attached.patches` undoes
+    the patches made)."""
     from .._imports import forget
 
     for name in MODULES:
         forget(name, _patch)
-        mod = sys.modules.get(name)
-        if mod is not None and isinstance(getattr(mod, "subprocess", None), _MemoSubprocess):
-            mod.subprocess = subprocess  # type: ignore[attr-defined]

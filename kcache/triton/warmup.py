@@ -188,10 +188,13 @@ def _key(driver: Any) -> str | None:
 
 def install_libcuda_memo(driver: Any) -> None:
     """Remember ``driver.libcuda_dirs()`` across processes (see the module doc)."""
-    orig = getattr(driver, "libcuda_dirs", None)
-    if orig is None or getattr(orig, "_kcache", False):
-        return
+    from .attached import patches
 
+    if getattr(driver, "libcuda_dirs", None) is not None:
+        patches.wrap(driver, "libcuda_dirs", lambda orig: _memo(driver, orig))
+
+
+def _memo(driver: Any, orig: Any) -> Any:
     def libcuda_dirs() -> list[str]:
         if _knob(driver):
             # Triton answers from TRITON_LIBCUDA_PATH without ldconfig: nothing to remember (and
@@ -228,16 +231,8 @@ def install_libcuda_memo(driver: Any) -> None:
         return dirs
 
     libcuda_dirs = _lru(libcuda_dirs)
-    libcuda_dirs._kcache = True  # type: ignore[attr-defined]
     libcuda_dirs.__wrapped__ = orig  # type: ignore[attr-defined]
-    driver.libcuda_dirs = libcuda_dirs
-
-
-def uninstall_libcuda_memo() -> None:
-    driver = sys.modules.get("triton.backends.nvidia.driver")
-    fn = getattr(driver, "libcuda_dirs", None) if driver is not None else None
-    if fn is not None and getattr(fn, "_kcache", False):
-        driver.libcuda_dirs = fn.__wrapped__  # type: ignore[union-attr]
+    return libcuda_dirs
 
 
 def _lru(fn: Any) -> Any:

@@ -50,7 +50,7 @@ def main() -> None:
     t = time.perf_counter()
     memo_key = cache_mod.triton_key()
     out["t_memo"] = time.perf_counter() - t
-    original = getattr(cache_mod.triton_key, "_kcache_original", None)
+    original = getattr(cache_mod.triton_key, "__kcache_original__", None)
     out["memo_installed"] = original is not None
     if original is not None:
         t = time.perf_counter()

@@ -189,7 +189,7 @@ def _state() -> dict[str, Any]:
 
         cache_mod = triton_key_module()
 
-        memo = bool(getattr(cache_mod.triton_key, "_kcache_memo", False))
+        memo = bool(hasattr(cache_mod.triton_key, "__kcache_original__"))
     except Exception:
         memo = False
     try:
