@@ -9,7 +9,6 @@ the first call (see :func:`_start`). The option itself is turned on per call: th
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import threading
 import time
@@ -32,7 +31,6 @@ PREFER = "direct"
 _lock = threading.RLock()
 _sessions: dict[str, Session] = {}
 _states: dict[str, _ModuleState] = {}
-_wrapped: dict[str, tuple[Any, Callable[..., Any]]] = {}  # module name -> (class, original execute)
 _fork_registered = False
 _KERNEL_DB = ("kernel_db",)
 
@@ -110,7 +108,6 @@ def _make_execute(orig: Callable[..., Any], st: _ModuleState) -> Callable[..., A
                 with guarded("nvfuser-call", "kcache's set-up of an nvFuser call"):
                     session.after_call()
 
-    execute._kcache_kerneldb = True  # type: ignore[attr-defined]
     execute.__wrapped__ = orig  # type: ignore[attr-defined]
     execute.__doc__ = getattr(orig, "__doc__", None)
     execute.__name__ = "execute"
@@ -118,22 +115,15 @@ def _make_execute(orig: Callable[..., Any], st: _ModuleState) -> Callable[..., A
 
 
 def _wrap(st: _ModuleState) -> bool:
+    """Wrap ``FusionDefinition.execute`` (once: the wrapper reads the module's state, which
+    outlives a detach, so an enable after another finds it in place)."""
+    from ..attached import patches
+
     cls = getattr(st.module, "FusionDefinition", None)
-    orig = getattr(cls, "execute", None) if cls is not None else None
-    if orig is None:
+    if getattr(cls, "execute", None) is None:
         return False
-    if getattr(orig, "_kcache_kerneldb", False):
-        orig = orig.__wrapped__
-    cls.execute = _make_execute(orig, st)
-    _wrapped[st.name] = (cls, orig)
+    patches.wrap(cls, "execute", lambda orig: _make_execute(orig, st))
     return True
-
-
-def _unwrap(name: str) -> None:
-    cls, orig = _wrapped.pop(name, (None, None))
-    if cls is not None:
-        with contextlib.suppress(Exception):
-            cls.execute = orig
 
 
 def _active_store() -> Any:
@@ -222,6 +212,8 @@ def detach_all() -> None:
             except Exception as e:  # broad: detaching goes on (unwrap nvFuser) whatever the flush met
                 warn_once("nvfuser-detach", f"nvfuser: could not store new kernels: {e}")
             s.store = None
-        for name, st in list(_states.items()):
-            _unwrap(name)
+        from ..attached import patches
+
+        patches.undo()
+        for st in _states.values():
             st.store = None
