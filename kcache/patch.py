@@ -41,12 +41,18 @@ def is_ours(obj: Any) -> bool:
 
 
 def _mark(replacement: Any, orig: Any) -> None:
-    try:
-        setattr(replacement, MARKER, orig)
-    except (AttributeError, TypeError):
-        # A builtin or a slotted object: the patch is still undone by identity, only
-        # :func:`original` cannot see through it.
-        pass
+    targets = [replacement]
+    if isinstance(replacement, (staticmethod, classmethod)):
+        # Marked with its function too: the class hands out the function (or a method bound to
+        # it), never the descriptor.
+        targets.append(replacement.__func__)
+    for obj in targets:
+        try:
+            setattr(obj, MARKER, orig)
+        except (AttributeError, TypeError):
+            # A builtin or a slotted object: the patch is still undone by identity, only
+            # :func:`original` cannot see through it.
+            pass
 
 
 class Patches:
@@ -58,20 +64,28 @@ class Patches:
     def __init__(self, name: str) -> None:
         self.name = name
         self._lock = threading.Lock()
-        # (owner, attribute, original or _MISSING, replacement, in __dict__ only)
-        self._done: list[tuple[Any, str, Any, Any, bool]] = []
+        # (owner, attribute, original or _MISSING, replacement, how: "attr", "dict" or "raw")
+        self._done: list[tuple[Any, str, Any, Any, str]] = []
 
-    def wrap(self, owner: Any, attr: str, make: Callable[[Any], Any]) -> Any:
+    def wrap(self, owner: Any, attr: str, make: Callable[[Any], Any], *, raw: bool = False) -> Any:
         """Replace ``owner.attr`` by ``make(current)`` (a wrapper of the current value) unless it
-        is kcache's already. Returns what is in place afterwards."""
+        is kcache's already. Returns what is in place afterwards.
+
+        ``raw``: the attribute as ``owner`` holds it in its own ``__dict__`` (a class's
+        staticmethod or classmethod object, an instance's own attribute): ``make`` is given that
+        (or the value looked up, when ``owner`` only inherits it), and :meth:`undo` puts that
+        back, or deletes the attribute where ``owner`` had none of its own. A replacement of
+        kcache's that ``owner`` only inherits (from a base class that kcache wrapped too) is
+        wrapped over, as if it were the library's."""
         with self._lock:
             current = getattr(owner, attr)
-            if is_ours(current):
-                return current
-            replacement = make(current)
+            before = owner.__dict__.get(attr, _MISSING) if raw else current
+            if is_ours(before):  # raw: a replacement that ``owner`` only inherits is not in its way
+                return before
+            replacement = make(current if before is _MISSING else before)
             _mark(replacement, current)
             setattr(owner, attr, replacement)
-            self._done.append((owner, attr, current, replacement, False))
+            self._done.append((owner, attr, before, replacement, "raw" if raw else "attr"))
             return replacement
 
     def set(self, owner: Any, attr: str, value: Any, *, in_dict: bool = False) -> None:
@@ -84,7 +98,17 @@ class Patches:
             else:
                 before = getattr(owner, attr, _MISSING)
                 setattr(owner, attr, value)
-            self._done.append((owner, attr, before, value, in_dict))
+            self._done.append((owner, attr, before, value, "dict" if in_dict else "attr"))
+
+    def adopt(self, owner: Any, attr: str, orig: Any) -> None:
+        """Count ``owner.attr`` in, where it holds a kcache replacement that ``owner`` took itself
+        (a module that imported the name after kcache wrapped it where it is defined):
+        :meth:`undo` puts ``orig`` back there too."""
+        with self._lock:
+            current = getattr(owner, attr, _MISSING)
+            if not is_ours(current) or any(o is owner and a == attr for o, a, *_ in self._done):
+                return
+            self._done.append((owner, attr, orig, current, "attr"))
 
     def holds(self, owner: Any, attr: str) -> bool:
         """Whether this set replaced ``owner.attr`` and has not undone it."""
@@ -96,18 +120,18 @@ class Patches:
         first. Never raises: an attribute that cannot be restored is logged and left."""
         with self._lock:
             done, self._done = self._done, []
-        for owner, attr, before, replacement, in_dict in reversed(done):
+        for owner, attr, before, replacement, how in reversed(done):
             try:
-                now = owner.__dict__.get(attr, _MISSING) if in_dict else getattr(owner, attr, _MISSING)
+                now = getattr(owner, attr, _MISSING) if how == "attr" else owner.__dict__.get(attr, _MISSING)
                 if now is not replacement:
                     logger.debug("%s: %s.%s was replaced since; left as it is", self.name, owner, attr)
                     continue
                 if before is _MISSING:
-                    if in_dict:
+                    if how == "dict":
                         del owner.__dict__[attr]
                     else:
                         delattr(owner, attr)
-                elif in_dict:
+                elif how == "dict":
                     owner.__dict__[attr] = before
                 else:
                     setattr(owner, attr, before)

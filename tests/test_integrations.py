@@ -179,3 +179,63 @@ def test_triton_patches_carry_one_marker_and_undo_leaves_a_later_wrapper(tmp_pat
         assert all(out[f"marked{rnd}"].values()) and all(out[f"once{rnd}"].values()), out
         assert all(out[f"restored{rnd}"].values()), out
     assert out["later1"] and not out["later2"], out
+
+
+def test_torch_patches_carry_one_marker_and_disable_puts_back_every_object(tmp_path: Path) -> None:
+    """Every attribute of torch's that kcache replaces (in the integration's trigger modules, their
+    classes and the DynamoCache object) carries :data:`kcache.patch.MARKER`, and disable puts
+    back the very objects torch had there (a staticmethod as the staticmethod), twice over."""
+    pytest.importorskip("torch")
+    out = _child(
+        f"""
+        import importlib, json, sys
+        import kcache
+        from kcache.inductor import TRIGGERS
+        from kcache.patch import MARKER
+        mods = [importlib.import_module(m) for m in TRIGGERS]
+        import torch._inductor.config as ic
+
+        def owners():
+            for m in mods:
+                yield m.__name__, m
+                for k, v in list(vars(m).items()):
+                    if isinstance(v, type) and v.__module__ == m.__name__ or k == "DynamoCache":
+                        yield f"{{m.__name__}}.{{k}}", v
+
+        def snap():
+            return {{(n, a): v for n, o in owners() for a, v in list(vars(o).items())}}
+
+        def ours(v):  # marked in its own __dict__ (torch's ``ops`` answers any attribute)
+            return any(MARKER in getattr(o, "__dict__", {{}}) for o in (v, getattr(v, "__func__", None)))
+
+        before = snap()
+        r = {{}}
+        for round in (1, 2):
+            assert kcache.enable(dir={str(tmp_path / "store")!r}, nvfuser=False, triton=False)
+            r[f"ours{{round}}"] = sorted(f"{{n}}:{{a}}" for (n, a), v in snap().items() if ours(v))
+            r[f"fx{{round}}"] = ic.fx_graph_remote_cache
+            kcache.disable()
+            after = snap()
+            r[f"changed{{round}}"] = sorted(f"{{n}}:{{a}}" for k, v in before.items() if after.get(k) is not v for n, a in [k])
+            r[f"left{{round}}"] = sorted(f"{{n}}:{{a}}" for (n, a), v in after.items() if ours(v))
+            r[f"fx_after{{round}}"] = ic.fx_graph_remote_cache
+        print(json.dumps(r))
+        """,
+        tmp_path,
+    )
+    expected = {
+        "torch._dynamo.package.DynamoCache:load",
+        "torch._dynamo.package.CompilePackage:install",
+        "torch._inductor.cpp_builder.CppBuilder:build",
+        "torch._inductor.codecache.FxGraphCache:clear",
+        "torch._inductor.remote_cache.RemoteFxGraphCache:backend_override_cls",
+        "torch._inductor.runtime.triton_heuristics.CachingAutotuner:recheck_autotune_cache",
+        "torch._inductor.async_compile:maybe_warm_pool",
+        "torch._inductor.async_compile.AsyncCompile:wakeup",
+        "torch._inductor.utils:should_use_remote_fx_graph_cache",
+        "torch._inductor.compile_fx:should_use_remote_fx_graph_cache",
+    }
+    for rnd in (1, 2):
+        assert expected <= set(out[f"ours{rnd}"]), sorted(expected - set(out[f"ours{rnd}"]))
+        assert out[f"changed{rnd}"] == [] and out[f"left{rnd}"] == [], out
+        assert out[f"fx{rnd}"] is True and out[f"fx_after{rnd}"] is None, out

@@ -57,8 +57,8 @@ from ..log import logger, warn_once
 from ..patch import Integration
 from .attached import backend_is_ours as backend_is_ours
 from .attached import cache as active_cache
-from .attached import installed_backends as _installed
 from .attached import our_backends as _ours_cls
+from .attached import patches
 from .attached import switched_on as _ours
 from .entries import MEMBER as MEMBER
 from .entries import NoGpuModel as NoGpuModel
@@ -172,7 +172,7 @@ def _turn_on(cfg: Any, switches: tuple[tuple[str, str], ...]) -> None:
             if not hasattr(cfg, attr):
                 continue  # this torch has no such cache
             if getattr(cfg, attr) is None:  # unset: off in open-source torch
-                setattr(cfg, attr, True)
+                patches.set(cfg, attr, True)
                 _ours.add(cls_name)
         except Exception as e:  # broad: torch's config objects validate with their own errors
             logger.info("torch.compile: could not turn on %s: %s", attr, e)
@@ -194,21 +194,21 @@ def _install_backends(rc: Any) -> None:
     backend_cls = _backend_class(base)
     for cls_name in sorted(_ours):
         cls = getattr(rc, cls_name, None)
-        if cls is None or not (isinstance(cls, type) and issubclass(cls, remote)) or cls_name in _installed:
+        if (
+            cls is None
+            or not (isinstance(cls, type) and issubclass(cls, remote))
+            or patches.holds(cls, "backend_override_cls")
+        ):
             continue
-        _installed[cls_name] = cls.__dict__.get("backend_override_cls")
-        cls.backend_override_cls = _ours_cls[cls_name] = functools.partial(
-            backend_cls, KIND_BY_CLASS[cls_name]
-        )
+        backend = functools.partial(backend_cls, KIND_BY_CLASS[cls_name])
+        _ours_cls[cls_name] = patches.wrap(cls, "backend_override_cls", lambda _, b=backend: b, raw=True)
 
 
 def uninstall() -> None:
     """Give torch its own backends, switches and wrapped functions back (kcache.disable())."""
+    patches.undo()
     for sub in (
-        "kcache.inductor.cpp",
         "kcache.inductor.precompile",
-        "kcache.inductor.coordesc",
-        "kcache.inductor.vecisa",
         "kcache.inductor.policy",
         "kcache.inductor.graphs",
         "kcache.inductor.workers",
@@ -216,27 +216,7 @@ def uninstall() -> None:
         m = sys.modules.get(sub)
         if m is not None:
             m.uninstall()
-    rc = sys.modules.get("torch._inductor.remote_cache")
-    for cls_name, before in list(_installed.items()):
-        cls = getattr(rc, cls_name, None) if rc is not None else None
-        if cls is not None:
-            if before is None:
-                try:
-                    del cls.backend_override_cls
-                except AttributeError:
-                    pass
-            else:
-                cls.backend_override_cls = before
-        del _installed[cls_name]
-        _ours_cls.pop(cls_name, None)
-    for mod_name, switches in FLAGS.items():
-        cfg = sys.modules.get(mod_name)
-        for attr, cls_name in switches:
-            if cfg is not None and cls_name in _ours:
-                try:
-                    setattr(cfg, attr, None)
-                except Exception:  # broad: as above; undoing goes on
-                    pass
+    _ours_cls.clear()
     _ours.clear()
 
 

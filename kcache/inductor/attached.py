@@ -4,7 +4,8 @@
 - :data:`cache`: the getter of the active cache it was given at attach
   (:data:`kcache.inductor.INTEGRATION`);
 - the remote caches whose switch kcache turned on, and the backends it set
-  (:func:`backend_is_ours`).
+  (:func:`backend_is_ours`);
+- :data:`patches`: every attribute of torch's that kcache replaced (undone on detach).
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ..patch import CacheSlot
+from ..patch import CacheSlot, Patches
 
 cache = CacheSlot()
+patches = Patches("torch")
 
 switched_on: set[str] = set()  # cache classes whose switch kcache turned on in this process
-installed_backends: dict[str, Any] = {}  # cache class name -> the backend_override_cls it had before
 our_backends: dict[str, Any] = {}  # cache class name -> the backend_override_cls kcache set
 
 

@@ -31,8 +31,7 @@ import functools
 from typing import Any
 
 from ..log import logger
-
-_patched: list[tuple[Any, Any]] = []  # (CachingAutotuner, torch's recheck_autotune_cache)
+from .attached import patches
 
 
 def on_import(mod: Any) -> None:
@@ -40,7 +39,7 @@ def on_import(mod: Any) -> None:
     original = getattr(cls, "recheck_autotune_cache", None)
     check = getattr(mod, "check_autotune_cache", None)
     hashable = getattr(mod, "triton_config_to_hashable", None)
-    if original is None or check is None or hashable is None or _patched:
+    if original is None or check is None or hashable is None or patches.holds(cls, "recheck_autotune_cache"):
         return  # a torch without this path, or already wrapped
 
     @functools.wraps(original)
@@ -52,14 +51,7 @@ def on_import(mod: Any) -> None:
         except Exception as e:  # the kernel stays as torch left it: it tunes again
             logger.debug("torch.compile: cached coordinate-descent config not applied: %s", e)
 
-    _patched.append((cls, original))
-    cls.recheck_autotune_cache = recheck_autotune_cache
-
-
-def uninstall() -> None:
-    while _patched:
-        cls, original = _patched.pop()
-        cls.recheck_autotune_cache = original
+    patches.wrap(cls, "recheck_autotune_cache", lambda _: recheck_autotune_cache)
 
 
 def _apply_winner(

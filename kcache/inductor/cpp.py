@@ -33,6 +33,8 @@ from typing import Any
 from .. import kinds as _kinds
 from ..boundary import failed, guarded
 from ..log import logger, warn_once
+from ..patch import is_ours
+from .attached import patches
 
 MEMBER = "kernel.so"
 MAX_SO = 256 << 20
@@ -42,7 +44,7 @@ def on_import(mod: Any) -> None:
     """Wrap ``CppBuilder.build`` of the ``torch._inductor.cpp_builder`` module ``mod``."""
     cls = getattr(mod, "CppBuilder", None)
     orig = getattr(cls, "build", None)
-    if cls is None or orig is None or getattr(orig, "_kcache", False):
+    if cls is None or orig is None or is_ours(orig):
         return
     if not all(hasattr(cls, a) for a in ("get_target_file_path", "get_command_line")):
         logger.info("torch.compile: CppBuilder has changed; CPU kernels are not kept in the store")
@@ -62,17 +64,8 @@ def on_import(mod: Any) -> None:
             with guarded("inductor-cpp-keep", "kcache's keeping of a CPU kernel"):  # torch has its library
                 _keep(*plan, time.perf_counter() - t0)
 
-    build._kcache = True  # type: ignore[attr-defined]
     build.__wrapped__ = orig  # type: ignore[attr-defined]
-    cls.build = build
-
-
-def uninstall() -> None:
-    mod = sys.modules.get("torch._inductor.cpp_builder")
-    cls = getattr(mod, "CppBuilder", None) if mod is not None else None
-    fn = getattr(cls, "build", None)
-    if fn is not None and getattr(fn, "_kcache", False):
-        cls.build = fn.__wrapped__  # type: ignore[union-attr]
+    patches.wrap(cls, "build", lambda _: build)
 
 
 def _plan(builder: Any) -> tuple[str, str, dict[str, Any]] | None:

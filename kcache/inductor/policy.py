@@ -49,6 +49,8 @@ import threading
 from typing import Any
 
 from .. import kinds as _kinds
+from ..patch import is_ours
+from .attached import patches
 
 _lock = threading.Lock()
 #: Inductor folder -> kind -> the keys this process put there since that kind was cleared.
@@ -214,7 +216,6 @@ class _FreshCacheHook:
 
 
 _hook = _FreshCacheHook()
-_wrapped_clears: list[tuple[Any, str, Any]] = []  # (class, attribute, torch's own)
 
 #: module -> (class, kind) whose ``clear()`` empties that kind's cache
 CLEARS = {
@@ -244,7 +245,7 @@ def wrap_clear(mod: Any) -> None:
     cls_name, kind = CLEARS[mod.__name__]
     target = getattr(mod, cls_name, None)
     own = getattr(target, "clear", None)
-    if target is None or not callable(own) or getattr(own, "_kcache", False):
+    if target is None or not callable(own) or is_ours(own):
         return
 
     def clear(*args: Any, **kwargs: Any) -> Any:
@@ -256,16 +257,14 @@ def wrap_clear(mod: Any) -> None:
             except Exception:  # broad: as cache_clear: torch's clear goes on
                 pass
 
-    clear._kcache = True  # type: ignore[attr-defined]
     if isinstance(target, type):
         raw = target.__dict__.get("clear")
         if not isinstance(raw, (staticmethod, classmethod)):
             return  # an instance method: torch changed; leave it alone
-        target.clear = staticmethod(clear)  # ``own`` is the function, or bound to the class
-        _wrapped_clears.append((target, "clear", raw))
-    else:
-        target.clear = clear
-        _wrapped_clears.append((target, "clear", None))
+        # ``own`` is the function, or bound to the class
+        patches.wrap(target, "clear", lambda _: staticmethod(clear), raw=True)
+    else:  # set on the object: on undo, its class's clear shows through again
+        patches.wrap(target, "clear", lambda _: clear, raw=True)
 
 
 #: module -> (torch's decision function, the kind, the remote cache class whose switch it reads)
@@ -302,7 +301,7 @@ def wrap_decision(mod: Any) -> None:
     it in the modules already loaded that took it by name."""
     fn_name, kind, cls_name = DECISIONS[mod.__name__]
     own = mod.__dict__.get(fn_name)
-    if not callable(own) or getattr(own, "_kcache", False):
+    if not callable(own) or is_ours(own):
         return
 
     def decide(*args: Any, **kwargs: Any) -> Any:
@@ -314,11 +313,10 @@ def wrap_decision(mod: Any) -> None:
             pass
         return answer
 
-    decide._kcache = True  # type: ignore[attr-defined]
     decide.__wrapped__ = own  # type: ignore[attr-defined]
     decide.__name__ = fn_name
     _decisions[fn_name] = (own, decide)
-    mod.__dict__[fn_name] = decide
+    patches.wrap(mod, fn_name, lambda _: decide)
     rebind()
 
 
@@ -328,7 +326,6 @@ AUTOTUNE_META = {
     "torch._inductor.runtime.autotune_cache": (None, "inductor_meta_from_config"),
     "torch._inductor.codegen.triton": ("TritonKernel", "inductor_meta_common"),
 }
-_meta_wrapped: list[tuple[Any, str, Any]] = []  # (owner, attribute, torch's own)
 
 
 def _autotune_meta(meta: Any) -> Any:
@@ -352,11 +349,7 @@ def wrap_autotune_meta(mod: Any) -> None:
     cls_name, fn_name = AUTOTUNE_META[mod.__name__]
     owner = getattr(mod, cls_name, None) if cls_name else mod
     raw = (owner.__dict__ if owner is not None else {}).get(fn_name)
-    if (
-        raw is None
-        or getattr(raw, "_kcache", False)
-        or getattr(getattr(raw, "__func__", None), "_kcache", False)
-    ):
+    if raw is None or is_ours(raw) or is_ours(getattr(raw, "__func__", None)):
         return
     if cls_name:
         if not isinstance(raw, classmethod):
@@ -366,16 +359,13 @@ def wrap_autotune_meta(mod: Any) -> None:
         def common(cls: Any) -> Any:
             return _autotune_meta(own(cls))
 
-        common._kcache = True  # type: ignore[attr-defined]
-        setattr(owner, fn_name, classmethod(common))
+        patches.wrap(owner, fn_name, lambda _: classmethod(common), raw=True)
     else:
 
         def from_config(*args: Any, **kwargs: Any) -> Any:
             return _autotune_meta(raw(*args, **kwargs))
 
-        from_config._kcache = True  # type: ignore[attr-defined]
-        setattr(owner, fn_name, from_config)
-    _meta_wrapped.append((owner, fn_name, raw))
+        patches.wrap(owner, fn_name, lambda _: from_config, raw=True)
 
 
 def rebind(mod: Any = None) -> None:
@@ -387,31 +377,15 @@ def rebind(mod: Any = None) -> None:
             continue
         for fn_name, (own, decide) in list(_decisions.items()):
             if m.__dict__.get(fn_name) is own:
-                m.__dict__[fn_name] = decide
+                patches.wrap(m, fn_name, lambda _, decide=decide: decide)
+            elif m.__dict__.get(fn_name) is decide:  # imported by name after the wrap
+                patches.adopt(m, fn_name, own)
 
 
 def uninstall() -> None:
-    while _meta_wrapped:
-        owner, fn_name, raw = _meta_wrapped.pop()
-        try:
-            setattr(owner, fn_name, raw)
-        except Exception:  # broad: undoing goes on whatever one attribute met
-            pass
-    for fn_name, (own, decide) in list(_decisions.items()):
-        for name in (*DECISIONS, *BINDERS):
-            m = sys.modules.get(name)
-            if m is not None and m.__dict__.get(fn_name) is decide:
-                m.__dict__[fn_name] = own
+    """kcache.disable(): torch's functions come back with :data:`.attached.patches`; the cache
+    registry forgets kcache's hook."""
     _decisions.clear()
-    while _wrapped_clears:
-        target, attr, own = _wrapped_clears.pop()
-        try:
-            if isinstance(target, type):
-                setattr(target, attr, own)
-            else:
-                target.__dict__.pop(attr, None)
-        except Exception:  # broad: as above
-            pass
     mod = sys.modules.get("torch._inductor.utils")
     registered = getattr(mod, "_registered_caches", None) if mod is not None else None
     if isinstance(registered, list):

@@ -48,8 +48,6 @@ from ..log import logger, warn_once
 
 KIND = _kinds.INDUCTOR_PRECOMPILE
 _SOURCE_ID = re.compile(r"[0-9A-Za-z_.-]{1,200}")
-_wrapped: dict[str, Any] = {}  # DynamoCache method name -> torch's own, while installed
-_install: Any = None  # CompilePackage.install, torch's own, while wrapped
 _served: dict[str, str] = {}  # source id -> the file kcache wrote for it in this process
 
 
@@ -60,11 +58,17 @@ def _on() -> bool:
 
 def on_import(mod: Any) -> None:
     """Called when ``torch._dynamo.package`` has been imported."""
-    global _install
+    from .attached import patches
+
     cache = getattr(mod, "DynamoCache", None)
     pkg = getattr(mod, "CompilePackage", None)
     needed = ("_write_to_local_cache", "load", "path_prefix")
-    if cache is None or pkg is None or _wrapped or not all(hasattr(cache, n) for n in needed):
+    if (
+        cache is None
+        or pkg is None
+        or patches.holds(cache, "load")
+        or not all(hasattr(cache, n) for n in needed)
+    ):
         logger.debug("caching precompile: this torch's DynamoCache is not one kcache knows")
         return
     if not hasattr(pkg, "source_id_from_fn"):
@@ -105,12 +109,11 @@ def on_import(mod: Any) -> None:
                 except Exception:  # broad: bookkeeping only
                     pass
 
-    _wrapped.update(_write_to_local_cache=write, load=load)
-    cache._write_to_local_cache = _write_to_local_cache
-    cache.load = load_
+    # Set on the DynamoCache object itself: on undo, its class's methods show through again.
+    patches.wrap(cache, "_write_to_local_cache", lambda _: _write_to_local_cache, raw=True)
+    patches.wrap(cache, "load", lambda _: load_, raw=True)
     if callable(install):
-        _install = install
-        pkg.install = install_
+        patches.wrap(pkg, "install", lambda _: install_, raw=True)
 
 
 #: A name Dynamo made with ``unique_id``: ``<prefix>_<counter>``, with ``_<uuid>`` after it for some.
@@ -200,16 +203,6 @@ def _materialize(prefix: str, source_id: str) -> None:
 
 
 def uninstall() -> None:
-    """Give torch its DynamoCache methods back (kcache.disable())."""
-    mod = sys.modules.get("torch._dynamo.package")
-    cache = getattr(mod, "DynamoCache", None) if mod is not None else None
-    if cache is not None:
-        for name in list(_wrapped):
-            cache.__dict__.pop(name, None)  # the class's own methods show through again
-    global _install
-    pkg = getattr(mod, "CompilePackage", None) if mod is not None else None
-    if pkg is not None and _install is not None:
-        pkg.install = _install
-    _install = None
-    _wrapped.clear()
+    """kcache.disable(): torch's DynamoCache methods come back with :data:`.attached.patches`;
+    the packages served in this process are forgotten."""
     _served.clear()

@@ -138,11 +138,7 @@ def _is_code(value: bytes) -> bool:
 
 
 def on_import(mod: Any) -> None:
+    from .attached import patches
+
     if getattr(mod, "subprocess", None) is subprocess:
-        mod.subprocess = _ProbeSubprocess(subprocess, mod)
-
-
-def uninstall() -> None:
-    mod = sys.modules.get(MODULE)
-    if mod is not None and isinstance(getattr(mod, "subprocess", None), _ProbeSubprocess):
-        mod.subprocess = subprocess
+        patches.wrap(mod, "subprocess", lambda real: _ProbeSubprocess(real, mod))

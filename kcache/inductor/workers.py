@@ -19,7 +19,6 @@ scope), torch's warm-up runs as it would.
 
 from __future__ import annotations
 
-import sys
 import threading
 from typing import Any
 
@@ -28,7 +27,7 @@ from ..log import logger
 MODULE = "torch._inductor.async_compile"
 _lock = threading.Lock()
 _wanted: list[bool] = []  # torch asked for the warm-up; kcache holds it until a compile comes
-_own: dict[str, Any] = {}  # what was replaced -> torch's own
+_own: dict[str, Any] = {}  # torch's own maybe_warm_pool, while kcache's is in place
 
 
 def _deferring() -> bool:
@@ -88,11 +87,12 @@ def on_import(mod: Any) -> None:
                     self.__dict__.pop("use_process_pool", None)
         return triton(self, kernel_name, source_code, *args, **kwargs)
 
-    maybe_warm_pool._kcache = True  # type: ignore[attr-defined]
-    _own.update(maybe_warm_pool=warm, wakeup=raw_wakeup, triton=triton, module=mod)
-    mod.maybe_warm_pool = maybe_warm_pool
-    cls.wakeup = classmethod(wakeup)
-    cls.triton = triton_
+    from .attached import patches
+
+    _own.update(maybe_warm_pool=warm)
+    patches.wrap(mod, "maybe_warm_pool", lambda _: maybe_warm_pool)
+    patches.wrap(cls, "wakeup", lambda _: classmethod(wakeup), raw=True)
+    patches.wrap(cls, "triton", lambda _: triton_, raw=True)
 
 
 def _no_pool() -> bool:
@@ -114,16 +114,7 @@ def compile_coming() -> None:
 
 
 def uninstall() -> None:
-    mod = _own.pop("module", None) or sys.modules.get(MODULE)
-    if mod is None:
-        _own.clear()
-        return
-    cls = getattr(mod, "AsyncCompile", None)
-    if "maybe_warm_pool" in _own:
-        mod.maybe_warm_pool = _own.pop("maybe_warm_pool")
-    if cls is not None and "wakeup" in _own:
-        cls.wakeup = _own.pop("wakeup")
-    if cls is not None and "triton" in _own:
-        cls.triton = _own.pop("triton")
+    """kcache.disable(): torch's functions come back with :data:`.attached.patches`; nothing
+    held for torch any more."""
     _own.clear()
     _wanted.clear()
