@@ -10,9 +10,13 @@ grace period was evicted, and the store was left at 5-6x its bound.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+from kcache.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,3 +72,61 @@ def test_a_recount_keeps_what_was_put_while_it_walked(tmp_path: Path) -> None:
         assert usage.total() == total
     finally:
         s.close()
+
+
+def _trash_files(root: Path) -> list[str]:
+    return [f"{d}/{f}" for d in os.listdir(root / "trash") for f in os.listdir(root / "trash" / d)]
+
+
+def test_a_put_past_the_bound_leaves_its_victims_files_to_the_next_turn(tmp_path: Path) -> None:
+    """A put that finds the store far past its bound (the flush thread behind) evicts by renaming
+    the oldest entries into trash/ only: they are gone from the store and off its size count
+    when it returns, and their files are deleted at the flush thread's next turn, not inside the
+    put (deleting files makes the filesystem's journal wait)."""
+    root = tmp_path / "store"
+    s = Store.open(root, max_size=1 << 30)
+    disk = s.disk
+    disk.catalogue.on_turn = lambda: None  # the flush thread's turn is taken by hand below
+    keys = [f"k{i}" for i in range(10)]
+    for i, key in enumerate(keys):
+        s.put("triton", key, {"a.bin": bytes([i]) * 10_000, "b.json": b"{}"})
+        rec = root / "entries" / disk.entry_id("triton", key)[:2] / disk.entry_id("triton", key)
+        os.utime(rec / "__kcache__.rec", (time.time() - 600 + i, time.time() - 600 + i))
+    assert disk.evictor.usage.total() == 10 * 10_002
+    disk.max_size = 50_000  # the put below takes it to 2.2x: far past HELP_OVER
+    assert s.put("triton", "new", {"a.bin": b"N" * 10_000, "b.json": b"{}"}) is not None
+    gone = [k for k in keys if disk.record_mtime(disk.entry_id("triton", k)) is None]
+    assert gone, "the put evicted nothing itself"
+    assert all(s.get("triton", k) is None for k in gone)
+    assert disk.evictor.usage.total() == (11 - len(gone)) * 10_002  # off the count at the rename
+    left = _trash_files(root)
+    assert len(left) == 3 * len(gone), left  # members and record: not deleted by the put
+    disk._flush_turn()  # the flush thread's next turn
+    assert _trash_files(root) == []
+    gone = [k for k in keys if disk.record_mtime(disk.entry_id("triton", k)) is None]  # and its own
+    assert disk.evictor.usage.total() == (11 - len(gone)) * 10_002  # nothing counted twice
+    assert s.get("triton", "new") is not None
+    s.close()
+    assert os.listdir(root / "trash") == []
+
+
+def test_a_held_entry_evicted_by_a_put_keeps_its_files(tmp_path: Path) -> None:
+    """The same, for an entry whose files this process was handed: the turn leaves them whole
+    while they are held; they go when the process lets go."""
+    root = tmp_path / "store"
+    s = Store.open(root, max_size=1 << 30)
+    disk = s.disk
+    disk.catalogue.on_turn = lambda: None
+    s.put("triton", "old", {"a.bin": b"O" * 20_000})
+    ident = disk.entry_id("triton", "old")
+    os.utime(root / "entries" / ident[:2] / ident / "__kcache__.rec", (time.time() - 600,) * 2)
+    hit = s.get("triton", "old", files=True)
+    assert hit is not None and hit._pin is not None
+    disk.max_size = 15_000
+    assert s.put("triton", "new", {"a.bin": b"N" * 1_000}) is not None
+    assert disk.record_mtime(ident) is None  # evicted by the put
+    disk._flush_turn()
+    assert Path(hit.paths["a.bin"]).read_bytes() == b"O" * 20_000  # held: left whole
+    assert len(_trash_files(root)) == 2
+    s.close()  # lets go: what it held goes
+    assert os.listdir(root / "trash") == []

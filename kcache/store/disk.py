@@ -109,12 +109,18 @@ class DiskTier:
             self.entries, self.counts, index_timeout=index_timeout, drain_global=drain_global
         )
         self.evictor = Evictor(
-            self.entries, self.catalogue, bound=lambda: self.max_size, remove=self._remove_for_eviction
+            self.entries,
+            self.catalogue,
+            bound=lambda: self.max_size,
+            remove=self._remove_for_eviction,
+            remove_soon=self._remove_for_put,
         )
         self.catalogue.on_turn = self._flush_turn
         self.catalogue.after_reconcile = self.evictor.recount
         self._trash_left = False  # removals left folders in trash/ (see trash.sweep)
         self._trash_swept = -1e9  # monotonic: when held folders in trash/ were last tried
+        self._trash_held: set[str] = set()  # folders in trash/ found held: tried with those
+        self._soon = 0  # entries puts evicted since the last whole sweep (their files wait for it)
         forks.register(self)
 
     # ------------------------------------------------------------------ what opening found
@@ -437,6 +443,17 @@ class DiskTier:
     def _remove_for_eviction(self, ident: str) -> int | None:
         return self.entries.remove(ident, later=True)
 
+    def _remove_for_put(self, ident: str) -> int | None:
+        """An eviction by a put: the folder is renamed into ``trash/`` (its bytes leave the count)
+        and its files are deleted at the flush thread's next turn; unless that thread is behind
+        (:data:`~.tunables.SOON_MAX`), then here, as by the thread."""
+        if self._soon >= T.SOON_MAX:
+            return self.entries.remove(ident, later=True)
+        got = self.entries.remove(ident, later=True, empty=False)
+        if got is not None:
+            self._soon += 1
+        return got
+
     def remove(self, ids: list[str], *, index: bool = True) -> int:
         """Delete entries: their folders first (that frees the space, and works on a full disk),
         then their index rows (``index``; a failure there is ignored: rows of missing entries are
@@ -496,9 +513,9 @@ class DiskTier:
             self.sweep_trash()
 
     def sweep_trash(self, budget_s: float | None = None, *, closing: bool = False) -> None:
-        """What removals left in ``trash/``: empty folders (evictions leave them for later), and,
-        at most every :data:`~.tunables.HELD_SWEEP_S`, folders that a process held and no longer
-        does. Never raises."""
+        """What removals left in ``trash/``: empty folders (evictions leave them for later), the
+        files of entries that puts evicted, and, at most every :data:`~.tunables.HELD_SWEEP_S`,
+        folders that a process held and no longer does. Never raises."""
         trfd = self.folders.fd("trash")
         if trfd is None or self.readonly or (self.closed and not closing):
             return
@@ -507,7 +524,12 @@ class DiskTier:
         if held:
             self._trash_swept = now
         try:
-            sweep(trfd, T.FLUSH_EVERY_S / 2 if budget_s is None else budget_s, held=held)
+            soon = self._soon
+            _, whole = sweep(
+                trfd, T.FLUSH_EVERY_S / 2 if budget_s is None else budget_s, held=held, skip=self._trash_held
+            )
+            if whole:
+                self._soon = max(0, self._soon - soon)  # those the puts evicted meanwhile still wait
             self._trash_left = bool(os.listdir(trfd))
         except OSError:
             pass

@@ -378,13 +378,15 @@ class Entries:
         raise OSError(errno.EEXIST, "entry is being replaced concurrently")
 
     # ------------------------------------------------------------------ removing
-    def remove(self, ident: str, *, later: bool = False) -> int | None:
+    def remove(self, ident: str, *, later: bool = False, empty: bool = True) -> int | None:
         """Move an entry's folder to trash (atomically: of several removers, one wins), delete
         its files, then the folder, following no link. A folder a process holds (its files handed
         out, see :mod:`.served`) stays whole in ``trash/`` until nobody does. ``later``
         (eviction): the empty folder is left for a later sweep (removing a folder can cost
-        milliseconds). Returns the bytes it counted for, or None when it was not there (or not a
-        folder of ours); :attr:`on_removed` is told."""
+        milliseconds). Not ``empty`` (a put that evicts): its files too are left for the sweep
+        (:func:`.trash.sweep`), so that the put returns after the rename. Returns the bytes it
+        counted for, or None when it was not there (or not a folder of ours); :attr:`on_removed`
+        is told."""
         efd, trfd = self.folders.fd("entries"), self.folders.fd("trash")
         if efd is None or trfd is None or not valid_id(ident):
             return None  # not a path of ours (a crafted index row): only its row goes
@@ -400,7 +402,7 @@ class Entries:
         except OSError:
             return None
         freed = folder_bytes(trfd, t)
-        left = drop_trash(trfd, t, keep_empty=later) is None or later
+        left = not empty or drop_trash(trfd, t, keep_empty=later) is None or later
         if self.on_removed is not None:
             self.on_removed(ident, freed, left)
         return freed

@@ -13,7 +13,10 @@ Who evicts, least recently used first:
   removes the oldest;
 - a put that finds the store past :data:`~.tunables.HELP_OVER` of its bound (the evicting
   thread is behind the writers) frees about its own size before it returns: the oldest of a
-  random sample of entries, without any lock (removal is a rename, which one process wins);
+  random sample of entries, without any lock (removal is a rename, which one process wins).
+  It only renames them into ``trash/`` (their bytes leave the count then); deleting their files
+  is left to the flush thread's next turn, which the put wakes (deleting files makes the
+  filesystem's journal wait, and a put must not);
 - a process that ends with the store past its bound brings it back under before it goes
   (for at most :data:`~.tunables.EXIT_EVICT_S`), so the bound holds after the last writer.
 
@@ -279,7 +282,9 @@ class Evictor:
     """Keeps one store under its bound (see the module doc). The disk tier calls
     :meth:`after_put` after every commit, :meth:`due` and :meth:`run` from its flush thread,
     :meth:`at_exit` when it closes. ``bound()`` is the store's bound now; ``remove(id)`` removes
-    an entry for eviction (the bytes freed, or None when it was not there)."""
+    an entry for eviction (the bytes freed, or None when it was not there); ``remove_soon(id)``
+    the same for a put that evicts, leaving the files for a later turn to delete (default
+    ``remove``)."""
 
     def __init__(
         self,
@@ -288,11 +293,13 @@ class Evictor:
         *,
         bound: Callable[[], int],
         remove: Callable[[str], int | None],
+        remove_soon: Callable[[str], int | None] | None = None,
     ) -> None:
         self.folders: Folders = entries.folders
         self.clock: Clock = entries.clock
         self.entries, self.catalogue = entries, catalogue
         self.bound, self.remove = bound, remove
+        self.remove_soon = remove_soon or remove
         self.usage = Usage(self.folders)
         # id -> (protect_until, record mtime when seen): not read again until one of them changes
         self._protected: dict[str, tuple[float, float]] = {}
@@ -317,12 +324,13 @@ class Evictor:
         if total <= bound:
             return
         self.catalogue.wake()
-        if total > bound * T.HELP_OVER:
-            self.help(min(total - bound, 2 * size), exclude=ident)
+        if total > bound * T.HELP_OVER and self.help(min(total - bound, 2 * size), exclude=ident, soon=True):
+            self.catalogue.wake()  # their files: deleted at the flush thread's turn
 
-    def help(self, need: int, exclude: str = "") -> int:
+    def help(self, need: int, exclude: str = "", *, soon: bool = False) -> int:
         """Free about ``need`` bytes now, without a lock: the oldest unprotected entry of a
-        random sample, a few times at most. Returns the bytes freed."""
+        random sample, a few times at most (``soon``: removed with ``remove_soon``). Returns the
+        bytes freed."""
         freed = 0
         now = self.clock.now()
         for _ in range(4):
@@ -332,7 +340,7 @@ class Evictor:
             for mtime, ident in sorted(self._sample(16, exclude)):
                 if mtime > now - T.GRACE_S:
                     break
-                got = self._evict_one(ident, mtime, 0, now)
+                got = self._evict_one(ident, mtime, 0, now, soon=soon)
                 if got is not None:
                     break
             if got is None:
@@ -461,7 +469,9 @@ class Evictor:
         out.sort()
         return out
 
-    def _evict_one(self, ident: str, mtime: float, hits: int, now: float) -> int | None:
+    def _evict_one(
+        self, ident: str, mtime: float, hits: int, now: float, *, soon: bool = False
+    ) -> int | None:
         """Remove one candidate unless it was used since it was listed or is protected. The bytes
         freed, or None when it stays (or was gone)."""
         mt = self.entries.record_mtime(ident)
@@ -476,7 +486,7 @@ class Evictor:
             self._protected[ident] = (rec.protect_until, mt)
             return None
         self._protected.pop(ident, None)
-        got = self.remove(ident)
+        got = (self.remove_soon if soon else self.remove)(ident)
         if got is not None:
             self.catalogue.counts.add("store", evictions=1)
             self.catalogue.drop_row(ident)

@@ -92,26 +92,37 @@ def drop_trash(trash_fd: int, name: str, *, keep_empty: bool = False) -> int | N
     return freed
 
 
-def sweep(trash_fd: int, budget_s: float, held: bool = False) -> int:
-    """Remove the empty folders that evictions left in ``trash/`` (see :func:`empty_folder`),
-    for at most ``budget_s`` seconds; with ``held``, also folders that were held and are no
-    longer. A folder still being emptied by another process, or still held, is left for later.
-    Returns how many went."""
+def sweep(
+    trash_fd: int, budget_s: float, held: bool = False, skip: set[str] | None = None
+) -> tuple[int, bool]:
+    """Remove what removals left in ``trash/``, for at most ``budget_s`` seconds: the empty
+    folders that evictions left (see :func:`empty_folder`), and the folders whose files an
+    evicting put left to delete, unless a process holds them (see :func:`drop_trash`). A folder
+    found held (or being emptied by another process) goes into ``skip`` and is tried again only
+    with ``held`` (without ``skip``: only with ``held``). Returns how many went, and whether
+    every folder was tried within the budget."""
     end = time.monotonic() + budget_s
     n = 0
     try:
         names = os.listdir(trash_fd)
     except OSError:
-        return 0
+        return 0, False
     for name in names:
         if time.monotonic() > end:
-            break
+            return n, False
         try:
             os.rmdir(name, dir_fd=trash_fd)
             n += 1
             continue
         except OSError:
             pass
-        if held and drop_trash(trash_fd, name) is not None:
+        if not held and (skip is None or name in skip):
+            continue
+        if drop_trash(trash_fd, name) is None:
+            if skip is not None:
+                skip.add(name)
+        else:
             n += 1
-    return n
+    if skip:
+        skip.intersection_update(names)  # gone meanwhile: forgotten
+    return n, True
