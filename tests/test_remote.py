@@ -608,6 +608,7 @@ def test_cli_stats_config_and_remote(redis_private, tmp_path, clean_env, prefix)
         KCACHE_REMOTE=server.url.replace("redis://", "redis://:urlpass@"),
         KCACHE_REMOTE_PASSWORD="envpass",  # the URL's password wins
         KCACHE_REMOTE_PREFIX=prefix,
+        KCACHE_REMOTE_TIMEOUT="2s",  # about the commands' figures: a loaded box missed 100 ms once
     )
     for who in ("a", "b"):
         p = subprocess.run(
