@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import hmac
 import io
 import os
 import re
@@ -43,8 +42,8 @@ from typing import Any, BinaryIO, Protocol
 
 import msgpack
 
-from . import kinds as _kinds
 from .store import Record
+from .store import trust as _trust
 from .store.api import Admin, Cache
 from .store.fs import UnsafePath, atomic_write, open_input
 from .store.records import CorruptRecord, valid_name, validate
@@ -81,8 +80,12 @@ class BundleError(Exception):
     """A bundle that cannot be written or read (the message says why)."""
 
 
+#: A bundle's manifest is signed with no domain (the format of bundles already written).
+_DOMAIN = b""
+
+
 def _sign(secret: bytes | None, body: bytes) -> str | None:
-    return hmac.new(secret, body, hashlib.sha256).hexdigest() if secret else None
+    return _trust.sign(secret, _DOMAIN, body).hex() if secret else None
 
 
 def export_bundle(
@@ -121,7 +124,7 @@ def export_bundle(
         rec = hit.record
         if kinds and rec.kind not in kinds:
             continue
-        if _kinds.machine_local(rec.kind):
+        if _trust.refusal(rec.kind, signed=True) == _trust.MACHINE_LOCAL:
             skipped.append({"id": ident, "kind": rec.kind, "why": "machine-local: never exported"})
             continue
         hits.append(hit)
@@ -439,7 +442,7 @@ def _read_manifest(
         raise BundleError(f"{path}: bundle schema {manifest.get('schema')!r} is not {SCHEMA}")
     signed = False
     if sig is not None and secret is not None:
-        if not isinstance(sig, str) or not hmac.compare_digest(sig, _sign(secret, body) or ""):
+        if not isinstance(sig, str) or not _trust.verify(secret, _DOMAIN, body, sig):
             raise BundleError(f"{path}: signature does not match KCACHE_SECRET; nothing imported")
         signed = True
     elif secret is not None:
@@ -533,12 +536,12 @@ def _import(store: ImportTarget, b: Bundle, progress: Callable[[int], None] | No
     }  # fmt: skip
     refused: dict[str, str] = {}
     for ident, rec in b.records.items():
-        k = _kinds.get(rec.kind)
+        why = _trust.refusal(rec.kind, b.signed)
         if rec.invalid:
             refused[ident] = f"bad record: {rec.invalid}"
-        elif k.machine_local:
+        elif why == _trust.MACHINE_LOCAL:
             refused[ident] = "machine-local: never imported"
-        elif k.needs_signature and not b.signed:
+        elif why == _trust.UNSIGNED:
             refused[ident] = UNSIGNED
     declared = {(r.id, f.name): f for r in b.records.values() for f in r.files}
     total_bound = max(0, store.max_size)

@@ -22,7 +22,7 @@ def version_components() -> tuple[str, ...]:
     """Components that describe libraries, by which an entry can be stale (never arch or GPU)."""
     from .. import fingerprint
 
-    return tuple(getattr(fingerprint, "VERSION_COMPONENTS", ("python_abi", "triton_version")))
+    return tuple(fingerprint.VERSION_COMPONENTS)
 
 
 def stale_reasons(

@@ -55,10 +55,6 @@ class Summary:
         return sum(1 for i in self.items if i.status == status)
 
     @property
-    def prepared(self) -> int:
-        return self.count("prepared")
-
-    @property
     def cached(self) -> int:
         return self.count("cached")
 

@@ -350,9 +350,6 @@ class Index:
     def ids(self) -> set[str]:
         return {i for (i,) in self.conn.execute("SELECT id FROM entries") if isinstance(i, str)}
 
-    def clear_rows(self) -> None:
-        self.conn.execute("DELETE FROM entries")
-
     # -- counters and misses ----------------------------------------------------------------
     def add_counters(self, deltas: dict[tuple[str, str], float]) -> None:
         with self.transaction():

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import hmac
 import os
 import threading
 import time
@@ -57,8 +56,8 @@ from typing import Any
 
 import msgpack
 
-from ... import kinds as _kinds
 from ...log import logger, warn_once
+from .. import trust as _trust
 from ..records import CorruptRecord, Record, crc32, validate
 from . import redis_cluster, redis_io
 from . import redis_keys as rk
@@ -207,15 +206,13 @@ def connect(cfg: RemoteConfig, timeout_s: float | None = None) -> Any:
 
 
 def eligible(kind: str, secret: bytes | None) -> bool:
-    """Whether entries of ``kind`` may go to and come from the shared tier."""
-    k = _kinds.get(kind)
-    if k.machine_local:
-        return False
-    return not (k.needs_signature and not secret)
+    """Whether entries of ``kind`` may go to and come from the shared tier: with a secret every
+    entry is signed, without one only what may cross unsigned goes (:mod:`..trust`)."""
+    return _trust.may_cross(kind, signed=bool(secret))
 
 
 def sign(secret: bytes, record: bytes) -> bytes:
-    return hmac.new(secret, SIG_DOMAIN + record, hashlib.sha256).digest()
+    return _trust.sign(secret, SIG_DOMAIN, record)
 
 
 def pack_entry(record: bytes, members: dict[str, bytes], secret: bytes | None) -> bytes:
@@ -247,9 +244,9 @@ def unpack_entry(
     if secret:
         if sig is None:
             raise Refused("unsigned", "KCACHE_SECRET is set and the entry carries no signature")
-        if not isinstance(sig, bytes) or not hmac.compare_digest(sig, sign(secret, rec_bytes)):
+        if not isinstance(sig, bytes) or not _trust.verify(secret, SIG_DOMAIN, rec_bytes, sig):
             raise Refused("bad signature", "the signature does not match KCACHE_SECRET")
-    elif _kinds.needs_signature(kind):
+    elif _trust.refusal(kind, signed=False) == _trust.UNSIGNED:
         raise Refused("unsigned", "host code and pickles are taken only when signed")
     try:
         rec = Record.decode(rec_bytes)

@@ -35,13 +35,13 @@ the Lua text and the keeper, which is handed a function that runs a call.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from .. import trust as _trust
 
 FORMAT = b"kcl1"
 LOCK_DOMAIN = b"kcache-lock/1\0"
@@ -80,8 +80,7 @@ def new_holder() -> str:
 
 
 def _sig(secret: bytes, ident: str, holder: str, seq: int, t_ms: int) -> str:
-    msg = LOCK_DOMAIN + f"{ident} {holder} {seq} {t_ms}".encode()
-    return hmac.new(secret, msg, hashlib.sha256).hexdigest()
+    return _trust.sign(secret, LOCK_DOMAIN, f"{ident} {holder} {seq} {t_ms}".encode()).hex()
 
 
 def encode_lock(ident: str, holder: str, seq: int, secret: bytes | None, t_ms: int | None = None) -> bytes:
@@ -122,9 +121,8 @@ class LockValue:
         return cls(holder, int(seq), int(t_ms), sig)
 
     def signed_by(self, secret: bytes, ident: str) -> bool:
-        return self.sig != "-" and hmac.compare_digest(
-            self.sig, _sig(secret, ident, self.holder, self.seq, self.t_ms)
-        )
+        body = f"{ident} {self.holder} {self.seq} {self.t_ms}".encode()
+        return self.sig != "-" and _trust.verify(secret, LOCK_DOMAIN, body, self.sig)
 
 
 def judge(
