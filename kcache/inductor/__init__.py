@@ -262,6 +262,13 @@ def _on_import(mod: Any) -> None:
     on_import(mod)
 
 
+def _checks() -> dict[str, Callable[[Any], str | None]]:
+    """What ``kcache verify`` checks of this integration's entries (:mod:`.tunecheck`)."""
+    from .tunecheck import checks
+
+    return checks()
+
+
 INTEGRATION = Integration(
     "torch",
     triggers=TRIGGERS,
@@ -277,4 +284,5 @@ INTEGRATION = Integration(
     ),
     attach=_attach,
     on_import=_on_import,
+    checks=_checks,
 )

@@ -130,6 +130,10 @@ def get(kind: str, key: str) -> bytes | None:
         skey, comps = store_key(kind, key)
         hit = store.get(kind, skey, comps)
         data = hit.read(MEMBER) if hit is not None else None
+        if data is not None and kind == _kinds.INDUCTOR_AUTOTUNE:
+            from .tunecheck import servable  # torch builds Triton configs from it unchecked
+
+            data = data if servable(store, hit, data) else None
         if data is not None and kind == _kinds.INDUCTOR_AOT:
             data = data if _with_graphs(store, key, data, hit.record.compile_s) else None
         if data is None:
