@@ -12,6 +12,7 @@ Inductor's heuristics make them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 
@@ -37,7 +38,7 @@ def _all() -> dict:
 
 def main() -> None:
     from torch._inductor.runtime.autotune_cache import AutotuneCache, inductor_meta_from_config
-    from torch._inductor.runtime.runtime_utils import cache_dir
+    from torch._inductor.runtime.runtime_utils import cache_dir, triton_hash_to_path_key
     from torch._inductor.runtime.triton_compat import Config
     from torch._inductor.runtime.triton_heuristics import hash_configs
 
@@ -59,7 +60,11 @@ def main() -> None:
                 else Config(dict(best[0]), num_warps=best[1], num_stages=best[2])
             )
             # time_taken_ms tells the entries apart (n+1 ms): tests find a kernel's entry by it
-            cache.save(win, (n + 1) * 1_000_000 + 7, found_by_coordesc=coordesc, triton_cache_hash="ab" * 32)
+            # the winner's Triton cache key, in the form Inductor records it (launcher.cache_hash)
+            triton_hash = triton_hash_to_path_key(hashlib.sha256(name.encode()).hexdigest())
+            cache.save(
+                win, (n + 1) * 1_000_000 + 7, found_by_coordesc=coordesc, triton_cache_hash=triton_hash
+            )
             out[name] = n + 1
             continue
         try:
