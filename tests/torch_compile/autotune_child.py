@@ -81,6 +81,9 @@ def main() -> None:
             )
         except Exception as e:
             out[name] = {"raised": f"{type(e).__name__}: {e}"}
+    store = kcache.active_store()
+    for tier in getattr(store, "tiers", ()):  # the shared tier's queued writes (a bad entry's drop) done
+        tier.flush(60)
     counts = kcache.stats()["process"].get("inductor-autotune", {}) if kcache.is_enabled() else {}
     print(json.dumps({"results": out, "counts": counts}))
 
