@@ -266,7 +266,7 @@ def _checks() -> dict[str, Callable[[Any], str | None]]:
     """What ``kcache verify`` checks of this integration's entries (:mod:`.tunecheck`)."""
     from .tunecheck import checks
 
-    return checks()
+    return checks(MEMBER)
 
 
 INTEGRATION = Integration(

@@ -217,14 +217,13 @@ def servable(store: Any, hit: Any, blob: bytes) -> bool:
     return False
 
 
-def checks() -> dict[str, Callable[[Any], str | None]]:
+def checks(member: str) -> dict[str, Callable[[Any], str | None]]:
     """kind -> ``check(hit)`` for ``kcache verify``: why torch could not safely use this
-    verified autotune result, or None."""
+    verified autotune result (its file ``member``), or None."""
     from .. import kinds
-    from .entries import MEMBER
 
     def autotune(hit: Any) -> str | None:
-        why = problem(hit.read(MEMBER)) if MEMBER in hit.names else "no value"
+        why = problem(hit.read(member)) if member in hit.names else f"no {member}"
         return f"torch could not use it: {why}" if why else None
 
     return {kinds.INDUCTOR_AUTOTUNE: autotune}
