@@ -457,6 +457,8 @@ which, root, key, group_name, names = sys.argv[1], sys.argv[2], sys.argv[3], sys
 import kcache.store  # imports before the clock: what a process with kcache loaded has
 from triton import knobs
 from triton.runtime.cache import FileCacheManager
+import hashlib
+hashlib.sha256(b"key").hexdigest()  # Triton hashes its key (sha256) before it asks a cache manager
 t = time.perf_counter()
 if which == "kcache":
     st = kcache.store.Store.open(root, max_size=1 << 50)

@@ -217,8 +217,7 @@ class DiskTier:
             # holds them any more (see .served).
             tfd = folders.fd("tmp")
             if tfd is not None and not folders.network_fs:  # a network filesystem's locks may be per node
-                for prefix in ("served.", "scratch."):
-                    clean_dead(tfd, prefix)
+                clean_dead(tfd, ("served.", "scratch."))
                 tier._trash_left = True  # what removals left there: the flush thread's first turn
         atexit.register(tier.close)  # read-only too: its private folders go at exit
         return tier

@@ -94,15 +94,21 @@ def open_dir(path: str, what: str, owners: frozenset[int] | None) -> int:
 def open_dir_at(
     parent: int, name: str, what: str, owners: frozenset[int] | None, *, create: bool = False
 ) -> int:
-    """Open (with ``create``, first make, 0700) the folder ``name`` inside ``parent``, refusing a
+    """Open (with ``create``, made 0700 when missing) the folder ``name`` inside ``parent``, refusing a
     link, a non-folder, and (``owners`` given) one owned by someone else or writable by others."""
-    if create:
-        try:
-            os.mkdir(name, 0o700, dir_fd=parent)
-        except FileExistsError:
-            pass
     try:
-        fd = os.open(name, O_DIR, dir_fd=parent)
+        try:
+            fd = os.open(name, O_DIR, dir_fd=parent)
+        except FileNotFoundError:
+            if not create:
+                raise
+            # Made only when missing (a store's folders exist but at its first opening: a mkdir
+            # that fails takes the parent's lock all the same).
+            try:
+                os.mkdir(name, 0o700, dir_fd=parent)
+            except FileExistsError:
+                pass
+            fd = os.open(name, O_DIR, dir_fd=parent)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
             raise UnsafePath(f"{what} is a link or not a folder") from None

@@ -27,6 +27,7 @@ from .safety import (
     insecure_path,
     is_network_fs,
     make_private_dir,
+    on_block_device,
 )
 
 MARKER = "KCACHE_STORE"
@@ -155,11 +156,28 @@ class Folders:
         #: False when the store failed a check and was opened anyway (KCACHE_ALLOW_INSECURE=1).
         self.trusted = trusted
         self.network_fs = network_fs
-        #: What a reading command reports: the index's folder (node-local on a network filesystem).
-        self.index_dir = Path(index_dir) if index_dir else root / "index"
-        self.tmp, self.trash, self.locks = root / "tmp", root / "trash", root / "locks"
+        self._index_dir = index_dir
         self.closed = False
         self._fds = fds
+
+    # Paths by name, for messages, reports and libraries (never opened here): made when asked
+    # (making a Path costs microseconds that a process's first lookup need not pay).
+    @property
+    def index_dir(self) -> Path:
+        """What a reading command reports: the index's folder (node-local on a network filesystem)."""
+        return Path(self._index_dir) if self._index_dir else self.root / "index"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    @property
+    def trash(self) -> Path:
+        return self.root / "trash"
+
+    @property
+    def locks(self) -> Path:
+        return self.root / "locks"
 
     def fd(self, sub: str) -> int | None:
         """The descriptor of ``sub`` ("root", "entries", "tmp", "trash", "locks", "index"); None
@@ -182,19 +200,19 @@ def open_folders(
     trust = True
     # The path as named: a link on the way is fine if this user (or root) made it, in a
     # folder nobody else can write; one another user planted decides where the store is.
-    why_named = insecure_path(path) if os.path.realpath(path) != os.path.abspath(path) else None
+    real = os.path.realpath(path)  # a link the user made to their store is fine; from here on, no links
+    why_named = insecure_path(path) if real != os.path.abspath(path) else None
     if why_named:
         if not allow_insecure:
             raise UnsafeStore(
                 f"{path}: another user decides where this path leads ({why_named}); {INSECURE_HINT}"
             )
         trust = False
-    real = os.path.realpath(path)  # a link the user made to their store is fine; from here on, no links
     if not os.path.lexists(real):
         if readonly or not create:
             raise StoreError(f"{path} does not exist" + (" (read-only: nothing to read)" if readonly else ""))
         make_private_dir(Path(real))
-    why_parent = insecure_parent(real)
+    why_parent = insecure_parent(real, resolved=True)
     if why_parent:
         if not allow_insecure:
             raise UnsafeStore(
@@ -228,7 +246,10 @@ def open_folders(
                 if owners is not None:
                     owners = fs.trusted_owners(True)
         check_marker(root_fd, path, readonly=readonly, create=create)
-        nfs = is_network_fs(Path(real)) if network_fs is None else network_fs
+        if network_fs is not None:
+            nfs = network_fs
+        else:
+            nfs = not on_block_device(st) and is_network_fs(real, resolved=True)
         for sub in SUBDIRS:
             if sub == "index" and nfs:
                 fds[sub] = None  # no SQLite file on a network filesystem (below)

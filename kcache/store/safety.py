@@ -72,16 +72,16 @@ def check_dir(path: Path, *, readonly: bool, allow_insecure: bool) -> None:
         check_root(st, str(path), readonly=readonly)
 
 
-def insecure_parent(path: str) -> str | None:
+def insecure_parent(path: str, *, resolved: bool = False) -> str | None:
     """Why a folder above ``path`` lets another user replace the store, or None.
 
     As ssh's StrictModes judges a key's folders: every folder from the store's parent up to ``/``
     must be owned by root or by this user, and not be writable by group or others unless its
     sticky bit is set (like /tmp, where only a name's owner may rename or delete it). Anyone
     else who can write a parent can rename the store away and put a folder of their own in its
-    place after kcache checked it."""
+    place after kcache checked it. ``resolved``: ``path`` is already its realpath."""
     uid = os.geteuid()
-    cur = os.path.dirname(os.path.realpath(path))
+    cur = os.path.dirname(path if resolved else os.path.realpath(path))
     while True:
         try:
             st = os.stat(cur)
@@ -155,24 +155,48 @@ def make_private_dir(path: Path) -> None:
             pass
 
 
-def fs_type(path: Path, mounts_file: str = "/proc/self/mounts") -> str | None:
-    """The filesystem type of the mount holding ``path`` (longest matching mount point), or None."""
+def fs_type(
+    path: Path | str, mounts_file: str = "/proc/self/mounts", *, resolved: bool = False
+) -> str | None:
+    """The filesystem type of the mount holding ``path`` (longest matching mount point), or None.
+    ``resolved``: ``path`` is already its realpath. (Read as bytes: a text file's first opening
+    in a process costs 0.1 ms, the store's opening pays this.)"""
     try:
-        real = os.path.realpath(path)
-        best, best_type = "", None
-        with open(mounts_file, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) < 3:
-                    continue
-                mnt = parts[1].replace("\\040", " ")
-                if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
-                    best, best_type = mnt, parts[2]
-        return best_type
+        real = os.fsencode(path if resolved else os.path.realpath(path))
+        best, best_type = b"", None
+        for line in _read_all(mounts_file).splitlines():
+            parts = line.split()
+            if len(parts) < 3:
+                continue
+            mnt = parts[1].replace(b"\\040", b" ")
+            if (real == mnt or real.startswith(mnt.rstrip(b"/") + b"/")) and len(mnt) >= len(best):
+                best, best_type = mnt, parts[2]
+        return None if best_type is None else best_type.decode("utf-8", "replace")
     except OSError:
         return None
 
 
-def is_network_fs(path: Path, mounts_file: str = "/proc/self/mounts") -> bool:
-    t = fs_type(path, mounts_file)
+def _read_all(name: str) -> bytes:
+    fd = os.open(name, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def on_block_device(st: os.stat_result) -> bool:
+    """Whether the file or folder of ``st`` is on a filesystem of a block device (a disk: ext4,
+    xfs): never a network filesystem, which the kernel mounts without one (an anonymous device,
+    major number 0: NFS, Lustre, GPFS, CephFS, SMB, FUSE; also tmpfs, overlay, btrfs). Saves
+    reading the mount table, 0.1 ms of the kernel's time in a new process."""
+    return os.major(st.st_dev) != 0
+
+
+def is_network_fs(
+    path: Path | str, mounts_file: str = "/proc/self/mounts", *, resolved: bool = False
+) -> bool:
+    t = fs_type(path, mounts_file, resolved=resolved)
     return bool(t) and (t in NETWORK_FS or t.split(".")[0] in NETWORK_FS)

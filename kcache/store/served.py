@@ -357,8 +357,9 @@ def temp_folder(role: str) -> PrivateFolder:
     return PrivateFolder(fd, parent, os.path.basename(path), path, own_parent=True)
 
 
-def clean_dead(dir_fd: int, prefix: str) -> int:
-    """Remove this user's folders named ``prefix*`` in ``dir_fd`` that nobody holds."""
+def clean_dead(dir_fd: int, prefix: str | tuple[str, ...]) -> int:
+    """Remove this user's folders named ``prefix*`` (one of the prefixes) in ``dir_fd`` that
+    nobody holds."""
     n = 0
     uid = os.geteuid()
     try:
