@@ -15,10 +15,10 @@ It keeps an AOT entry only when the FX graphs it names are in the store already 
 the FX graphs first).
 
 The keys are read from the entry's bytes without unpickling anything: the envelope is JSON with
-a base64 pickle, and :mod:`pickletools` walks the pickle's opcodes (it builds no object). An
-entry that does not name its graphs the way torch 2.8-2.13 does (``CompiledForward`` with an
-``fx_graph_cache_info`` key string; bundled entries hold their graphs and name none) is served
-and kept as it is.
+a base64 pickle, and :mod:`.pickleops` walks the pickle's opcodes (it builds no object and
+imports no pickle module). An entry that does not name its graphs the way torch 2.8-2.13 does
+(``CompiledForward`` with an ``fx_graph_cache_info`` key string; bundled entries hold their
+graphs and name none) is served and kept as it is.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import pickletools
 import re
 import threading
 from collections import OrderedDict
+
+from .pickleops import PickleFormatError, unicode_strings
 
 FX_KEY = re.compile(r"f[a-z2-7]{51}")
 #: The classes of an AOTAutograd entry that names FX graphs by key (not bundled ones).
@@ -53,12 +54,9 @@ def fx_keys(data: bytes) -> list[str]:
         payload = base64.b64decode(envelope["data"], validate=True)
     except (ValueError, KeyError, TypeError, binascii.Error) as e:
         raise Unreadable(f"not an AOTAutograd envelope: {e}") from None
-    strings: list[str] = []
     try:
-        for op, arg, _pos in pickletools.genops(payload):
-            if isinstance(arg, str) and "UNICODE" in op.name:
-                strings.append(arg)
-    except Exception as e:  # a truncated or foreign pickle: say so, never guess
+        strings = unicode_strings(payload)
+    except PickleFormatError as e:  # a truncated or foreign pickle: say so, never guess
         raise Unreadable(f"not a pickle kcache can read: {e}") from None
     if not NAMING_CLASSES.intersection(strings):
         return []

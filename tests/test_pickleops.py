@@ -1,0 +1,84 @@
+"""kcache reads the strings of an AOTAutograd entry's pickle without the pickle module
+(kcache/inductor/pickleops.py): checked here against pickletools, the standard library's own
+reading of the format, on pickles of every protocol. (The tests may use pickle to make pickles;
+kcache never imports it.)"""
+
+from __future__ import annotations
+
+import pickle
+import pickletools
+import subprocess
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+
+from kcache.inductor import pickleops
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class CompiledForward:  # the shape of what graphs.py looks for: a class and key strings
+    def __init__(self) -> None:
+        self.fx_graph_cache_info = ("f" + "a" * 51, ["f" + "b" * 51])
+        self.other = {"n": 2**70, "x": 1.5, "b": b"\x00\x8c\x34" * 40, "t": (None, True, False)}
+
+
+SAMPLES = [
+    CompiledForward(),
+    ["ascii", "é – ✓ \U0001f600", "", "x" * 300, "y" * 70_000, "line\nbreak\\u1234"],
+    {"a": [1, -1, 255, 65_535, 2**31 - 1, -(2**31), 2**64, -(2**200)], "f": [0.1, -2e300]},
+    OrderedDict(k=frozenset({1, 2}), s={3}, ba=bytearray(b"z" * 300), by=b"q" * 70_000),
+    ("nested", ("tuple", ("deep", [{"k": "v"}] * 3))),
+]
+
+
+def _reference(data: bytes) -> list[str]:
+    return [arg for op, arg, _ in pickletools.genops(data) if isinstance(arg, str) and "UNICODE" in op.name]
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_the_strings_are_pickletools_own(protocol: int) -> None:
+    for obj in SAMPLES:
+        data = pickle.dumps(obj, protocol=protocol)
+        assert pickleops.unicode_strings(data) == _reference(data)
+    data = pickle.dumps(SAMPLES[0], protocol=protocol)
+    if protocol >= 1:
+        assert "f" + "a" * 51 in pickleops.unicode_strings(data)
+
+
+def test_every_opcode_of_the_format_is_known_with_its_argument() -> None:
+    lines = {"decimalnl_short", "decimalnl_long", "floatnl", "stringnl", "stringnl_noescape",
+             "stringnl_noescape_pair", "unicodestringnl"}  # fmt: skip
+    for op in pickletools.opcodes:
+        code = ord(op.code.encode("latin-1"))
+        if op.arg is None:
+            assert code in pickleops._NO_ARG, op.name
+        elif op.arg.n > 0:
+            assert pickleops._FIXED.get(code) == op.arg.n, op.name
+        elif op.arg.name in lines:
+            assert code in pickleops._LINES or code == pickleops._UNICODE_LINE, op.name
+        else:
+            assert code in pickleops._SIZED, op.name
+
+
+@pytest.mark.parametrize("cut", [1, 2, 10, 100])
+def test_a_cut_pickle_or_a_foreign_byte_is_refused(cut: int) -> None:
+    data = pickle.dumps(SAMPLES[1], protocol=4)
+    with pytest.raises(pickleops.PickleFormatError):
+        pickleops.unicode_strings(data[:-cut])
+    with pytest.raises(pickleops.PickleFormatError, match="opcode 0xff"):
+        pickleops.unicode_strings(b"\x80\x04\xff.")
+    with pytest.raises(pickleops.PickleFormatError):  # a length past the end
+        pickleops.unicode_strings(b"\x80\x04X\xff\xff\xff\x7fab.")
+
+
+def test_reading_an_entry_loads_no_pickle_module() -> None:
+    code = (
+        "import sys, kcache.inductor.graphs as g\n"
+        'try:\n    g.fx_keys(b\'{"data": "gARdlC4="}\')\nexcept g.Unreadable:\n    pass\n'
+        "print(sorted(m for m in ('pickle', 'pickletools', '_pickle') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
