@@ -173,6 +173,40 @@ class CacheSlot:
         return get() if get is not None else None
 
 
+class Hooks:
+    """An integration's ``attach`` and ``on_import`` (see :class:`Integration`) when it patches
+    its library as it is imported: ``attach`` keeps the getter in ``slot`` (a :class:`CacheSlot`,
+    or a function giving it, for an integration that loads its slot late); the ``detach`` it
+    returns lets go of the getter and, when ``install`` ran since, calls ``uninstall``."""
+
+    __slots__ = ("_install", "_slot", "_uninstall", "hooked")
+
+    def __init__(
+        self,
+        slot: CacheSlot | Callable[[], CacheSlot],
+        install: Callable[[Any], None],
+        uninstall: Callable[[], None],
+    ) -> None:
+        self._slot, self._install, self._uninstall = slot, install, uninstall
+        self.hooked = False  # install ran since the last attach: the detach uninstalls
+
+    def attach(self, get_cache: Callable[[], Any]) -> Callable[[], None]:
+        slot = self._slot if isinstance(self._slot, CacheSlot) else self._slot()
+        unbind = slot.bind(get_cache)
+
+        def detach() -> None:
+            unbind()
+            if self.hooked:
+                self.hooked = False
+                self._uninstall()
+
+        return detach
+
+    def on_import(self, mod: Any) -> None:
+        self.hooked = True
+        self._install(mod)
+
+
 class Integration:
     """What an integration declares to the facade, which names it by string only
     (:data:`kcache.integrations.REGISTRY`) and imports it when one of its triggers is imported.

@@ -54,7 +54,7 @@ from typing import Any
 
 from .. import kinds as _kinds
 from ..log import logger, warn_once
-from ..patch import Integration
+from ..patch import Hooks, Integration
 from .attached import backend_is_ours as backend_is_ours
 from .attached import cache as active_cache
 from .attached import our_backends as _ours_cls
@@ -238,28 +238,8 @@ def _backend_class(base: type) -> type:
     return KcacheBackend
 
 
-_hooked = False  # on_import ran since the last attach: detach uninstalls
-
-
-def _attach(get_cache: Callable[[], Any]) -> Callable[[], None]:
-    """Keep the getter of the active cache (see :mod:`.attached`); the detach also gives torch
-    back what :func:`on_import` replaced, if it ran."""
-    unbind = active_cache.bind(get_cache)
-
-    def detach() -> None:
-        global _hooked
-        unbind()
-        if _hooked:
-            _hooked = False
-            uninstall()
-
-    return detach
-
-
-def _on_import(mod: Any) -> None:
-    global _hooked
-    _hooked = True
-    on_import(mod)
+# on_import() when a trigger is imported; the detach gives torch back what it replaced.
+_hooks = Hooks(active_cache, lambda mod: on_import(mod), lambda: uninstall())
 
 
 def _checks() -> dict[str, Callable[[Any], str | None]]:
@@ -282,7 +262,7 @@ INTEGRATION = Integration(
         _kinds.INDUCTOR_OTHER,
         _kinds.TRITON_META,  # machine-local answers (vector ISAs, host flags): kcache.memo
     ),
-    attach=_attach,
-    on_import=_on_import,
+    attach=_hooks.attach,
+    on_import=_hooks.on_import,
     checks=_checks,
 )

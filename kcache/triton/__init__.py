@@ -26,14 +26,13 @@ import functools
 import inspect
 import os
 import sys
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from .. import kinds as _kinds
 from .._imports import when_imported
 from ..log import logger, warn_once
-from ..patch import Integration, is_ours
+from ..patch import Hooks, Integration, is_ours
 from . import attached, entrycheck
 from .attached import patches
 
@@ -177,35 +176,15 @@ def uninstall() -> None:
             logger.debug("uninstall_tool_memo: %s", e)
 
 
-_hooked = False  # install() ran since the last attach: detach uninstalls
-
-
-def _attach(get_cache: Callable[[], Any]) -> Callable[[], None]:
-    """Keep the getter of the active cache (see :mod:`.attached`); the detach also uninstalls
-    what :func:`install` put into Triton, if it ran."""
-    unbind = attached.cache.bind(get_cache)
-
-    def detach() -> None:
-        global _hooked
-        unbind()
-        if _hooked:
-            _hooked = False
-            uninstall()
-
-    return detach
-
-
-def _on_import(mod: ModuleType) -> None:
-    global _hooked
-    _hooked = True
-    install(mod)
+# install() when Triton is imported; the detach uninstalls it (late-bound: tests replace them).
+_hooks = Hooks(attached.cache, lambda mod: install(mod), lambda: uninstall())
 
 
 INTEGRATION = Integration(
     "triton",
     triggers=("triton",),
     kinds=(_kinds.TRITON, _kinds.TRITON_AUTOTUNE, _kinds.TRITON_AUX, _kinds.TRITON_META),
-    attach=_attach,
-    on_import=_on_import,
+    attach=_hooks.attach,
+    on_import=_hooks.on_import,
     checks=entrycheck.checks,
 )
