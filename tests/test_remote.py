@@ -20,6 +20,8 @@ from typing import Any
 
 import msgpack
 import pytest
+from tier_stores import Stores, counts
+from tier_stores import flushed as _flushed
 
 from kcache import config
 from kcache.store import Store
@@ -38,33 +40,6 @@ def prefix() -> str:
     return f"t{uuid.uuid4().hex[:8]}:"
 
 
-def remote_settings(url: str, prefix: str, **env: str) -> config.Settings:
-    s = config.load({"KCACHE_REMOTE": url, "KCACHE_REMOTE_PREFIX": prefix, **env})
-    assert s.problems == [] and s.remote_problems == [], (s.problems, s.remote_problems)
-    return s
-
-
-class Stores:
-    """Stores under one tmp folder, each attached to the shared tier (closed at the end)."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp, self.open = tmp, []
-
-    def __call__(self, name: str, url: str, prefix: str, *, readonly: bool = False, **env: str) -> Store:
-        s = remote_settings(url, prefix, **env)
-        root = self.tmp / name
-        if readonly:
-            Store.open(root).close()  # a store must exist to be opened read-only
-        st = Store.open(root, readonly=readonly, key_tag=s.key_tag)
-        assert st.attach_remote(s)
-        self.open.append(st)
-        return st
-
-    def close(self) -> None:
-        for s in self.open:
-            s.close()
-
-
 @pytest.fixture
 def stores(tmp_path: Path):
     s = Stores(tmp_path)
@@ -72,19 +47,14 @@ def stores(tmp_path: Path):
     s.close()
 
 
-def counts(store: Store, kind: str = "triton") -> dict[str, float]:
-    return store.counts.process_totals().get(kind, {})
+def flushed(store: Store) -> None:
+    _flushed(store, 5.0)
 
 
 def group(n: int = 4096, tag: bytes = b"") -> dict[str, bytes]:
     """A Triton-like group of about ``n`` bytes."""
     body = (tag + os.urandom(16)) * (max(n - 200, 32) // (len(tag) + 16))
     return {"k.json": b'{"name": "k"}', "k.cubin": body, "k.ptx": b"// ptx\n" * 20}
-
-
-def flushed(store: Store) -> None:
-    tier = store.tiers[0]
-    assert tier is not None and tier.flush(5.0)
 
 
 def get_calls(server: Any) -> int:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tier_stores import Stores, counts, flushed
 
 from kcache import config, redact
 from kcache.store import Store
@@ -44,25 +45,6 @@ def prefix() -> str:
     return f"c{uuid.uuid4().hex[:8]}:"
 
 
-class Stores:
-    """Stores under one tmp folder, each attached to the shared tier (closed at the end)."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp, self.open = tmp, []
-
-    def __call__(self, name: str, url: str, prefix: str, **env: str) -> Store:
-        s = config.load({"KCACHE_REMOTE": url, "KCACHE_REMOTE_PREFIX": prefix, **env})
-        assert s.problems == [] and s.remote_problems == [], (s.problems, s.remote_problems)
-        st = Store.open(self.tmp / name, key_tag=s.key_tag)
-        assert st.attach_remote(s)
-        self.open.append(st)
-        return st
-
-    def close(self) -> None:
-        for s in self.open:
-            s.close()
-
-
 @pytest.fixture
 def stores(tmp_path: Path):
     s = Stores(tmp_path)
@@ -70,16 +52,8 @@ def stores(tmp_path: Path):
     s.close()
 
 
-def counts(store: Store, kind: str = "triton") -> dict[str, float]:
-    return store.counts.process_totals().get(kind, {})
-
-
 def group(n: int = 4096) -> dict[str, bytes]:
     return {"k.json": b'{"name": "k"}', "k.cubin": os.urandom(n), "k.ptx": b"// ptx\n" * 20}
-
-
-def flushed(store: Store) -> None:
-    assert store.tiers and store.tiers[0].flush(10.0)
 
 
 def node_of(cluster: Any, store: Store, key: str, kind: str = "triton") -> int:
