@@ -12,6 +12,7 @@ This module imports nothing that a bare interpreter has not loaded already.
 from __future__ import annotations
 
 import _thread
+import os as _os
 
 from . import _imports
 
@@ -25,6 +26,7 @@ if False:  # annotations only: typing, pathlib and the store are not loaded at s
 __version__ = "0.1.0"
 __all__ = ["enable", "disable", "is_enabled", "stats", "active_store", "settings", "prewarm", "__version__"]
 
+# (_thread, not threading, and not forksafe.module_lock: nothing more to import at start-up)
 _lock = _thread.RLock()
 _wanted = False  # enable() or the hook asked for caching in this process
 _overrides: dict[str, Any] = {}
@@ -229,3 +231,14 @@ def __getattr__(name: str) -> Any:
 
 
 _imports.offer_turn_on(_on_demand)
+
+
+def _renew_lock_in_child() -> None:
+    """A forked child gets a free lock: another thread may have held this one (opening the store)
+    at the fork, and the child's next lookup would wait for it for ever."""
+    global _lock
+    _lock = _thread.RLock()
+
+
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_renew_lock_in_child)

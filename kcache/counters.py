@@ -8,9 +8,10 @@ itself (the nvFuser fusion cache) use the module-level :func:`add`; the active s
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import defaultdict
+
+from .forksafe import module_lock
 
 
 class Counters:
@@ -74,7 +75,7 @@ process_totals = GLOBAL.process_totals
 # by the kernels its workers found, never over-credited).
 INNER_KINDS = frozenset({"triton", "triton-aux", "triton-meta", "inductor-cpp"})
 
-_budget_lock = threading.Lock()
+_budget_lock = module_lock(__name__, "_budget_lock")
 _budget = [0.0]
 _worker: list[bool] = []
 
@@ -117,12 +118,3 @@ def graph_lookup(served_s: float | None) -> None:
         s = 0.0
     with _budget_lock:
         _budget[0] = s if s > 0.0 and s != float("inf") else 0.0
-
-
-def _reset_after_fork() -> None:
-    global _budget_lock
-    _budget_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)

@@ -19,11 +19,12 @@ import re
 import subprocess
 import sys
 import sysconfig
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-_lock = threading.Lock()
+from .forksafe import module_lock
+
+_lock = module_lock(__name__, "_lock")
 _values: dict[str, str | None] = {}
 _computers: dict[str, Callable[[], str | None]] = {}
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
+
+from .forksafe import module_lock
 
 logger = logging.getLogger("kcache")
 _warned: set[str] = set()
-_lock = threading.Lock()
+_lock = module_lock(__name__, "_lock")
 _configured = False
 
 LEVELS = {"warning": logging.WARNING, "info": logging.INFO, "debug": logging.DEBUG, "error": logging.ERROR}

@@ -49,6 +49,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "kcache/kinds.py",
             "kcache/fingerprint.py",
             "kcache/counters.py",
+            "kcache/forksafe.py",
             "kcache/_imports.py",
             "kcache/patch.py",
             "kcache/boundary.py",

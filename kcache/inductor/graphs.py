@@ -27,9 +27,9 @@ import base64
 import binascii
 import json
 import re
-import threading
 from collections import OrderedDict
 
+from ..forksafe import module_lock
 from .pickleops import PickleFormatError, unicode_strings
 
 FX_KEY = re.compile(r"f[a-z2-7]{51}")
@@ -37,7 +37,7 @@ FX_KEY = re.compile(r"f[a-z2-7]{51}")
 NAMING_CLASSES = frozenset({"CompiledForward", "CompiledBackward"})
 MAX_PREFETCHED = 16  # FX entries held for torch's next lookups (a hit needs two: forward, backward)
 
-_lock = threading.Lock()
+_lock = module_lock(__name__, "_lock")
 _prefetched: OrderedDict[str, bytes] = OrderedDict()  # torch's FX remote key -> bytes
 
 

@@ -24,12 +24,12 @@ import re
 import shlex
 import shutil
 import subprocess
-import threading
 import time
 from typing import Any
 
 from .. import kinds as _kinds
 from .. import memo as _memo
+from ..forksafe import module_lock
 from ..log import logger
 from .attached import cache as active_cache
 
@@ -39,7 +39,7 @@ MEMBER = "target"
 HOST_FLAG = re.compile(r"-m(?:arch|tune|cpu)=native")
 TIMEOUT_S = 30.0
 
-_lock = threading.Lock()
+_lock = module_lock(__name__, "_lock")
 _answers: dict[tuple[str, str], str | None] = {}
 
 

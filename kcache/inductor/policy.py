@@ -45,14 +45,14 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from typing import Any
 
 from .. import kinds as _kinds
+from ..forksafe import module_lock
 from ..patch import is_ours
 from .attached import patches
 
-_lock = threading.Lock()
+_lock = module_lock(__name__, "_lock")
 #: Inductor folder -> kind -> the keys this process put there since that kind was cleared.
 _scoped: dict[str, dict[str, set[str]]] = {}
 #: Folders that torch's fresh-cache helpers made: kcache is off there.

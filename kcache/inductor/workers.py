@@ -19,13 +19,13 @@ scope), torch's warm-up runs as it would.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
+from ..forksafe import module_lock
 from ..log import logger
 
 MODULE = "torch._inductor.async_compile"
-_lock = threading.Lock()
+_lock = module_lock(__name__, "_lock")
 _wanted: list[bool] = []  # torch asked for the warm-up; kcache holds it until a compile comes
 _own: dict[str, Any] = {}  # torch's own maybe_warm_pool, while kcache's is in place
 

@@ -30,16 +30,17 @@ import shutil
 import stat
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from ..forksafe import module_lock
 
 HEADER = "/* kcache prewarm: a stand-in libcuda for building Triton's host code; no GPU */\n"
 SO = "libcuda.so.1"
 #: Temporary build folders left by a killed prewarm are removed after this long.
 STALE_BUILD_S = 3600.0
 
-_lock = threading.Lock()
+_lock = module_lock(__name__, "_lock")
 _dir: str | None = None
 _error: str | None = None
 

@@ -20,12 +20,11 @@ what was served), it calls the cache's ``quarantine(rec, why)``
 
 from __future__ import annotations
 
-import threading
-
+from ..forksafe import module_lock
 from ..log import warn_once
 from .records import Record
 
-_lock = threading.Lock()
+_lock = module_lock(__name__, "_lock")
 _bad: set[tuple[str, tuple[str, ...]]] = set()
 _BAD_MAX = 4096  # contents remembered per process, at most
 

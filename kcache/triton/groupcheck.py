@@ -39,6 +39,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from ..forksafe import module_lock
+
 MAX_METADATA = 1 << 20  # bytes of <name>.json (Triton's own: a few KiB)
 MAX_KEYS = 4096  # keys in it (Triton's own: about 60)
 MAX_NAME = 1024  # a kernel's name, handed to the driver as a C string
@@ -55,7 +57,7 @@ _CUDA_LAUNCHER = (
     ((3, 6), ("profile_scratch_size", "profile_scratch_align")),
 )
 
-_lock = threading.Lock()
+_lock = module_lock(__name__, "_lock")
 _backends: dict[tuple[Any, ...], Any] = {}  # target -> (backend, GPUTarget)
 _good_keys: set[str] = set()  # metadata keys seen to be valid field names (about 60 in all)
 _launcher: list[tuple[str, ...]] = []

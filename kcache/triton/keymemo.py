@@ -20,19 +20,19 @@ import functools
 import hashlib
 import os
 import sys
-import threading
 import uuid
 from typing import Any
 
 from .. import fingerprint
 from .. import kinds as _kinds
+from ..forksafe import module_lock
 from ..log import logger
 from ..memo import boot_id, remember, sha256_file
 from ..patch import is_ours
 from .attached import cache as active_cache
 
 KIND = _kinds.TRITON_META
-_lock = threading.Lock()
+_lock = module_lock(__name__, "_lock")
 
 
 def _libtriton_path(cache_mod: Any) -> str | None:

@@ -33,7 +33,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -44,6 +43,7 @@ from triton.runtime.cache import CacheManager, FileCacheManager
 
 from .._imports import turn_on
 from ..boundary import fail_open, guarded
+from ..forksafe import module_lock
 from ..log import logger, warn_once
 from ..store import Store
 from . import groupcheck, tunecheck, tuning
@@ -54,7 +54,7 @@ from .kinds import KIND_AUTOTUNE, KIND_AUX, KIND_GROUP, kind_of, store_key
 
 __all__ = ["KIND_AUTOTUNE", "KIND_AUX", "KIND_GROUP", "KcacheCacheManager", "kind_of"]
 
-_scratch_lock = threading.Lock()
+_scratch_lock = module_lock(__name__, "_scratch_lock")
 _scratch_roots: dict[str | None, str] = {}  # store root (None: no writable store) -> folder
 _scratch_pid = 0
 

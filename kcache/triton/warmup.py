@@ -27,6 +27,7 @@ import threading
 from typing import Any
 
 from .. import kinds as _kinds
+from ..forksafe import module_lock
 from ..log import logger
 
 # The module Triton's specializer (C++, ``native_specialize_impl``) imports first at a process's
@@ -40,7 +41,7 @@ _FORK_WAIT_S = 10.0
 _JOIN_S = 5.0
 # idle -> importing -> done, or idle -> cancelled; moved under _gate only (see _guard).
 _state = "idle"
-_gate = threading.Lock()
+_gate = module_lock(__name__, "_gate")  # a forked child gets a free one (kcache.forksafe)
 _orig_import: Any = None
 
 
@@ -154,9 +155,8 @@ def _finish_before_fork() -> None:
 
 def _after_fork_child() -> None:
     """The child has no warm-up thread: nothing to wait for, no guard to keep (and a gate that
-    another thread may have held at the fork is replaced)."""
-    global _state, _thread, _gate
-    _gate = threading.Lock()
+    another thread may have held at the fork is replaced: kcache.forksafe)."""
+    global _state, _thread
     _thread = None
     if _state in ("idle", "importing"):
         _state = "cancelled"

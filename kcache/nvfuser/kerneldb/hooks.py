@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import atexit
 import os
-import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ...boundary import failed, guarded
+from ...forksafe import module_lock
 from ...log import logger, warn_once
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ from .session import Session
 #: Read when a session starts (:func:`_start`), so setting it here takes effect (tests do).
 PREFER = "direct"
 
-_lock = threading.RLock()
+_lock = module_lock(__name__, "_lock", reentrant=True)
 _sessions: dict[str, Session] = {}
 _states: dict[str, _ModuleState] = {}
 _fork_registered = False
