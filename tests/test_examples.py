@@ -124,7 +124,7 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         if src.is_file():
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst)
-    roots = ["setuptools", "triton", "msgpack", "xxhash", "torch"]
+    roots = ["setuptools", "triton", "msgpack", "xxhash", "tomli_w", "torch"]
     if sys.version_info < (3, 11):
         roots.append("tomli")
     wheels = base / "wheels"

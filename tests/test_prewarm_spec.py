@@ -4,6 +4,7 @@ text and values), the store build check."""
 
 from __future__ import annotations
 
+import enum
 import importlib
 import json
 import math
@@ -477,12 +478,15 @@ def test_toml_writer_round_trips() -> None:
             "t": [1, {"none": True}],
             "inf": float("inf"),
             "f": False,
+            # tensors of a list: too long for one line, so tomli_w writes [[triton.args.sets]]
+            "sets": [{"tensor": "float16", "shape": [8, 256]}, {"tensor": "int32", "shape": [1]}],
         },
     }
     text = rec.HEADER + "\n" + rec.entry_toml(entry, comment="hello") + "\n" + rec.entry_toml(entry)
     data = tomllib.loads(text)
     assert data["version"] == 1 and len(data["triton"]) == 2
-    assert data["triton"][0] == entry
+    assert data["triton"][0] == data["triton"][1] == entry  # each sub-table went to its own entry
+    assert text.count("[[triton]]\n") == 2 and "[[triton.args.sets]]" in text and "# hello\n" in text
     load(text)  # and it is a valid spec, structurally
 
 
@@ -538,42 +542,100 @@ def _same(read: Any, written: Any) -> bool:
     return bool(read == written)
 
 
+def _printable(text: str) -> bool:
+    """Nothing invisible in the file: every character printable but the line ends."""
+    return text.replace("\n", "").isprintable()
+
+
 @settings(max_examples=500, deadline=None)
 @given(ANY_TEXT)
-@example("BLOCK\n")  # a bare key but for the newline ("$" matches before a final newline)
+@example("BLOCK\n")  # a bare key but for the newline
 @example("")
-@example("\U0001f600")  # beyond the BMP: was written as a surrogate pair
+@example("\U0001f600")  # beyond the BMP: never a surrogate pair
 @example("\x7f")  # DEL: not allowed as it is
+@example("\t\x85\u2028\u202e\ufeff")  # tomli_w leaves these as they are: escaped after it
 @example("\udcff")
 def test_toml_strings_and_keys_round_trip_any_text(s: str) -> None:
+    """As a value, as a key, and as a key in a table's header: read back exactly, or refused."""
+    table = {"v": s, "t": {s: 1}, "h": {s: {"x": [s]}}}
     if _has_surrogate(s):  # not a Unicode scalar value: no TOML string holds it, so: refused
         with pytest.raises(ValueError, match="lone surrogate"):
-            rec.toml_string(s)
-        with pytest.raises(ValueError, match="lone surrogate"):
-            rec.toml_key(s)
+            rec.toml_text(table)
         return
-    written = rec.toml_string(s)
-    assert all(c.isprintable() for c in written), written  # escaped: nothing invisible in the file
+    written = rec.toml_text(table)
+    assert _printable(written), written  # escaped: nothing invisible in the file
     assert not _SURROGATE.search(written) and "\\uD8" not in written.upper()  # no surrogate pairs
-    data = tomllib.loads(f"v = {written}\n[t]\n{rec.toml_key(s)} = 1\n")
-    assert data == {"v": s, "t": {s: 1}}
+    assert tomllib.loads(written.encode("utf-8").decode("utf-8")) == table
 
 
 @settings(max_examples=300, deadline=None)
 @given(VALUES)
 def test_toml_values_round_trip(v: Any) -> None:
-    read = tomllib.loads(f"v = {rec.toml_value(v)}\n")["v"]
+    written = rec.toml_text({"v": v})
+    read = tomllib.loads(written)["v"]
     assert _same(read, v), (read, v)
+    assert _printable(written), written
 
 
 @settings(max_examples=200, deadline=None)
 @given(_values(ANY_TEXT), BAD_TEXT)
 def test_toml_values_with_a_lone_surrogate_anywhere_are_refused(v: Any, bad: str) -> None:
-    for holder in ([v, bad], {"k": [bad, v]}, {bad: v}, [{"a": v, "b": {"c": bad}}]):
+    """tomli_w would write the surrogate as it is (a str no UTF-8 file can hold): refused, with
+    the reason, before."""
+    for holder in ([v, bad], {"k": [bad, v]}, {bad: v}, [{"a": v, "b": {"c": bad}}], (v, bad)):
         with pytest.raises(ValueError, match="lone surrogate"):
-            rec.toml_value(holder)
+            rec.toml_text({"v": holder})
     if not _has_surrogate(v):
-        rec.toml_value(v)  # v alone is fine
+        rec.toml_text({"v": v})  # v alone is fine
+
+
+class _Level(enum.IntEnum):
+    HIGH = 3
+
+
+class _Mode(int, enum.Enum):  # not an IntEnum: str() is "_Mode.FAST" on every Python
+    FAST = 4
+
+
+class _Name(str, enum.Enum):
+    A = "a b"
+
+
+class _Float64(float):
+    """As numpy's float64: a float whose repr (and here str) is not a TOML number."""
+
+    def __repr__(self) -> str:
+        return f"np.float64({float.__repr__(self)})"
+
+    __str__ = __repr__
+
+
+def test_toml_writes_enums_and_number_subclasses_as_their_plain_values() -> None:
+    """tomli_w writes an int or float as str(v): for these, text that is no TOML number (or, for
+    an IntEnum on Python 3.10, its name). They are written as the int, float or str they are, and
+    read back equal, as plain types; tuples as arrays; anything else, or a key that is no string,
+    is refused."""
+    v = {
+        "level": _Level.HIGH,
+        "mode": _Mode.FAST,
+        "f": _Float64(1.5),
+        "nan": _Float64("nan"),
+        "inf": _Float64("-inf"),
+        "name": _Name.A,
+        _Name.A: (1, _Level.HIGH, (_Float64(0.25),)),
+    }
+    written = rec.toml_text({"v": v})
+    assert "_Level" not in written and "_Mode" not in written and "np.float64" not in written
+    read = tomllib.loads(written)["v"]
+    want = {"level": 3, "mode": 4, "f": 1.5, "nan": math.nan, "inf": -math.inf, "name": "a b"}
+    want["a b"] = [1, 3, [0.25]]
+    assert _same(read, want), read
+    entry = {"kernel": "m:k", "grid": (_Level.HIGH, 1), "options": {"num_warps": _Mode.FAST}, "args": v}
+    got = tomllib.loads(rec.entry_toml(entry))["triton"][0]
+    assert _same(got, {"kernel": "m:k", "grid": [3, 1], "options": {"num_warps": 4}, "args": want}), got
+    for bad in ({"v": {1: 2}}, {"v": None}, {"v": b"x"}, {"v": [object()]}):
+        with pytest.raises(TypeError, match="cannot write"):
+            rec.toml_text(bad)
 
 
 ENTRIES = st.fixed_dictionaries(
@@ -598,6 +660,7 @@ def test_toml_entries_round_trip_with_any_comment(entry: dict[str, Any], comment
     for read in data["triton"]:
         assert _same(read, entry), (read, entry)
     assert text.encode("utf-8")  # no lone surrogate even in a comment: the file is UTF-8
+    assert _printable(text), text
     for field in ("kernel", "env"):  # and an entry holding one is refused whole
         with pytest.raises(ValueError, match="lone surrogate"):
             rec.entry_toml({**entry, field: "\udcff" if field == "kernel" else {"X": "\udcff"}})

@@ -14,11 +14,12 @@ after kcache (the ``knobs.runtime`` object gets a subclass whose two properties 
 program's hooks after kcache's, and return what they return). The post-compile hook also fires
 on cache hits; entries are deduplicated (per process and in the file).
 
-Concurrent processes append under a lock (``FILE.lock``); each entry is a complete TOML table
-written in one append, so the file is a valid spec after every append. A kernel that cannot be
-imported by name in another process (defined in ``__main__``, inside a function, or in a module
-loaded from a path) is written as a comment saying so, and so is one with a string that TOML
-cannot hold (a lone surrogate: :func:`toml_string`); every other string reads back exactly.
+Concurrent processes append under a lock (``flock`` on FILE itself); each entry is a complete
+TOML table (written by tomli_w: :func:`entry_toml`) written in one append, so the file is a valid
+spec after every append. A kernel that cannot be imported by name in another process (defined in
+``__main__``, inside a function, or in a module loaded from a path) is written as a comment saying
+so, and so is one with a string that TOML cannot hold (a lone surrogate: :func:`toml_ready`);
+every other string reads back exactly.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import fcntl
 import hashlib
 import importlib.machinery
 import json
-import math
 import os
 import re
 import sys
@@ -47,7 +47,6 @@ HEADER = (
     "version = 1\n"
 )
 _EXCLUDED_OPTIONS = {"debug", "instrumentation_mode", "fpsan_homomorphic_casts"}
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -56,70 +55,51 @@ class Unrecordable(Exception):
 
 
 # ------------------------------------------------------------------------------ TOML writing
-# Written by hand, not by a TOML library: kcache's dependencies are chosen, and the reader
-# (tomllib, tomli on Python 3.10) is all a spec needs. Every value written here reads back equal
-# with tomllib (tests/test_prewarm_spec.py checks it on generated text, keys and nested values).
-_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+# tomli_w writes the TOML (values, keys, string escapes); what is here is what it does not do for
+# the recorder: values are made plain first (tomli_w writes str(v): an Enum mixed with int, a
+# float subclass or IntEnum on Python 3.10 would not read back), a lone surrogate is refused with
+# its reason (tomli_w writes it, and the file could not be UTF-8), non-printable characters are
+# escaped (tomli_w escapes only ASCII control characters), and comments (tomli_w writes none).
+# Every value written reads back equal with tomllib (tests/test_prewarm_spec.py checks it on
+# generated text, keys and nested values).
 
 
-def toml_string(s: str) -> str:
-    """``s`` as a TOML basic string (``"..."``) that TOML readers read back as ``s``.
-
-    Printable characters are written as they are (UTF-8), any code point, outside the Basic
-    Multilingual Plane too; quotes, backslashes and the short escapes (``\\n``, ``\\t``...) are
-    escaped; every other non-printable character (control characters, DEL, separators, format
-    characters) is written ``\\uXXXX`` or ``\\UXXXXXXXX``, so that the file shows no invisible
-    characters. A lone surrogate (U+D800-U+DFFF, e.g. an undecodable byte of a file name or an
-    environment variable under ``surrogateescape``) is not a Unicode scalar value: no TOML string
-    can hold it, and writing something else would change the value, so it raises ValueError."""
-    if s.isprintable() and '"' not in s and "\\" not in s:
-        return '"' + s + '"'  # the common case: nothing to escape
-    out = ['"']
-    for ch in s:
-        if ch in _SHORT_ESCAPES:
-            out.append(_SHORT_ESCAPES[ch])
-        elif ch.isprintable():
-            out.append(ch)
-        else:
-            if _SURROGATE.match(ch):
-                raise ValueError(f"{_surrogate_text(ch)}, which TOML cannot hold")
-            out.append(_escape(ch))
-    out.append('"')
-    return "".join(out)
-
-
-def toml_value(v: Any) -> str:
-    """A value as TOML: booleans, integers, floats (``inf``, ``-inf``, ``nan``: the sign of a NaN
-    is not kept), strings (:func:`toml_string`), lists and tuples as arrays, mappings with string
-    keys as inline tables. Raises TypeError for anything else, ValueError for a string that TOML
-    cannot hold."""
+def toml_ready(v: Any) -> Any:
+    """``v`` with plain types only, as TOML holds it: booleans, integers, floats, strings, lists
+    (from lists and tuples) and dicts with string keys (from mappings). An int or float subclass
+    (IntEnum, numpy's float64) becomes its value, a str subclass a str. Raises TypeError for
+    anything else, ValueError for a string TOML cannot hold (a lone surrogate, U+D800-U+DFFF, e.g.
+    an undecodable byte of a file name or an environment variable under ``surrogateescape``: not a
+    Unicode scalar value, so no TOML string holds it, and writing another would change it)."""
     if isinstance(v, bool):
-        return "true" if v else "false"
+        return v  # bool cannot be subclassed
     if isinstance(v, int):
-        return int.__repr__(v)  # not str(v): an IntEnum's str() is its name
+        return int.__int__(v)  # the value itself, whatever a subclass's __int__ or __str__ says
     if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return float.__repr__(v)  # not repr(v): numpy's float64 repr is "np.float64(...)"
+        return float.__float__(v)
     if isinstance(v, str):
-        return toml_string(v)
+        bad = _SURROGATE.search(v)
+        if bad is not None:
+            raise ValueError(f"{_surrogate_text(bad.group())}, which TOML cannot hold")
+        return str.__str__(v)
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+        return [toml_ready(x) for x in v]
     if isinstance(v, Mapping):
-        if not v:
-            return "{}"
-        return "{ " + ", ".join(f"{toml_key(k)} = {toml_value(x)}" for k, x in v.items()) + " }"
+        out: dict[str, Any] = {}
+        for k, x in v.items():
+            if not isinstance(k, str):
+                raise TypeError(f"cannot write a {type(k).__name__} key to TOML")
+            out[toml_ready(k)] = toml_ready(x)
+        return out
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
 
-def toml_key(k: str) -> str:
-    """A key: bare when it is one (``A-Za-z0-9_-``), else quoted as :func:`toml_string`."""
-    if not isinstance(k, str):
-        raise TypeError(f"cannot write a {type(k).__name__} key to TOML")
-    # fullmatch, not match with "$": "$" also matches before a final newline
-    return k if _BARE_KEY.fullmatch(k) else toml_string(k)
+def toml_text(table: Mapping[str, Any]) -> str:
+    """``table`` as a TOML document (tomli_w) that tomllib reads back equal, printable but for its
+    line ends. Raises as :func:`toml_ready`."""
+    import tomli_w  # only when a spec is written, not in every process that imports triton
+
+    return _visible(tomli_w.dumps(toml_ready(table)))
 
 
 def toml_comment(text: str) -> str:
@@ -127,7 +107,17 @@ def toml_comment(text: str) -> str:
     no lone surrogate (the file is UTF-8): every non-printable character is written as an escape
     (``\\u000b``), which is only text in a comment."""
     lines = text.split("\n")  # only "\n" ends a line: "\r", "\x0b"... are escaped like the rest
-    return "\n".join("# " + "".join(c if c.isprintable() else _escape(c) for c in line) for line in lines)
+    return "\n".join("# " + _visible(line) for line in lines)
+
+
+def _visible(text: str) -> str:
+    """Every non-printable character but "\\n" of ``text`` as a ``\\uXXXX`` escape. In tomli_w's
+    output (no multi-line strings) such a character can only be inside a basic string, where the
+    escape stands for the same character, and "\\n" only ends a line (inside a string it is
+    ``\\n``); in a comment the escape is text."""
+    if text.replace("\n", "").isprintable():
+        return text  # the common case: nothing to escape
+    return "".join(c if c.isprintable() or c == "\n" else _escape(c) for c in text)
 
 
 def _surrogate_text(ch: str) -> str:
@@ -140,19 +130,22 @@ def _escape(ch: str) -> str:
 
 
 def entry_toml(entry: Mapping[str, Any], comment: str | None = None) -> str:
-    """One ``[[triton]]`` table: kernel, grid, options, env, then ``[triton.args]``."""
-    lines = []
-    if comment:
-        lines.append(toml_comment(comment))
-    lines.append("[[triton]]")
-    lines.append(f"kernel = {toml_value(entry['kernel'])}")
-    for k in ("grid", "options", "env"):
-        if entry.get(k):
-            lines.append(f"{k} = {toml_value(entry[k])}")
-    lines.append("[triton.args]")
-    for k, v in entry["args"].items():
-        lines.append(f"{toml_key(k)} = {toml_value(v)}")
-    return "\n".join(lines) + "\n"
+    """One ``[[triton]]`` table: kernel, grid, then the tables options, env and args (tensors as
+    their own tables, ``[triton.args.x_ptr]``). Raises as :func:`toml_ready`."""
+    if not isinstance(entry["kernel"], str):
+        raise TypeError(f"the kernel is a {type(entry['kernel']).__name__}, not a module:name")
+    table: dict[str, Any] = {"kernel": entry["kernel"]}
+    table.update((k, entry[k]) for k in ("grid", "options", "env") if entry.get(k))
+    table["args"] = entry["args"]
+    # tomli_w heads the table "[triton]" (its first key, kernel, is a string); in the file the
+    # entry is one more element of the array of tables: "[[triton]]", and the sub-tables after it
+    # ([triton.args] ...) belong to that element.
+    body = toml_text({"triton": table})
+    head = "[triton]\n"
+    if not body.startswith(head):
+        raise ValueError(f"tomli_w began the entry with {body[:40]!r}, not {head!r}")
+    text = "[[triton]]\n" + body[len(head) :]
+    return (toml_comment(comment) + "\n" + text) if comment else text
 
 
 # ------------------------------------------------------------------------------ values
