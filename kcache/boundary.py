@@ -9,7 +9,10 @@ each a counted miss with one warning) and raise anything else. At each edge, :fu
 ``_cache_read`` does and sccache's ``CacheReadError`` does.
 
 ``KCACHE_STRICT=1`` makes every edge re-raise instead (JAX's ``raise_persistent_cache_errors``):
-the test suite runs strict, so a bug that production would swallow fails a test.
+the test suite runs strict, so a bug that production would swallow fails a test. An exception so
+re-raised is marked (:func:`raised_strict`): where kcache calls a library function broadly
+guarded (torch's own errors are not kcache's to report) and that function calls back into one of
+kcache's edges, the guard lets the marked exception through instead of swallowing it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from .log import warn_once
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: Set on an exception that an edge re-raised under ``KCACHE_STRICT=1``.
+_MARK = "__kcache_strict__"
+
 
 def strict() -> bool:
     """Whether edges raise (``KCACHE_STRICT=1``); read at each failure, so tests can set it."""
@@ -35,6 +41,10 @@ def failed(topic: str, what: str, e: BaseException, kind: str = "") -> None:
     """Record a failure at an edge: raise it under ``KCACHE_STRICT=1``, else count it and warn
     once per topic."""
     if strict():
+        try:
+            setattr(e, _MARK, True)
+        except (AttributeError, TypeError):  # an exception type without a __dict__
+            pass
         raise e
     counters.add(kind or "kcache", errors=1)
     warn_once(f"edge:{topic}", f"{what} failed ({type(e).__name__}: {e}); compiling without kcache")
@@ -58,6 +68,19 @@ def fail_open(
         return edge  # type: ignore[return-value]
 
     return deco
+
+
+def raised_strict(e: BaseException | None) -> bool:
+    """Whether ``e``, or an exception it was raised from or while handling, is one an edge
+    re-raised under ``KCACHE_STRICT=1``: a broad ``except`` around a library's own function lets
+    it through (it is a bug of kcache's, met in a call back into kcache)."""
+    for _ in range(32):  # a chain, not a cycle (bounded all the same)
+        if e is None:
+            return False
+        if getattr(e, _MARK, False):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 @contextlib.contextmanager

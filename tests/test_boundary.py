@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 import textwrap
@@ -18,7 +19,8 @@ from kcache import boundary, counters
 PY = sys.executable
 
 # A real Triton compile (sm_90 cubin, no GPU needed) in a process with kcache on, after a bug is
-# planted in one of the composed cache's methods: it raises a plain RuntimeError, as a bug would.
+# planted in one of the composed cache's methods (or a function of the triton_key memo): it
+# raises a plain RuntimeError, as a bug would.
 KERNEL = textwrap.dedent(
     """
     import json, sys
@@ -27,10 +29,13 @@ KERNEL = textwrap.dedent(
     from kcache import counters
     from kcache.store.cache import TieredCache
 
-    def bug(self, *args, **kwargs):
+    from kcache.triton import keymemo
+
+    def bug(*args, **kwargs):
         raise RuntimeError("planted bug")
 
-    setattr(TieredCache, sys.argv[1], bug)
+    owner, _, name = sys.argv[1].rpartition(".")  # a method of the composed cache, or keymemo.<fn>
+    setattr(keymemo if owner == "keymemo" else TieredCache, name, bug)
 
     import triton
     import triton.language as tl
@@ -96,6 +101,116 @@ def test_a_bug_at_the_triton_edge_raises_when_strict(tmp_path: Path, method: str
     assert "kcache: WARNING" not in p.stderr
 
 
+# ------------------------------------------------------------------------------ torch's hooks
+# A real torch.compile on the CPU (Inductor's C++ kernel, its vector-ISA probe, its cache
+# decisions) in a process with kcache on, after a bug is planted in kcache's own code inside some
+# of the hooks torch calls: the ISA probe's memo, what -march=native means here, and the rule
+# behind torch's "use the remote FX cache?" decision.
+TORCH_HOOKS = {
+    "vecisa.memo_key": "kcache's memo of Inductor's CPU vector-ISA probes",
+    "hostflags.memo_key": "kcache's memo of what -march=native means here",
+    "policy.remote_allowed": "kcache's rules for when torch's caches may be served",
+}
+TORCH_PROGRAM = textwrap.dedent(
+    """
+    import json, sys
+
+    import kcache
+    from kcache import counters
+    from kcache.inductor import hostflags, policy, vecisa
+
+    for spot in sys.argv[1].split(","):
+        def bug(*args, spot=spot, **kwargs):
+            raise RuntimeError(f"planted bug in {spot}")
+
+        module, name = spot.split(".")
+        setattr({"hostflags": hostflags, "policy": policy, "vecisa": vecisa}[module], name, bug)
+
+    import torch
+
+
+    def f(x):
+        return torch.relu(x) * 2.0 + 1.0
+
+
+    x = torch.randn(64)
+    y = torch.compile(f)(x)
+    assert kcache.is_enabled()
+    errors = counters.process_totals().get("kcache", {}).get("errors", 0)
+    print(json.dumps({"same": bool(torch.allclose(y, f(x))), "errors": errors}))
+    """
+)
+
+
+def _run_torch(tmp: Path, spots: list[str], strict: str) -> subprocess.CompletedProcess[str]:
+    script = tmp / "program.py"
+    script.write_text(TORCH_PROGRAM)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TORCHINDUCTOR", "TRITON_"))}
+    env.pop("PYTHONPATH", None)
+    env.update(HOME=str(tmp / "home"), XDG_CACHE_HOME=str(tmp / "xdg"), PYTHONWARNINGS="ignore")
+    env.update(KCACHE="1", KCACHE_DIR=str(tmp / "store"), KCACHE_STRICT=strict)
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"), TRITON_CACHE_DIR=str(tmp / "triton-cache"))
+    env.update(OMP_NUM_THREADS="1", TORCHINDUCTOR_COMPILE_THREADS="1")  # no compile pool to start
+    return subprocess.run(
+        [PY, str(script), ",".join(spots)], capture_output=True, text=True, env=env, timeout=600
+    )
+
+
+def _torch_spots() -> list[str]:
+    pytest.importorskip("torch")
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("Inductor builds with -march=native on x86 only (the host-target memo's case)")
+    return list(TORCH_HOOKS)
+
+
+def test_bugs_in_torchs_hooks_are_one_warning_each_and_a_compile(tmp_path: Path) -> None:
+    spots = _torch_spots()
+    p = _run_torch(tmp_path, spots, strict="0")
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["same"]  # compiled (and right) all the same
+    warnings = [line for line in p.stderr.splitlines() if line.startswith("kcache: WARNING")]
+    for spot in spots:  # each hook met its bug, and said so once
+        mine = [w for w in warnings if f"planted bug in {spot}" in w]
+        assert len(mine) == 1, p.stderr[-3000:]
+        assert mine[0].startswith(f"kcache: WARNING: {TORCH_HOOKS[spot]} failed (RuntimeError"), mine
+    assert out["errors"] >= len(spots)
+
+
+@pytest.mark.parametrize("spot", list(TORCH_HOOKS))
+def test_a_bug_in_torchs_hooks_raises_when_strict(tmp_path: Path, spot: str) -> None:
+    _torch_spots()
+    p = _run_torch(tmp_path, [spot], strict="1")
+    assert p.returncode != 0
+    assert f"RuntimeError: planted bug in {spot}" in p.stderr, p.stderr[-3000:]
+    assert not [
+        line for line in p.stderr.splitlines() if line.startswith("kcache: WARNING") and "planted" in line
+    ]
+
+
+# The triton_key memo: Triton asks for its key at every compile; a bug in the memo (planted in
+# libtriton_digest, kcache's own) leaves Triton's own triton_key to answer.
+def test_a_bug_in_the_triton_key_memo_is_a_warning_and_a_compile(tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    p = _run(tmp_path, "keymemo.libtriton_digest", strict="0")
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(out["cubins"]) == 2 and all(n > 0 for n in out["cubins"])
+    warnings = [line for line in p.stderr.splitlines() if line.startswith("kcache: WARNING")]
+    assert warnings == [
+        "kcache: WARNING: kcache's memo of triton_key failed (RuntimeError: planted bug); compiling without kcache"
+    ], p.stderr[-3000:]
+    assert out["errors"] == 1  # Triton keeps the key for the process: asked once
+
+
+def test_a_bug_in_the_triton_key_memo_raises_when_strict(tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    p = _run(tmp_path, "keymemo.libtriton_digest", strict="1")
+    assert p.returncode != 0
+    assert "RuntimeError: planted bug" in p.stderr, p.stderr[-3000:]
+    assert "kcache: WARNING" not in p.stderr
+
+
 # ------------------------------------------------------------------------------ the helpers
 def test_fail_open_returns_the_fallback_and_counts(monkeypatch: pytest.MonkeyPatch, kcache_warnings) -> None:
     monkeypatch.setenv("KCACHE_STRICT", "0")
@@ -127,6 +242,37 @@ def test_guarded_swallows_unless_strict(monkeypatch: pytest.MonkeyPatch, kcache_
 
     with pytest.raises(KeyError):
         edge()
+
+
+def test_a_guard_around_a_librarys_function_lets_a_strict_bug_through(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where kcache calls one of torch's functions broadly guarded (torch's own errors are not
+    kcache's to report) and that function calls back into an edge of kcache's, a bug raised there
+    under strict goes on (torch's warm-up calling kcache's wakeup, torch's autotune-cache read
+    calling kcache's lookup)."""
+    pytest.importorskip("torch")
+    from kcache.inductor import coordesc
+
+    monkeypatch.setenv("KCACHE_STRICT", "1")
+
+    def torch_function() -> None:  # torch's, calling back into kcache, and wrapping what it meets
+        try:
+            with boundary.guarded("test-callback", "the test's callback"):
+                raise KeyError("bug")
+        except KeyError as e:
+            raise RuntimeError("torch's wrapper") from e
+
+    with pytest.raises(RuntimeError, match="torch's wrapper") as info:
+        coordesc._torch(torch_function)
+    assert boundary.raised_strict(info.value)
+
+    def torch_own_error() -> None:
+        raise ValueError("torch's own")
+
+    with pytest.raises(coordesc._TorchRaised):  # fails open, strict or not
+        coordesc._torch(torch_own_error)
+    assert not boundary.raised_strict(ValueError("torch's own"))
 
 
 # ------------------------------------------------------------------------------ what strict found

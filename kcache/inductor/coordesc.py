@@ -19,8 +19,10 @@ kcache wraps the recheck. After torch's own, when the cache answered "hit" and t
 config without the mark, it reads the cache once more (the configs it is given are those torch
 hashed) and, when the winner was found by coordinate descent, applies it as the fixed torch does:
 the matching compiled config gets the mark, or the winner is compiled. A torch that applies the
-winner itself leaves nothing to do: the wrapper then reads nothing and changes nothing. Any error
-leaves the kernel as torch left it (it tunes again, as without kcache).
+winner itself leaves nothing to do: the wrapper then reads nothing and changes nothing. An error
+of torch's own functions called here (its autotune cache's read, a compile) leaves the kernel as
+torch left it (it tunes again, as without kcache); an error of kcache's own code is a bug, met
+at the fail-open boundary (:mod:`kcache.boundary`: one warning, or raised when strict).
 
 Called from an import hook with ``torch._inductor.runtime.triton_heuristics``; imports nothing.
 """
@@ -30,8 +32,25 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from ..boundary import failed, raised_strict
 from ..log import logger
 from .attached import patches
+
+TOPIC, WHAT = "inductor-coordesc", "kcache's applying of a cached coordinate-descent config"
+
+
+class _TorchRaised(Exception):
+    """One of torch's own functions raised inside :func:`_apply_winner` (not kcache's error)."""
+
+
+def _torch(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` for a function of torch's, its error marked as torch's."""
+    try:
+        return fn(*args)
+    except Exception as e:  # broad: torch's own (its autotune cache's read, a Triton compile)
+        if raised_strict(e):  # a bug of kcache's, met where torch called back into it
+            raise
+        raise _TorchRaised(f"{type(e).__name__}: {e}") from e
 
 
 def on_import(mod: Any) -> None:
@@ -48,8 +67,10 @@ def on_import(mod: Any) -> None:
         original(self, reload_kernel_from_src)
         try:
             _apply_winner(self, before, reload_kernel_from_src, check, hashable)
-        except Exception as e:  # the kernel stays as torch left it: it tunes again
+        except _TorchRaised as e:  # the kernel stays as torch left it: it tunes again
             logger.debug("torch.compile: cached coordinate-descent config not applied: %s", e)
+        except Exception as e:  # the edge (torch's recheck): a bug of kcache's, reported
+            failed(TOPIC, WHAT, e)
 
     patches.wrap(cls, "recheck_autotune_cache", lambda _: recheck_autotune_cache)
 
@@ -66,20 +87,20 @@ def _apply_winner(
         return  # a miss (the first run tunes, rightly), or torch kept several configs
     if getattr(results[0].config, "found_by_coordesc", False):
         return  # torch applied the winner itself
-    cached, _, _ = check([r.config for r in before], self.filename, meta)
+    cached, _, _ = _torch(check, [r.config for r in before], self.filename, meta)
     if len(cached) != 1 or not getattr(cached[0], "found_by_coordesc", False):
         return  # plain autotuning's winner: coordinate descent starts from it, as torch means
     best = cached[0]
-    want = hashable(best)
+    want = _torch(hashable, best)
     for result in before:
-        if hashable(result.config) == want:
+        if _torch(hashable, result.config) == want:
             result.config.found_by_coordesc = True
             self.compile_results = [result]
             break
     else:  # found by coordinate descent after the kernel was saved: compile it now
         if getattr(self.fn, "fn", None) is None:
-            self.fn = reload_kernel_from_src().fn
-        self.compile_results = [self._precompile_config(best)]
+            self.fn = _torch(reload_kernel_from_src).fn
+        self.compile_results = [_torch(self._precompile_config, best)]
     logger.debug(
         "torch.compile: applied the cached coordinate-descent config of %s",
         meta.get("kernel_name", "a kernel"),

@@ -29,6 +29,7 @@ from typing import Any
 
 from .. import kinds as _kinds
 from .. import memo as _memo
+from ..boundary import failed
 from ..forksafe import module_lock
 from ..log import logger
 from .attached import cache as active_cache
@@ -38,6 +39,9 @@ MEMBER = "target"
 #: Flags whose meaning is this host's CPU.
 HOST_FLAG = re.compile(r"-m(?:arch|tune|cpu)=native")
 TIMEOUT_S = 30.0
+#: The fail-open boundary's topic (kcache/boundary.py): CppBuilder.build asks through kcache's
+#: wrapper, and a bug of this memo's must not cost the kernel its key.
+TOPIC, WHAT = "inductor-host-target", "kcache's memo of what -march=native means here"
 
 _lock = module_lock(__name__, "_lock")
 _answers: dict[tuple[str, str], str | None] = {}
@@ -140,8 +144,11 @@ def _remembered(compiler: str, flags: list[str]) -> str | None:
         return None
     try:
         answer = _memo.recall(store, memo_key(compiler, flags), MEMBER, _answer_ok)
-    except Exception as e:  # broad: a memo that cannot answer leaves the question to the compiler
+    except OSError as e:  # the compiler or the memo's entry changed under us: the compiler is asked
         logger.debug("torch.compile: host target memo not read: %s", e)
+        return None
+    except Exception as e:  # not expected: a bug of the memo's, reported (raised when strict)
+        failed(TOPIC, WHAT, e)
         return None
     return answer.decode("ascii") if answer is not None else None
 
@@ -158,8 +165,10 @@ def _remember(compiler: str, flags: list[str], answer: str, seconds: float) -> N
         _memo.keep(
             store, memo_key(compiler, flags), MEMBER, answer.encode(), {"probe": "host-target"}, seconds
         )
-    except Exception as e:  # broad: an answer not kept is asked again next time
+    except OSError as e:  # the compiler changed under us: an answer not kept is asked again
         logger.debug("torch.compile: host target not remembered: %s", e)
+    except Exception as e:  # not expected (the store skips what it cannot write): a bug, reported
+        failed(TOPIC, WHAT, e)
 
 
 def forget_answers() -> None:

@@ -48,6 +48,7 @@ import sys
 from typing import Any
 
 from .. import kinds as _kinds
+from ..boundary import failed, guarded
 from ..forksafe import module_lock
 from ..patch import is_ours
 from .attached import patches
@@ -59,6 +60,9 @@ _scoped: dict[str, dict[str, set[str]]] = {}
 _fresh: set[str] = set()
 #: The folder in use when torch last called ``clear_caches()``, until the next lookup.
 _armed: list[str] = []
+#: The fail-open boundary's topic (kcache/boundary.py) where torch calls the rules below: torch's
+#: own answers, clears and metas stand when kcache's cannot be made.
+TOPIC, WHAT = "inductor-policy", "kcache's rules for when torch's caches may be served"
 
 
 def _cfg(name: str) -> Any:
@@ -209,10 +213,10 @@ class _FreshCacheHook:
     fresh-cache scope begins and ends (and from ``clear_caches()``)."""
 
     def cache_clear(self) -> None:
-        try:
+        # The edge: torch calls this in its own clears, which must not fail for kcache (torch's
+        # own folder lookup is guarded in _folder: what is left is a bug).
+        with guarded(TOPIC, WHAT):
             on_clear_caches()
-        except Exception:  # broad: torch calls this in its own clears: they must not fail for kcache
-            pass
 
 
 _hook = _FreshCacheHook()
@@ -235,8 +239,8 @@ def on_utils_import(mod: Any) -> None:
         return
     try:
         register(_hook)
-    except Exception:  # broad: torch's registry varies between versions
-        pass
+    except (AttributeError, TypeError):  # torch's registry refused the hook (its check of
+        pass  # cache_clear) or takes other arguments: no fresh scopes seen, as before them
 
 
 def wrap_clear(mod: Any) -> None:
@@ -252,10 +256,8 @@ def wrap_clear(mod: Any) -> None:
         try:
             return own(*args, **kwargs)
         finally:
-            try:
+            with guarded(TOPIC, WHAT):  # the edge, as cache_clear: torch's clear goes on
                 cleared(kind)
-            except Exception:  # broad: as cache_clear: torch's clear goes on
-                pass
 
     if isinstance(target, type):
         raw = target.__dict__.get("clear")
@@ -309,8 +311,8 @@ def wrap_decision(mod: Any) -> None:
         try:
             if answer and _kcache_switch(cls_name):
                 return remote_allowed(kind)
-        except Exception:  # broad: torch's decision stands when kcache's cannot be made
-            pass
+        except Exception as e:  # the edge: torch's config is read guarded (_attr, _folder), so
+            failed(TOPIC, WHAT, e)  # this is a bug, reported; torch's decision stands
         return answer
 
     decide.__wrapped__ = own  # type: ignore[attr-defined]
@@ -340,8 +342,8 @@ def _autotune_meta(meta: Any) -> Any:
             and not (meta.get("autotune_local_cache", True) and remote_allowed(_kinds.INDUCTOR_AUTOTUNE))
         ):
             meta["autotune_remote_cache"] = None
-    except Exception:  # broad: as above: torch's meta stands
-        pass
+    except Exception as e:  # the edge, as in wrap_decision: a bug, reported; torch's meta stands
+        failed(TOPIC, WHAT, e)
     return meta
 
 

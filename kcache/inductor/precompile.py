@@ -44,11 +44,14 @@ import sys
 from typing import Any
 
 from .. import kinds as _kinds
+from ..boundary import failed, guarded, raised_strict
 from ..log import logger, warn_once
 
 KIND = _kinds.INDUCTOR_PRECOMPILE
 _SOURCE_ID = re.compile(r"[0-9A-Za-z_.-]{1,200}")
 _served: dict[str, str] = {}  # source id -> the file kcache wrote for it in this process
+#: The fail-open boundary's topic (kcache/boundary.py): torch then loads and installs as it would.
+TOPIC, WHAT = "inductor-precompile", "kcache's handling of a caching-precompile package"
 
 
 def _on() -> bool:
@@ -85,9 +88,17 @@ def on_import(mod: Any) -> None:
     def load_(fn: Any) -> Any:
         if _on():
             try:
-                _materialize(cache.path_prefix(), pkg.source_id_from_fn(fn))
-            except Exception as e:  # never in torch's way: it then misses as it would have
-                logger.debug("caching precompile: %s", e)
+                where = (cache.path_prefix(), pkg.source_id_from_fn(fn))
+            except Exception as e:  # broad: torch's own, on the user's function: its load that
+                logger.debug("caching precompile: %s", e)  # follows meets the same error
+                where = None
+            if where is not None:
+                try:
+                    _materialize(*where)
+                except OSError as e:  # torch's folder cannot be written: torch misses, as it would
+                    logger.debug("caching precompile: package not written for torch: %s", e)
+                except Exception as e:  # the edge (torch's DynamoCache.load): a bug, reported
+                    failed(TOPIC, WHAT, e)
         return load(fn)
 
     install = getattr(pkg, "install", None)
@@ -96,18 +107,18 @@ def on_import(mod: Any) -> None:
         try:
             install(self, backends)
         except Exception as e:  # broad: torch's install raises anything; re-raised unless kcache's doing
-            if not _start_afresh(self, e):
+            afresh = False
+            if not raised_strict(e):  # (a bug of kcache's met inside torch's install goes on)
+                with guarded(TOPIC, WHAT):  # a bug here must not replace torch's error
+                    afresh = _start_afresh(self, e)
+            if not afresh:
                 raise
         else:  # installed: a later failure of this function's package is no longer kcache's doing
-            try:
+            with guarded(TOPIC, WHAT):  # the edge: torch installed; kcache's bookkeeping after it
                 _past_installed_names(self)
-            except Exception as e:  # broad: Dynamo's internals vary between versions; a cosmetic counter
-                logger.debug("caching precompile: Dynamo's name counter not moved: %s", e)
             if _served:
-                try:
-                    _served.pop(self.source_id, None)
-                except Exception:  # broad: bookkeeping only
-                    pass
+                with guarded(TOPIC, WHAT):
+                    _served.pop(self.source_id, None)  # installed: torch's property is set
 
     # Set on the DynamoCache object itself: on undo, its class's methods show through again.
     patches.wrap(cache, "_write_to_local_cache", lambda _: _write_to_local_cache, raw=True)
@@ -128,8 +139,8 @@ def _past_installed_names(package: Any) -> None:
     bt = sys.modules.get("torch._dynamo.bytecode_transformation")
     counter = getattr(bt, "_unique_id_counter", None)
     codes = getattr(package, "_codes", None)
-    if counter is None or not isinstance(codes, dict):
-        return
+    if not isinstance(counter, itertools.count) or not isinstance(codes, dict):
+        return  # a Dynamo whose internals differ: nothing moved (the names are cosmetic)
     highest = -1
     for entry in codes.values():
         module = sys.modules.get(getattr(entry, "python_module", "") or "")
@@ -150,8 +161,8 @@ def _start_afresh(package: Any, error: Exception) -> bool:
     package cannot be put back."""
     try:
         source_id = package.source_id
-    except Exception:  # broad: a foreign package object
-        return False
+    except Exception:  # broad: torch's property (AssertionError without a function), or a foreign
+        return False  # package object's: not a package kcache wrote
     target = _served.pop(source_id, None) if isinstance(source_id, str) else None
     if target is None:
         return False

@@ -32,12 +32,15 @@ from typing import Any
 
 from .. import kinds as _kinds
 from .. import memo as _memo
+from ..boundary import failed, guarded
 from ..log import logger
 from .attached import cache as active_cache
 
 KIND = _kinds.TRITON_META
 MODULE = "torch._inductor.cpu_vec_isa"
 MEMBER = "returncode"
+#: The fail-open boundary's topic (kcache/boundary.py): torch's probe runs as without kcache.
+TOPIC, WHAT = "inductor-vec-isa", "kcache's memo of Inductor's CPU vector-ISA probes"
 
 
 def _identity(path: str) -> str:
@@ -94,17 +97,17 @@ class _ProbeSubprocess:
         return self._answer(self._real.check_call, True, args, rest, kwargs)
 
     def _answer(self, call: Any, check: bool, args: Any, rest: tuple, kwargs: dict) -> Any:
-        lib = None if rest else _probed_library(self._mod, args)
-        store = _memo.usable(active_cache()) if lib else None
-        if store is None:
-            return call(args, *rest, **kwargs)
         try:
-            key = memo_key(lib, args[0], kwargs.get("env"), self._mod.VecISA._avx_py_load)
-            value = _memo.recall(store, key, MEMBER, _is_code)
-            code = int(value) if value is not None else None
-        except Exception as e:  # broad: a memo that cannot answer leaves the question to the probe
+            found = self._recalled(args, rest, kwargs)
+        except OSError as e:  # the library or the memo's entry changed under us: torch probes
             logger.debug("torch.compile: ISA probe memo not read: %s", e)
+            found = None
+        except Exception as e:  # the edge (torch's ISA probe): a bug, reported; torch probes
+            failed(TOPIC, WHAT, e)
+            found = None
+        if found is None:
             return call(args, *rest, **kwargs)
+        store, key, code = found
         if code is not None:
             if code and check:
                 raise self._real.CalledProcessError(code, args)
@@ -119,14 +122,24 @@ class _ProbeSubprocess:
         self._remember(store, key, code, time.perf_counter() - t0)
         return result
 
+    def _recalled(self, args: Any, rest: tuple, kwargs: dict) -> tuple[Any, str, int | None] | None:
+        """(store, memo key, the remembered exit status or None) for torch's probe with a store
+        to remember it in; None for any other call (it goes to :mod:`subprocess` untouched)."""
+        lib = None if rest else _probed_library(self._mod, args)
+        store = _memo.usable(active_cache()) if lib else None
+        if store is None:
+            return None
+        key = memo_key(lib, args[0], kwargs.get("env"), self._mod.VecISA._avx_py_load)
+        value = _memo.recall(store, key, MEMBER, _is_code)
+        return store, key, int(value) if value is not None else None
+
     @staticmethod
     def _remember(store: Any, key: str, code: Any, seconds: float) -> None:
         if not isinstance(code, int) or code < 0:  # killed by a signal: maybe by something passing
             return
-        try:
+        # The store skips what it cannot write: anything raised here is a bug (raised when strict).
+        with guarded(TOPIC, WHAT):
             _memo.keep(store, key, MEMBER, str(code).encode(), {"probe": "cpu-vec-isa"}, seconds)
-        except Exception as e:  # broad: an answer not kept is asked again next time
-            logger.debug("torch.compile: ISA probe answer not kept: %s", e)
 
 
 def _is_code(value: bytes) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..boundary import failed, raised_strict
 from ..forksafe import module_lock
 from ..log import logger
 
@@ -28,6 +29,8 @@ MODULE = "torch._inductor.async_compile"
 _lock = module_lock(__name__, "_lock")
 _wanted: list[bool] = []  # torch asked for the warm-up; kcache holds it until a compile comes
 _own: dict[str, Any] = {}  # torch's own maybe_warm_pool, while kcache's is in place
+#: The fail-open boundary's topic (kcache/boundary.py): torch then starts its pool as it would.
+TOPIC, WHAT = "inductor-workers", "kcache's scheduling of Inductor's compile pool"
 
 
 def _deferring() -> bool:
@@ -35,15 +38,16 @@ def _deferring() -> bool:
 
     try:
         return policy.fx_served()
-    except Exception:  # broad: a scheduling hint; never a reason to fail a compile
+    except Exception as e:  # the edge (torch starts its pool): policy reads torch's config itself,
+        failed(TOPIC, WHAT, e)  # so what is left is a bug, reported; torch's warm-up runs
         return False
 
 
 def _started(mod: Any) -> bool:
     try:
         return mod.AsyncCompile.process_pool.cache_info().currsize > 0
-    except Exception:  # broad: torch's pool internals vary between versions
-        return True  # cannot tell: behave as torch does
+    except (AttributeError, TypeError):  # torch's pool is no longer a functools cache (checked
+        return True  # at install, but a program may replace it): cannot tell, behave as torch does
 
 
 def on_import(mod: Any) -> None:
@@ -77,8 +81,8 @@ def on_import(mod: Any) -> None:
         if not _started(mod) and _deferring():
             try:
                 compiled = kernels.get(source_code) is not None
-            except Exception:  # broad: a scheduling hint (as _deferring)
-                compiled = False
+            except Exception:  # broad: torch's own lookup (it hashes with torch_key()); then the
+                compiled = False  # kernel goes the usual way and torch meets its own error there
             if compiled:  # from a served graph's bundle: no worker needed for it
                 self.use_process_pool = _no_pool
                 try:
@@ -110,6 +114,8 @@ def compile_coming() -> None:
         try:
             warm()
         except Exception as e:  # broad: torch's own pool warm-up; torch starts it later anyway
+            if raised_strict(e):  # kcache's own wakeup (called by torch's) met a bug
+                raise
             logger.debug("torch.compile: compile pool not warmed: %s", e)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from .. import fingerprint
 from .. import kinds as _kinds
+from ..boundary import failed
 from ..forksafe import module_lock
 from ..log import logger
 from ..memo import boot_id, remember, sha256_file
@@ -33,6 +34,8 @@ from .attached import cache as active_cache
 
 KIND = _kinds.TRITON_META
 _lock = module_lock(__name__, "_lock")
+#: The fail-open boundary's topic (kcache/boundary.py): Triton's own triton_key runs then.
+TOPIC, WHAT = "triton-key-memo", "kcache's memo of triton_key"
 
 
 def _libtriton_path(cache_mod: Any) -> str | None:
@@ -106,8 +109,8 @@ def memo_triton_key(original: Any, cache_mod: Any) -> str:
         try:
             if isinstance(file, (str, os.PathLike)) and os.path.realpath(file) == real_path:
                 return _SentinelFile(chunk)
-        except Exception:  # broad: a path-like of the caller's (any __fspath__)
-            pass
+        except Exception:  # broad: a caller's path-like (its __fspath__ may raise anything): the
+            pass  # real open() below meets the same error, as without kcache
         return real_open(file, *args, **kwargs)
 
     target = getattr(original, "__wrapped__", original)
@@ -145,11 +148,17 @@ def install_key_memo() -> None:
 
     @functools.cache
     def triton_key() -> str:
+        # Expected: a file that cannot be read (libtriton, one of Triton's sources, the memo's
+        # entry): Triton's own function reads them itself. Anything else is the memo's bug, even
+        # when Triton's function raised it (it ran with the memo's open()): reported, or raised
+        # when strict. Either way Triton's own function then gives the key, or its own error.
         try:
             return memo_triton_key(original, cache_mod)
-        except Exception as e:  # broad: a memo of Triton's key; Triton's own runs then
+        except OSError as e:
             logger.info("triton_key memo failed (%s); using Triton's", e)
-            return original()
+        except Exception as e:  # the edge (Triton asks for its key)
+            failed(TOPIC, WHAT, e)
+        return original()
 
     for mod in list(sys.modules.values()):
         if mod is not None and getattr(mod, "triton_key", None) is original:
