@@ -388,7 +388,10 @@ import sys, time
 from kcache import config
 from kcache.store import Store
 s = Store.open(sys.argv[1])
-s.attach_remote(config.load({"KCACHE_REMOTE": sys.argv[2], "KCACHE_REMOTE_PREFIX": sys.argv[3]}))
+env = {"KCACHE_REMOTE": sys.argv[2], "KCACHE_REMOTE_PREFIX": sys.argv[3]}
+if len(sys.argv) > 5:
+    env["KCACHE_REMOTE_TIMEOUT"] = sys.argv[5]
+s.attach_remote(config.load(env))
 for i in range(int(sys.argv[4])):
     s.put("triton", f"K{i}", {"k.cubin": bytes([i % 256]) * 20000})
 print(time.time(), flush=True)
@@ -417,6 +420,24 @@ def test_exit_flushes_the_queue_and_is_bounded(redis_private, tmp_path, prefix) 
     assert p.returncode == 0, err
     assert "Traceback" not in err
     assert exited - float(out.split()[-1]) < rt.EXIT_FLUSH_S + 1.5
+
+
+def test_exit_waits_for_a_write_within_a_longer_remote_deadline(redis_private, tmp_path, prefix) -> None:
+    """A user who set KCACHE_REMOTE_TIMEOUT=6s for a slow link: a write still in flight at exit
+    (the server answers after 3.5 s) is waited for, within twice that deadline, not dropped at
+    the default 2 s."""
+    server = redis_private()
+    server.pause(3500)  # every command waits 3.5 s: the child's write is in flight at its exit
+    r = subprocess.run(
+        [PYTHON, "-c", EXIT_CHILD, str(tmp_path / "s"), server.url, prefix, "1", "6s"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    keys = list(server.client().scan_iter(f"{prefix}e:*"))
+    assert len(keys) == 1, (keys, r.stderr)
 
 
 def test_forked_child_writes_its_own_entries(redis_server, stores, prefix) -> None:

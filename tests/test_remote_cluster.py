@@ -178,13 +178,14 @@ def test_a_second_machine_gets_every_kernel_from_the_cluster_without_compiling(
             KCACHE_REMOTE=redis_cluster.url,
             KCACHE_REMOTE_PREFIX=prefix,
             # about what is shared, not how fast: a loaded CI box missed the 100 ms deadline
-            # of one put in 20 minutes of tests (remote_puts 2 of 3)
+            # of one put in 20 minutes of tests (remote_puts 2 of 3), and once the exit's 2 s
+            # for the last one (now twice this deadline: 4 s)
             KCACHE_REMOTE_TIMEOUT="2s",
         )
 
     a = run_kernels(env("a"), tmp_path / "a" / "r.json", specs=specs)
     assert [r["cache_hit"] for r in a["results"]] == [False] * n  # compiled
-    assert a["process"]["triton"]["remote_puts"] >= n
+    assert a["process"]["triton"]["remote_puts"] >= n, a["process"]["triton"]
     b = run_kernels(env("b"), tmp_path / "b" / "r.json", specs=specs)
     for ra, rb in zip(a["results"], b["results"]):
         assert rb["error"] is None, rb

@@ -10,7 +10,7 @@ uses :func:`connect`):
   commits it to the local store, so the next lookup on this machine is a local hit.
 - A local put is also sent to Redis by a background thread (a bounded queue: what does not fit
   is dropped and counted; batches go in one pipeline); the compile never waits for it. At exit
-  the queue is flushed for at most :data:`EXIT_FLUSH_S`.
+  the queue is flushed for at most :data:`EXIT_FLUSH_S` (or two writes' deadlines, when longer).
 - One Redis key per entry, ``<prefix>e:<kind>:{<entry id>}`` (:mod:`.redis_keys`: the layout,
   the same for a single server and a cluster), holding one msgpack map: the entry's
   record (:meth:`Record.encode`, with every member's size, crc32 and sha256), its members
@@ -73,7 +73,7 @@ NODE_COOLDOWN_S = 1.0  # a cluster's node: its first cool-down (a failover takes
 QUEUE_ITEMS = 1024  # entries waiting for the writer, at most
 QUEUE_BYTES = 64 << 20  # and their bytes, at most (or one entry of KCACHE_REMOTE_MAX_ENTRY)
 BATCH_ITEMS, BATCH_BYTES = 64, 8 << 20  # one pipeline
-EXIT_FLUSH_S = 2.0  # at exit (and close), the writer gets this long to empty its queue
+EXIT_FLUSH_S = 2.0  # at exit (and close), the writer gets this long to empty its queue, at least
 WRITE_TIMEOUT_MIN_S = 1.0  # the writer's deadline, at least (plus its bytes' transfer time)
 TRANSFER_S_PER_MIB = 1 / 32  # a value's read or write may take this much longer per MiB (32 MiB/s)
 POLL_MIN_S, POLL_MAX_S = 0.01, 0.1  # a single-flight waiter looks at Redis this often
@@ -756,6 +756,13 @@ class RemoteTier:
         else:
             breaker.ok()
 
+    def exit_flush_s(self) -> float:
+        """How long close (at exit) waits for the writer: :data:`EXIT_FLUSH_S`, or room for two
+        writes by their own deadline where ``KCACHE_REMOTE_TIMEOUT`` makes one longer than a
+        second (a write begun just before exit, then the last one; else a slow link set with a
+        longer deadline drops what was compiled last)."""
+        return max(EXIT_FLUSH_S, 2 * self.cfg.transfer_s(0, WRITE_TIMEOUT_MIN_S))
+
     def flush(self, timeout: float = EXIT_FLUSH_S) -> bool:
         """Wait until the queue is written (at most ``timeout`` s); True when it is."""
         self._mine()
@@ -768,11 +775,12 @@ class RemoteTier:
                 self._cond.wait(min(left, 0.05))
         return True
 
-    def close(self, timeout: float = EXIT_FLUSH_S) -> None:
-        """Flush within ``timeout`` seconds, then stop: what is left is dropped and counted."""
+    def close(self, timeout: float | None = None) -> None:
+        """Flush within ``timeout`` seconds (:meth:`exit_flush_s`), then stop: what is left is
+        dropped and counted."""
         if self._pid != os.getpid():
             return  # a forked child's inherited tier: the parent writes its own queue
-        self.flush(timeout)
+        self.flush(self.exit_flush_s() if timeout is None else timeout)
         self.keeper.close()
         with self._cond:
             self._closing = True
