@@ -37,9 +37,11 @@ def strict() -> bool:
     return os.environ.get("KCACHE_STRICT", "").strip() == "1"
 
 
-def failed(topic: str, what: str, e: BaseException, kind: str = "") -> None:
+def failed(
+    topic: str, what: str, e: BaseException, kind: str = "", then: str = "compiling without kcache"
+) -> None:
     """Record a failure at an edge: raise it under ``KCACHE_STRICT=1``, else count it and warn
-    once per topic."""
+    once per topic (``then``: what happens instead, for the warning)."""
     if strict():
         try:
             setattr(e, _MARK, True)
@@ -47,7 +49,7 @@ def failed(topic: str, what: str, e: BaseException, kind: str = "") -> None:
             pass
         raise e
     counters.add(kind or "kcache", errors=1)
-    warn_once(f"edge:{topic}", f"{what} failed ({type(e).__name__}: {e}); compiling without kcache")
+    warn_once(f"edge:{topic}", f"{what} failed ({type(e).__name__}: {e}); {then}")
 
 
 def fail_open(
@@ -84,10 +86,10 @@ def raised_strict(e: BaseException | None) -> bool:
 
 
 @contextlib.contextmanager
-def guarded(topic: str, what: str, kind: str = "") -> Iterator[None]:
+def guarded(topic: str, what: str, kind: str = "", then: str = "compiling without kcache") -> Iterator[None]:
     """The same rule for a block: ``with guarded("topic", "..."):`` swallows (and reports) an
     exception from the block, or re-raises it under ``KCACHE_STRICT=1``."""
     try:
         yield
     except Exception as e:  # the edge: see fail_open
-        failed(topic, what, e, kind)
+        failed(topic, what, e, kind, then)

@@ -29,13 +29,14 @@ KERNEL = textwrap.dedent(
     from kcache import counters
     from kcache.store.cache import TieredCache
 
-    from kcache.triton import keymemo
+    from kcache.triton import components, keymemo
 
     def bug(*args, **kwargs):
         raise RuntimeError("planted bug")
 
-    owner, _, name = sys.argv[1].rpartition(".")  # a method of the composed cache, or keymemo.<fn>
-    setattr(keymemo if owner == "keymemo" else TieredCache, name, bug)
+    # a method of the composed cache, or keymemo.<fn>, or components.<fn>
+    owner, _, name = sys.argv[1].rpartition(".")
+    setattr({"keymemo": keymemo, "components": components}.get(owner, TieredCache), name, bug)
 
     import triton
     import triton.language as tl
@@ -206,6 +207,31 @@ def test_a_bug_in_the_triton_key_memo_is_a_warning_and_a_compile(tmp_path: Path)
 def test_a_bug_in_the_triton_key_memo_raises_when_strict(tmp_path: Path) -> None:
     pytest.importorskip("triton")
     p = _run(tmp_path, "keymemo.libtriton_digest", strict="1")
+    assert p.returncode != 0
+    assert "RuntimeError: planted bug" in p.stderr, p.stderr[-3000:]
+    assert "kcache: WARNING" not in p.stderr
+
+
+# What kcache installs in Triton when Triton is imported (here the key component capture, which
+# checks the Triton it finds): a bug there is one warning and the cache still works.
+def test_a_bug_installing_into_triton_is_a_warning_and_caching_goes_on(tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    p = _run(tmp_path, "components.install_component_capture", strict="0")
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(out["cubins"]) == 2 and all(n > 0 for n in out["cubins"])
+    warnings = [line for line in p.stderr.splitlines() if line.startswith("kcache: WARNING")]
+    assert warnings == [
+        "kcache: WARNING: installing kcache's key component capture failed (RuntimeError: planted bug); "
+        "Triton and kcache work without it"
+    ], p.stderr[-3000:]
+    assert out["errors"] == 1
+    assert len(list((tmp_path / "store" / "entries").rglob("__kcache__.rec"))) >= 2  # cached all the same
+
+
+def test_a_bug_installing_into_triton_raises_when_strict(tmp_path: Path) -> None:
+    pytest.importorskip("triton")
+    p = _run(tmp_path, "components.install_component_capture", strict="1")
     assert p.returncode != 0
     assert "RuntimeError: planted bug" in p.stderr, p.stderr[-3000:]
     assert "kcache: WARNING" not in p.stderr

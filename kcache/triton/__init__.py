@@ -31,10 +31,13 @@ from typing import Any
 
 from .. import kinds as _kinds
 from .._imports import when_imported
+from ..boundary import guarded
 from ..log import logger, warn_once
 from ..patch import Hooks, Integration, is_ours
 from . import attached, entrycheck
 from .attached import patches
+
+_WITHOUT = "Triton and kcache work without it"
 
 
 def _set_knob(obj: Any, name: str, value: Any) -> None:
@@ -117,34 +120,29 @@ def install(triton: ModuleType | None = None) -> None:
                 patches.wrap(Autotuner, "__init__", lambda _: wrapped)
         except Exception as e:  # broad: Triton's autotuner varies between versions
             logger.info("autotuners with hooks of their own are cached too: %s", e)
-    try:
+    # Each of these checks the Triton it finds (and does nothing where a part is missing): an
+    # exception is kcache's bug, one warning (raised under KCACHE_STRICT=1); caching goes on.
+    with guarded("triton-key-memo-install", "installing kcache's triton_key memo", then=_WITHOUT):
         install_key_memo()
-    except Exception as e:  # the memo is an optimisation: Triton's own key still works
-        logger.info("triton_key memo not installed: %s", e)
-    try:
+    with guarded("triton-components-install", "installing kcache's key component capture", then=_WITHOUT):
         install_component_capture()
-    except Exception as e:  # broad: an optimisation: Triton's own keys still work
-        logger.info("key component capture not installed: %s", e)
-    try:
+    with guarded(
+        "triton-compile-guard-install", "installing kcache's guard of triton.compile", then=_WITHOUT
+    ):
         from .groupcheck import install_compile_guard
 
         install_compile_guard()
-    except Exception as e:  # broad: a safety net over Triton's compile; Triton works without it
-        logger.info("compile guard not installed: %s", e)
-    try:
+    with guarded("triton-tool-memo-install", "installing kcache's tool version memo", then=_WITHOUT):
         from .toolmemo import install_tool_memo
 
         install_tool_memo()
-    except Exception as e:  # broad: an optimisation: Triton asks the tool itself
-        logger.info("tool version memo not installed: %s", e)
-    try:  # Triton's own one-time work, off the first kernel's path (see warmup.py)
+    # Triton's own one-time work, off the first kernel's path (see warmup.py)
+    with guarded("triton-warmup-install", "starting kcache's Triton warm-up", then=_WITHOUT):
         from .warmup import install_libcuda_memo, start_gluon_import
 
         when_imported("triton.backends.nvidia.driver", install_libcuda_memo)
         if not _inductor_compile_worker():
             start_gluon_import()
-    except Exception as e:  # broad: an optimisation of Triton's first kernel
-        logger.info("Triton warm-up not started: %s", e)
 
 
 def _inductor_compile_worker() -> bool:
