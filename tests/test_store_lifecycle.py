@@ -241,9 +241,73 @@ def test_clear_in_another_process_leaves_a_live_processs_files(tmp_path: Path) -
     # its own folders at close), and a dead process's folders go.
     dead = root / "tmp" / "served.999999.dead"
     dead.mkdir()
-    s = Store.open(root)  # opening cleans folders nobody holds
-    assert not dead.exists()
+    s = Store.open(root)  # cleans folders nobody holds, off its first hit's path (here: at close)
     s.close()
+    assert not dead.exists()
+
+
+# A process with private folders in the store's tmp/ (a served one and a scratch one, each held
+# by an flock as kcache holds them), which says their names and waits until its stdin closes.
+HOLDER = textwrap.dedent(
+    """
+    import json, sys
+    from kcache.store import Store
+    s = Store.open(sys.argv[1])
+    with s.disk.served._lock:
+        names = [s.disk.served.folder(role).name for role in ("served", "scratch")]
+    print(json.dumps(names), flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def private_folders(root: Path) -> tuple[subprocess.Popen, list[Path]]:
+    p = subprocess.Popen(
+        [PYTHON, "-c", HOLDER, str(root)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    names = json.loads(p.stdout.readline())
+    return p, [root / "tmp" / n for n in names]
+
+
+def test_dead_processes_folders_go_off_the_first_hits_path(tmp_path: Path) -> None:
+    # Opening a store and its first hit list nothing in tmp/ (a process's first hit pays no
+    # clean-up); the private folders of a process that was killed go at the flush thread's first
+    # turn, or at close when it had none; a live process's folders are never taken. (Before:
+    # removed when the store was opened.)
+    root = tmp_path / "store"
+    s = Store.open(root)
+    s.put("triton", "k", {"a.bin": b"A" * 100})
+    s.close()
+    live, live_dirs = private_folders(root)
+    try:
+        for ends_with in ("the flush thread", "close"):
+            dead, dead_dirs = private_folders(root)
+            dead.kill()
+            dead.wait()
+            dead.stdout.close()
+            dead.stdin.close()
+            assert all(d.is_dir() for d in dead_dirs + live_dirs)
+            s = Store.open(root)
+            hit = s.get("triton", "k", files=True)
+            assert hit is not None and Path(hit.paths["a.bin"]).read_bytes() == b"A" * 100
+            assert all(d.is_dir() for d in dead_dirs), "the first hit paid for a clean-up"
+            if ends_with == "the flush thread":
+                assert s.put("triton", "k2", {"b.bin": b"B"}) is not None  # starts the thread
+                deadline = time.monotonic() + 60  # its first turn: within a second, unless the box is loaded
+                while any(d.exists() for d in dead_dirs) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert not any(d.exists() for d in dead_dirs), (
+                    "the flush thread left a dead process's folders"
+                )
+            s.close()
+            assert not any(d.exists() for d in dead_dirs), f"{ends_with}: a dead process's folders stayed"
+            assert all(d.is_dir() for d in live_dirs), f"{ends_with}: a live process's folders were taken"
+        assert live.poll() is None
+    finally:
+        live.stdin.close()
+        live.wait(timeout=60)
+        live.stdout.close()
+    assert not any(d.exists() for d in live_dirs)  # its own, at its exit
 
 
 def test_served_bytes_are_the_verified_ones_even_if_replaced_in_between(tmp_path: Path) -> None:

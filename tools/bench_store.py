@@ -27,6 +27,9 @@ in parallel processes, one per CPU.
     python tools/bench_store.py             # the full run (1k, 10k, 100k entries; several minutes)
     python tools/bench_store.py --quick     # a smaller run (300 and 3,000 entries)
     python tools/bench_store.py --json      # machine-readable results on stdout
+    python tools/bench_store.py --fresh-only --fresh-reps 31 --against ../other-checkout
+                                            # only a fresh process's first hit, A/B beside another
+                                            # checkout of kcache (same store, same rotation)
 """
 
 from __future__ import annotations
@@ -459,44 +462,72 @@ from triton import knobs
 from triton.runtime.cache import FileCacheManager
 import hashlib
 hashlib.sha256(b"key").hexdigest()  # Triton hashes its key (sha256) before it asks a cache manager
-t = time.perf_counter()
+t0 = time.perf_counter()
 if which == "kcache":
     st = kcache.store.Store.open(root, max_size=1 << 50)
+    t1 = time.perf_counter()
     h = st.get("triton", key, files=True)
     paths = h.paths.values()
 else:
     knobs.cache.dir = root
-    paths = FileCacheManager(key).get_group(group_name).values()
+    m = FileCacheManager(key)
+    t1 = time.perf_counter()
+    paths = m.get_group(group_name).values()
+t2 = time.perf_counter()
 for p in paths:
     with open(p, "rb") as f:
         f.read()
-print(json.dumps((time.perf_counter() - t) * 1e6))
+t3 = time.perf_counter()
+print(json.dumps({"total": (t3 - t0) * 1e6, "open": (t1 - t0) * 1e6, "get": (t2 - t1) * 1e6, "read": (t3 - t2) * 1e6}))
 """
 
 
-def fresh_process_first_hit(kroot: Path, froot: Path, n: int, reps: int) -> dict[str, Any]:
+def fresh_process_first_hit(
+    kroot: Path, froot: Path, n: int, reps: int, against: str | None = None
+) -> dict[str, Any]:
     """The first hit of a fresh process: a new interpreter (imports done) opens the store and gets
-    one entry with its files, or builds a FileCacheManager and gets one group; alternating."""
+    one entry with its files, or builds a FileCacheManager and gets one group; alternating.
+    ``against``: another checkout of kcache, timed in the same rotation on the same store
+    (``kcache@against``), for an A/B of a change. Each figure is split into opening (the store;
+    FileCacheManager's constructor), the lookup with its paths, and reading the files."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TRITON_"))}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    here = str(Path(__file__).resolve().parents[1])
     names = json.dumps([name for name, _ in SHAPE_4K])
     rng = random.Random(7)
-    times: dict[str, list[float]] = {"kcache": [], "FileCacheManager": []}
+    who = ["kcache", "FileCacheManager"] + (["kcache@against"] if against else [])
+    times: dict[str, list[float]] = {w: [] for w in who}
+    parts: dict[str, dict[str, list[float]]] = {w: {"open": [], "get": [], "read": []} for w in who}
     for r in range(reps):
         i = rng.randrange(n)
-        for which in order_rot(["kcache", "fcm"], r):
-            root, key = (str(kroot), store_key(i)) if which == "kcache" else (str(froot), triton_key(i))
+        for w in order_rot(who, r):
+            fcm = w == "FileCacheManager"
+            root, key = (str(froot), triton_key(i)) if fcm else (str(kroot), store_key(i))
+            env["PYTHONPATH"] = against if w == "kcache@against" and against else here
             p = subprocess.run(
-                [sys.executable, "-c", FRESH_CHILD, which, root, key, GROUP_NAME, names],
+                [sys.executable, "-c", FRESH_CHILD, "fcm" if fcm else "kcache", root, key, GROUP_NAME, names],
                 capture_output=True,
                 text=True,
                 env=env,
+                cwd=kroot.parent,  # not a checkout: ``-c`` puts the working folder first on sys.path
             )
             if p.returncode != 0:
-                raise RuntimeError(f"fresh-process first hit ({which}): {p.stderr[-800:]}")
-            times["kcache" if which == "kcache" else "FileCacheManager"].append(float(p.stdout.split()[-1]))
+                raise RuntimeError(f"fresh-process first hit ({w}): {p.stderr[-800:]}")
+            got = json.loads(p.stdout.strip().splitlines()[-1])
+            times[w].append(got["total"])
+            for k in parts[w]:
+                parts[w][k].append(got[k])
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"reps": reps, "median_us": med, "ratio": med["kcache"] / med["FileCacheManager"], "all_us": times}
+    out: dict[str, Any] = {
+        "reps": reps,
+        "median_us": med,
+        "ratio": med["kcache"] / med["FileCacheManager"],
+        "parts_median_us": {w: {k: statistics.median(v) for k, v in ps.items()} for w, ps in parts.items()},
+        "all_us": times,
+    }
+    if against:
+        out["against"] = against
+        out["ratio_against"] = med["kcache@against"] / med["FileCacheManager"]
+    return out
 
 
 def order_rot(xs: list[str], j: int) -> list[str]:
@@ -613,7 +644,24 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="store and check without xxh3, as a process without the xxhash module does",
     )
+    ap.add_argument(
+        "--fresh-only",
+        action="store_true",
+        help="only the first hit of a fresh process (a store of the smallest size; --fresh-reps each)",
+    )
+    ap.add_argument(
+        "--fresh-reps", type=int, help="fresh processes per contender (default 21; 9 with --quick)"
+    )
+    ap.add_argument(
+        "--against",
+        metavar="CHECKOUT",
+        help="another checkout of kcache (its root folder), timed beside this one in the fresh-process figure",
+    )
     args = ap.parse_args(argv)
+    if args.against and not (Path(args.against) / "kcache" / "__init__.py").is_file():
+        ap.error(f"--against {args.against}: no kcache package there")
+    if args.fresh_reps is not None and args.fresh_reps < 1:
+        ap.error("--fresh-reps must be at least 1")
     if args.crc32_only:
         from kcache.store import records
 
@@ -639,14 +687,40 @@ def main(argv: list[str] | None = None) -> int:
     b = Bench(work, args.runs, args.quick, log)
     try:
         log(f"kcache store benchmark in {work} ({os.cpu_count()} CPUs, runs={args.runs})")
-        b.dataset("4KB", 4096, sizes, hit_s, put_s)
+        if args.fresh_only:
+            sizes = sizes[:1]
+            kroot, froot = b.work / "kcache-4KB", b.work / "fcm-4KB"
+            fill(b.pool, _fill_kcache, str(kroot), 0, sizes[0], 4096)
+            fill(b.pool, _fill_fcm, str(froot), 0, sizes[0], 4096)
+        else:
+            b.dataset("4KB", 4096, sizes, hit_s, put_s)
+        reps = args.fresh_reps or (9 if args.quick else 21)
         fresh = fresh_process_first_hit(
-            b.work / "kcache-4KB", b.work / "fcm-4KB", sizes[0], 9 if args.quick else 21
+            b.work / "kcache-4KB", b.work / "fcm-4KB", sizes[0], reps, against=args.against
         )
-        log(
-            f"  fresh process, first hit: kcache {fresh['median_us']['kcache']:.0f} us, FileCacheManager "
-            f"{fresh['median_us']['FileCacheManager']:.0f} us ({fresh['ratio']:.2f}x)"
-        )
+        med, pm = fresh["median_us"], fresh["parts_median_us"]
+        for w in med:
+            log(
+                f"  fresh process, first hit: {w} {med[w]:.0f} us (open {pm[w]['open']:.0f}, get "
+                f"{pm[w]['get']:.0f}, read {pm[w]['read']:.0f})"
+                + (
+                    ""
+                    if w == "FileCacheManager"
+                    else f", {med[w] / med['FileCacheManager']:.2f}x FileCacheManager"
+                )
+            )
+        if args.fresh_only:
+            out = {
+                "date": datetime.date.today().isoformat(),
+                "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}",
+                "versions": versions(),
+                "load_before": os.getloadavg(),
+                "fresh_process_first_hit": fresh,
+                "targets": targets([], {}, fresh),
+            }
+            if args.json:
+                print(json.dumps(out, indent=1), flush=True)
+            return 0
         b.admin_commands("4KB", sizes[-1])
         log(
             f"  admin at {sizes[-1]} entries: "

@@ -82,7 +82,9 @@ class Catalogue:
         self._dropped: set[str] = set()  # rows of entries removed here, for the next flush to drop
         self._flush_lock = threading.Lock()
         self._flusher_pid: int | None = None
-        self._wake = threading.Event()  # set: the flush thread's turn now (the store is past its bound)
+        # Set: the flush thread's turn now (the store is past its bound). Made with the thread
+        # (an Event costs a process's first lookup 12 us).
+        self._wake: threading.Event | None = None
         self._next_reconcile = 0.0  # monotonic; the flush thread's first turn asks the index
 
     @property
@@ -112,7 +114,7 @@ class Catalogue:
         self._lock = threading.RLock()
         self._index_lock = threading.RLock()
         self._touches, self._touched_records, self._misses, self._pending = {}, {}, [], {}
-        self._dropped, self._wake = set(), threading.Event()
+        self._dropped, self._wake = set(), None
 
     # ------------------------------------------------------------------ what waits to be written
     def note_use(self, rec: Record) -> None:
@@ -121,7 +123,9 @@ class Catalogue:
             return
         with self._lock:
             _, n = self._touches.get(rec.id, (0.0, 0))
-            self._touches[rec.id] = (self.clock.now(), n + 1)
+            # By this process's clock: the store's offset is added when it is written (a
+            # process's first hits come before the store's clock is set, see .clock).
+            self._touches[rec.id] = (time.time(), n + 1)
             self._touched_records[rec.id] = rec
             if not self._touch_since:
                 self._touch_since = time.monotonic()
@@ -136,7 +140,7 @@ class Catalogue:
         if self.readonly:
             return
         with self._lock:
-            self._misses.append((self.clock.now(), kind, key, components))
+            self._misses.append((time.time(), kind, key, components))  # as note_use's
         self.maybe_flush()
 
     def note_put(self, rec: Record, access: float) -> None:
@@ -162,13 +166,15 @@ class Catalogue:
 
     def own_touches(self) -> dict[str, tuple[float, int]]:
         """This process's hits not written to the index yet: id -> (last use, hits)."""
+        off = self.clock.offset
         with self._lock:
-            return dict(self._touches)
+            return {k: (t + off, n) for k, (t, n) in self._touches.items()}
 
     def wake(self) -> None:
         """The flush thread's turn now (the store is past its bound), not in a second."""
         self.maybe_flush()
-        self._wake.set()
+        if self._wake is not None:
+            self._wake.set()
 
     # ------------------------------------------------------------------ the index
     def index(self) -> Index:
@@ -361,6 +367,8 @@ class Catalogue:
             with self._lock:
                 if self._flusher_pid != os.getpid():
                     self._flusher_pid = os.getpid()
+                    if self._wake is None:
+                        self._wake = threading.Event()
                     try:
                         t = threading.Thread(target=self._flush_loop, name="kcache-flush", daemon=True)
                         t.start()
@@ -375,9 +383,12 @@ class Catalogue:
         took it there), and batched index writes. Both are off the compiling threads' path (a
         put only notes its row)."""
         pid = os.getpid()
+        wake = self._wake  # made before the thread was started
+        if wake is None:
+            return
         while not self.closed and os.getpid() == pid:
-            self._wake.wait(T.FLUSH_EVERY_S)
-            self._wake.clear()
+            wake.wait(T.FLUSH_EVERY_S)
+            wake.clear()
             if self.closed or os.getpid() != pid:
                 return
             try:
@@ -399,7 +410,7 @@ class Catalogue:
         index; ``force`` ignores it), by whichever process finds it due, which also counts the
         store's bytes again (the size count drifts when a process is killed between a commit
         and its count). Never raises."""
-        now = self.clock.now()
+        now = self.clock.synced()
 
         def due(idx: Index) -> set[str] | None:
             with idx.transaction():  # one process claims the turn
@@ -454,6 +465,9 @@ class Catalogue:
         if not (touches or misses or deltas or pending or dropped):
             return
         self.clock.refresh()
+        off = self.clock.offset  # what was noted by this process's clock, in the store's time
+        touches = {k: (t + off, n) for k, (t, n) in touches.items()}
+        misses = [(t + off, *rest) for t, *rest in misses]
 
         def write(idx: Index) -> bool:
             with idx.transaction():

@@ -90,7 +90,6 @@ class DiskTier:
         counts: _counters.Counters | None = None,
     ) -> None:
         self.folders = folders
-        self.root: Path = folders.root
         self.max_size = max_size
         #: Where the bound came from: "argument" (the caller), "store" (kcache.conf), "default".
         self.max_size_source = "argument"
@@ -121,9 +120,15 @@ class DiskTier:
         self._trash_swept = -1e9  # monotonic: when held folders in trash/ were last tried
         self._trash_held: set[str] = set()  # folders in trash/ found held: tried with those
         self._soon = 0  # entries puts evicted since the last whole sweep (their files wait for it)
+        self._usage_started = False  # a new store's count made (see _first_put)
+        self._dead_cleaned = False  # dead processes' private folders removed (see clean_dead_folders)
         forks.register(self)
 
     # ------------------------------------------------------------------ what opening found
+    @property
+    def root(self) -> Path:
+        return self.folders.root
+
     @property
     def readonly(self) -> bool:
         return self.folders.readonly
@@ -210,17 +215,34 @@ class DiskTier:
             counts=counts,
         )
         tier.max_size_source = "argument" if max_size else "store" if "max_size" in kept else "default"
-        if not folders.readonly:
-            tier.clock.refresh()
-            tier.evictor.usage.start_if_new()
-            # Private folders that dead processes left (killed, or ended by os._exit): nobody
-            # holds them any more (see .served).
-            tfd = folders.fd("tmp")
-            if tfd is not None and not folders.network_fs:  # a network filesystem's locks may be per node
-                clean_dead(tfd, ("served.", "scratch."))
-                tier._trash_left = True  # what removals left there: the flush thread's first turn
+        # Opening writes nothing and lists nothing: what used to be done here is done off a
+        # process's first hit, when first needed. The clock is set by the filesystem's at the
+        # first put, the flush thread's first turn or the first ask for the store's time (see
+        # .clock); a new store's size count is made at its first put; dead processes' private
+        # folders go at the flush thread's first turn, or at close (clean_dead_folders).
+        if not folders.readonly and not folders.network_fs:
+            tier._trash_left = True  # what removals left there: the flush thread's first turn
         atexit.register(tier.close)  # read-only too: its private folders go at exit
         return tier
+
+    def clean_dead_folders(self) -> int:
+        """Remove the private folders (served files, scratch) that dead processes left in
+        ``tmp/`` (killed, or ended by ``os._exit``): nobody holds them any more (see
+        :mod:`.served`); a live process's are held, and never taken. Once per process (and store),
+        off its first hit's path: at the flush thread's first turn, or at :meth:`close` when that
+        never came. Not on a network filesystem (its locks may be per node: another node's live
+        folders look unheld there). Returns how many went."""
+        if self._dead_cleaned:
+            return 0
+        self._dead_cleaned = True
+        tfd = self.folders.fd("tmp")
+        if tfd is None or self.readonly or self.folders.network_fs:
+            return 0
+        try:
+            return clean_dead(tfd, ("served.", "scratch."))
+        except OSError as e:  # best effort: the next process tries again
+            logger.debug("clean-up of dead processes' folders: %s", e)
+            return 0
 
     def close(self) -> None:
         """Flush what is batched, close the index and every descriptor. Idempotent."""
@@ -242,6 +264,8 @@ class DiskTier:
         self.memo.clear()
         with contextlib.suppress(Exception):
             self.served.close()  # lets go of the entry folders this process held
+        with contextlib.suppress(Exception):
+            self.clean_dead_folders()  # if the flush thread never had a turn
         if not self.readonly:  # what those holds kept in trash/ goes now, if nobody else holds it
             self._trash_swept = -1e9
             with contextlib.suppress(Exception):
@@ -275,7 +299,7 @@ class DiskTier:
 
     def now(self) -> float:
         """The store's time: this process's clock corrected to the filesystem's."""
-        return self.clock.now()
+        return self.clock.synced()
 
     # ------------------------------------------------------------------ reading
     def get(self, kind: str, key: str, *, touch: bool = False, files: bool = False) -> Hit | None:
@@ -383,11 +407,13 @@ class DiskTier:
             return None, False
         protect_s = min(float(protect_s or self.protect_s or 0.0), T.MAX_PROTECT_S)
         ident = self.entry_id(kind, key)
+        if not self._usage_started:
+            self._first_put()
         try:
             fields = dict(
                 kind=kind,
                 key=key,
-                created=self.clock.now() if created is None else created,
+                created=self.clock.synced() if created is None else created,
                 compile_s=float(compile_s),
                 components=dict(components or {}),
                 summary=dict(summary or {}),
@@ -422,6 +448,17 @@ class DiskTier:
             logger.debug("eviction after put: %s", e)
         self.catalogue.maybe_flush()
         return hit, True
+
+    def _first_put(self) -> None:
+        """This process's first put: a new store's size count starts at 0 (exact from its first
+        entry), and the store's clock is set by the filesystem's (a record's times are the
+        filesystem's)."""
+        self._usage_started = True
+        try:
+            self.evictor.usage.start_if_new()
+        except OSError as e:  # the flush thread counts the store instead
+            logger.debug("size count: %s", e)
+        self.clock.synced()
 
     def replace_folder(self, kind: str, key: str) -> None:
         """Remove the entry's folder before a replacement (its row: the put's replaces it; the
@@ -504,8 +541,11 @@ class DiskTier:
 
     # ------------------------------------------------------------------ eviction
     def _flush_turn(self) -> None:
-        """The flush thread's turn, before it writes the index: eviction when the store is past
-        its bound (woken by the put that took it there), then what removals left in trash/."""
+        """The flush thread's turn, before it writes the index: (at the first) the store's clock
+        and dead processes' private folders, eviction when the store is past its bound (woken by
+        the put that took it there), then what removals left in trash/."""
+        self.clock.synced()
+        self.clean_dead_folders()
         if self.evictor.due():
             self.evictor.run()
         if self._trash_left:

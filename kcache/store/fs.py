@@ -34,16 +34,20 @@ class UnsafePath(Exception):
     """A folder or file that must not be used: a link, not ours, writable by others (says why)."""
 
 
-def proc_fd_usable() -> bool:
-    """True where ``/proc/self/fd/N/name`` resolves through descriptor N (Linux with /proc)."""
+def proc_fd_usable(folder: int | None = None, folder_st: os.stat_result | None = None) -> bool:
+    """True where ``/proc/self/fd/N/name`` resolves through descriptor N (Linux with /proc).
+    Asked once per process; ``folder``: a folder descriptor the caller holds open to ask it with
+    (``folder_st``: its fstat, if known), instead of opening ``/`` for the question."""
     global _proc_ok
     if _proc_ok is None:
         try:
-            fd = os.open("/", O_DIR)
+            fd = os.open("/", O_DIR) if folder is None else folder
             try:
-                _proc_ok = os.path.samestat(os.stat(f"{_PROC_FD}/{fd}/."), os.fstat(fd))
+                st = os.fstat(fd) if folder_st is None or folder is None else folder_st
+                _proc_ok = os.path.samestat(os.stat(f"{_PROC_FD}/{fd}/."), st)
             finally:
-                os.close(fd)
+                if folder is None:
+                    os.close(fd)
         except OSError:
             _proc_ok = False
     return _proc_ok
@@ -96,6 +100,13 @@ def open_dir_at(
 ) -> int:
     """Open (with ``create``, made 0700 when missing) the folder ``name`` inside ``parent``, refusing a
     link, a non-folder, and (``owners`` given) one owned by someone else or writable by others."""
+    return open_dir_stat_at(parent, name, what, owners, create=create)[0]
+
+
+def open_dir_stat_at(
+    parent: int, name: str, what: str, owners: frozenset[int] | None, *, create: bool = False
+) -> tuple[int, os.stat_result]:
+    """:func:`open_dir_at`, and the fstat the folder was checked by."""
     try:
         try:
             fd = os.open(name, O_DIR, dir_fd=parent)
@@ -113,10 +124,17 @@ def open_dir_at(
         if e.errno in (errno.ELOOP, errno.ENOTDIR):
             raise UnsafePath(f"{what} is a link or not a folder") from None
         raise
-    return _checked(fd, what, owners)
+    return fd, _checked_stat(fd, what, owners)
 
 
 def _checked(fd: int, what: str, owners: frozenset[int] | None) -> int:
+    _checked_stat(fd, what, owners)
+    return fd
+
+
+def _checked_stat(fd: int, what: str, owners: frozenset[int] | None) -> os.stat_result:
+    """The folder open as ``fd``'s fstat, once checked (as :func:`open_dir_at` says); closes
+    ``fd`` and raises when it fails."""
     try:
         st = os.fstat(fd)
         if owners is None:
@@ -127,7 +145,7 @@ def _checked(fd: int, what: str, owners: frozenset[int] | None) -> int:
     except BaseException:  # re-raised: it only cleans up on the way
         os.close(fd)
         raise
-    return fd
+    return st
 
 
 def read_at(parent: int | None, name: str, limit: int) -> tuple[bytes, os.stat_result]:

@@ -26,6 +26,8 @@ from .safety import (
     insecure_parent,
     insecure_path,
     is_network_fs,
+    judge_parents,
+    linkless_parents,
     make_private_dir,
     on_block_device,
 )
@@ -77,13 +79,24 @@ def open_sub(root_fd: int, sub: str, path: str, owners: frozenset[int] | None, *
         raise UnsafeStore(f"{e}: refusing the store (nothing in it is used or deleted)") from None
 
 
-def check_marker(root_fd: int, path: str, *, readonly: bool, create: bool) -> None:
+MARKER_BODY = msgpack.packb({"format": "kcache-store", "schema": STORE_SCHEMA})
+
+
+def read_marker(root_fd: int, path: str) -> bytes | None:
+    """The marker's bytes, or None when there is none (a new store, or a folder that is not one)."""
     try:
-        data, _st = fs.read_at(root_fd, MARKER, 1 << 16)
+        return fs.read_at(root_fd, MARKER, 1 << 16)[0]
     except FileNotFoundError:
-        data = None
+        return None
     except fs.UnsafePath as e:
         raise StoreError(f"{path}: {e}") from None
+
+
+def check_marker(root_fd: int, path: str, *, readonly: bool, create: bool, data: bytes | None = None) -> None:
+    """Refuse a folder that holds no store, or a store of another schema; make the marker of a
+    new store (``create``, unless ``readonly``). ``data``: the marker as read already."""
+    if data is None:
+        data = read_marker(root_fd, path)
     if data is None:
         # Several processes may create the same new store at once (the ranks of a job): another
         # one's marker being written (.KCACHE_STORE.* renamed into place) is not foreign content,
@@ -99,11 +112,12 @@ def check_marker(root_fd: int, path: str, *, readonly: bool, create: bool) -> No
                 raise StoreError(f"{path} is not empty and is not a kcache store (no {MARKER} file)")
             if readonly or not create:
                 raise StoreError(f"{path} is not a kcache store (an empty folder)")
-            body = msgpack.packb({"format": "kcache-store", "schema": STORE_SCHEMA})
             tmp = f".{MARKER}.{os.getpid()}.{os.urandom(4).hex()}"
-            fs.write_new_at(root_fd, tmp, body)
+            fs.write_new_at(root_fd, tmp, MARKER_BODY)
             os.rename(tmp, MARKER, src_dir_fd=root_fd, dst_dir_fd=root_fd)
             return
+    if data == MARKER_BODY:  # as this kcache writes it: nothing to decode
+        return
     try:
         info = msgpack.unpackb(data, raw=False)
         schema = info.get("schema") if isinstance(info, dict) else None
@@ -113,18 +127,28 @@ def check_marker(root_fd: int, path: str, *, readonly: bool, create: bool) -> No
         raise StoreError(f"{path} holds a kcache store of another schema ({schema!r})")
 
 
-def unwritable(root_fd: int) -> str | None:
-    """Why the store cannot be written (a read-only filesystem, no write permission), or None."""
+def unwritable(root_fd: int, stats: dict[str, os.stat_result] | None = None) -> str | None:
+    """Why the store cannot be written (a read-only filesystem, no write permission), or None.
+
+    ``stats``: the fstat of the root (``"."``) and of its folders that are open already: a folder
+    this user owns, with its owner's write and search bits, is writable by this user without
+    asking the kernel (the owner's bits are what the kernel goes by, ACLs included); the others
+    are asked (another owner, ACLs, root's override)."""
     try:
         if os.fstatvfs(root_fd).f_flag & getattr(os, "ST_RDONLY", 0):
             return "is on a read-only filesystem"
     except OSError:
         pass
+    uid = os.geteuid()
     for sub in (".", "entries", "tmp", "locks"):
-        try:
-            os.stat(sub, dir_fd=root_fd, follow_symlinks=False)
-        except OSError:
-            continue  # not there yet: made with the store
+        st = stats.get(sub) if stats is not None else None
+        if st is None:
+            try:
+                st = os.stat(sub, dir_fd=root_fd, follow_symlinks=False)
+            except OSError:
+                continue  # not there yet: made with the store
+        if st.st_uid == uid and st.st_mode & 0o300 == 0o300:
+            continue
         if not os.access(sub, os.W_OK | os.X_OK, dir_fd=root_fd):
             return (
                 "is not writable (this user may not write it)"
@@ -140,7 +164,7 @@ class Folders:
 
     def __init__(
         self,
-        root: Path,
+        root: str,
         fds: dict[str, int | None],
         *,
         owners: frozenset[int] | None,
@@ -148,8 +172,11 @@ class Folders:
         trusted: bool,
         network_fs: bool,
         index_dir: str | None,
+        stats: dict[str, os.stat_result] | None = None,
     ) -> None:
-        self.root = root
+        self._root = root
+        self._stats = stats or {}
+        self._root_path: Path | None = None
         #: Who may own what is read from the store (None: a store used despite its checks).
         self.owners = owners
         self.readonly = readonly
@@ -162,6 +189,18 @@ class Folders:
 
     # Paths by name, for messages, reports and libraries (never opened here): made when asked
     # (making a Path costs microseconds that a process's first lookup need not pay).
+    @property
+    def root(self) -> Path:
+        """The store's folder as it was named (absolute)."""
+        if self._root_path is None:
+            self._root_path = Path(self._root)
+        return self._root_path
+
+    @property
+    def root_name(self) -> str:
+        """:attr:`root` as a string (no Path made)."""
+        return self._root
+
     @property
     def index_dir(self) -> Path:
         """What a reading command reports: the index's folder (node-local on a network filesystem)."""
@@ -184,6 +223,22 @@ class Folders:
         when it is absent or the store is closed."""
         return self._fds.get(sub)
 
+    def stat(self, sub: str) -> os.stat_result | None:
+        """The fstat ``sub`` was checked by when it was opened (a folder's identity does not
+        change while it is open), or None when it is absent or the store is closed."""
+        if self.closed:
+            return None
+        st = self._stats.get(sub)
+        if st is None:
+            fd = self._fds.get(sub)
+            if fd is None:
+                return None
+            try:
+                st = self._stats[sub] = os.fstat(fd)
+            except OSError:
+                return None
+        return st
+
     def close(self) -> None:
         self.closed = True
         fds, self._fds = self._fds, {}
@@ -193,10 +248,27 @@ class Folders:
                     os.close(fd)
 
 
-def open_folders(
-    path: str, *, readonly: bool, allow_insecure: bool, create: bool, network_fs: bool | None
-) -> Folders:
-    """Check and pin the store at ``path`` (absolute). See :meth:`kcache.store.Store.open`."""
+def open_root(path: str, *, readonly: bool, allow_insecure: bool, create: bool) -> tuple[int, str, bool]:
+    """The store's root, opened and pinned (no link from here on): its descriptor, its real path
+    and whether it is trusted (False: it failed a check and ``allow_insecure`` uses it anyway).
+    Made (0700) when missing and ``create``. Raises ``UnsafeStore`` or ``StoreError``."""
+    # The usual case first: nothing on the way is a link and the store exists. One walk up (an
+    # lstat each) says both; the long way below resolves the path and walks it again.
+    parents = None if path != os.path.abspath(path) else linkless_parents(path)
+    if parents is not None:
+        try:
+            fd = os.open(path, fs.O_DIR)  # O_NOFOLLOW: the store itself is no link either
+        except OSError:
+            fd = None  # a link to the store, a store to make, not a folder: the long way
+        if fd is not None:
+            why_parent = judge_parents(parents)
+            if why_parent and not allow_insecure:
+                os.close(fd)
+                raise UnsafeStore(
+                    f"{path}: another user can replace the store ({why_parent}); move the store to a "
+                    f"folder only you (or root) can write, or {INSECURE_HINT}"
+                )
+            return fd, path, not why_parent
     trust = True
     # The path as named: a link on the way is fine if this user (or root) made it, in a
     # folder nobody else can write; one another user planted decides where the store is.
@@ -220,11 +292,22 @@ def open_folders(
                 f"folder only you (or root) can write, or {INSECURE_HINT}"
             )
         trust = False
-    owners: frozenset[int] | None = fs.trusted_owners(readonly)
     try:
-        root_fd = fs.open_dir(real, str(path), None)
+        return fs.open_dir(real, str(path), None), real, trust
     except fs.UnsafePath:
         raise StoreError(f"{path} exists and is not a directory") from None
+
+
+def _refused(e: fs.UnsafePath) -> UnsafeStore:
+    return UnsafeStore(f"{e}: refusing the store (nothing in it is used or deleted)")
+
+
+def open_folders(
+    path: str, *, readonly: bool, allow_insecure: bool, create: bool, network_fs: bool | None
+) -> Folders:
+    """Check and pin the store at ``path`` (absolute). See :meth:`kcache.store.Store.open`."""
+    root_fd, real, trust = open_root(path, readonly=readonly, allow_insecure=allow_insecure, create=create)
+    owners: frozenset[int] | None = fs.trusted_owners(readonly)
     fds: dict[str, int | None] = {"root": root_fd}
     try:
         st = os.fstat(root_fd)
@@ -235,8 +318,27 @@ def open_folders(
                 raise
             trust = False
             owners = None
+        if network_fs is not None:
+            nfs = network_fs
+        else:
+            nfs = not on_block_device(st) and is_network_fs(real, resolved=True)
+        marker = read_marker(root_fd, path)
+        stats: dict[str, os.stat_result] = {".": st}
+        if marker is not None:
+            # A store already (the usual case): its folders are opened before anything else, and
+            # checked by the fstat they were opened with once it is known whether the store is
+            # written (whose owners then count); whether it can be written is read from them.
+            for sub in SUBDIRS:
+                if sub == "index" and nfs:
+                    continue
+                try:
+                    fds[sub], stats[sub] = fs.open_dir_stat_at(root_fd, sub, f"{path}/{sub}", None)
+                except FileNotFoundError:
+                    pass  # made below, unless the store is only read
+                except fs.UnsafePath as e:
+                    raise _refused(e) from None
         if not readonly:
-            why = unwritable(root_fd)
+            why = unwritable(root_fd, stats)
             if why:
                 # Used as KCACHE_READONLY=1 would: hits served, nothing written, one warning.
                 warn_once(
@@ -245,16 +347,19 @@ def open_folders(
                 readonly = True
                 if owners is not None:
                     owners = fs.trusted_owners(True)
-        check_marker(root_fd, path, readonly=readonly, create=create)
-        if network_fs is not None:
-            nfs = network_fs
-        else:
-            nfs = not on_block_device(st) and is_network_fs(real, resolved=True)
+        if owners is not None:
+            for sub, sst in stats.items():
+                if sub != ".":
+                    try:
+                        fs.check_stat(sst, f"{path}/{sub}", owners, want_dir=True)
+                    except fs.UnsafePath as e:
+                        raise _refused(e) from None
+        check_marker(root_fd, path, readonly=readonly, create=create, data=marker)
         for sub in SUBDIRS:
             if sub == "index" and nfs:
                 fds[sub] = None  # no SQLite file on a network filesystem (below)
-                continue
-            fds[sub] = open_sub(root_fd, sub, path, owners, create=not readonly)
+            elif sub not in fds:
+                fds[sub] = open_sub(root_fd, sub, path, owners, create=not readonly)
         index_dir = None
         if nfs:
             # SQLite's locks are not safe on NFS/Lustre: entries stay shared (written by
@@ -276,11 +381,12 @@ def open_folders(
                 os.close(fd)
         raise
     return Folders(
-        Path(path),
+        path,
         fds,
         owners=owners,
         readonly=readonly,
         trusted=trust,
         network_fs=nfs,
         index_dir=index_dir,
+        stats={("root" if k == "." else k): v for k, v in stats.items()},
     )

@@ -96,6 +96,40 @@ def insecure_parent(path: str, *, resolved: bool = False) -> str | None:
         cur = parent
 
 
+def linkless_parents(path: str) -> list[tuple[str, os.stat_result]] | None:
+    """The folders above ``path`` (absolute and normalised), its parent first and ``/`` last,
+    each with its lstat, when every one exists and none is a link: then they are the real
+    folders above ``path``, and :func:`judge_parents` says what :func:`insecure_parent` would
+    say, without resolving the path and walking it a second time. None when one is a link or
+    cannot be read: resolve and judge as before."""
+    if not path.startswith("/") or path.startswith("//"):
+        return None
+    out = []
+    cur = os.path.dirname(path)
+    while True:
+        try:
+            st = os.lstat(cur)
+        except OSError:
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            return None
+        out.append((cur, st))
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            return out
+        cur = parent
+
+
+def judge_parents(parents: list[tuple[str, os.stat_result]]) -> str | None:
+    """:func:`insecure_parent`'s answer for the folders :func:`linkless_parents` found."""
+    uid = os.geteuid()
+    for path, st in parents:
+        why = _unsafe_folder(path, st, uid)
+        if why:
+            return why
+    return None
+
+
 def _unsafe_folder(path: str, st: os.stat_result, uid: int) -> str | None:
     if st.st_uid not in (0, uid):
         return f"{path} is owned by uid {st.st_uid}"

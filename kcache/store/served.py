@@ -262,10 +262,13 @@ class Served:
         return pin, {f.name: f"/proc/self/fd/{pin}/{f.name}" for f in hit.record.files}
 
     def _pins_allowed(self) -> bool:
-        if self._tmp_ok is None:
-            tfd = self._store.fd("tmp")
-            self._tmp_ok = tfd is not None and not self._store.network_fs and fs.locks_work(tfd)
-        if not self._tmp_ok:
+        # Only where a lock says whether its holder lives: not on a network filesystem, nor where
+        # flock fails. Whether it fails is not asked here (a syscall on every process's first
+        # hit): the hold's own flock fails there, and the hit then gets private links, whose
+        # folder() asks, and remembers the answer (_tmp_ok) for every later hit.
+        store = self._store
+        tfd = store.fd("tmp")
+        if self._tmp_ok is False or tfd is None or store.network_fs:
             return False
         if not self._pin_stop:
             try:
@@ -275,7 +278,8 @@ class Served:
             soft = soft if 0 < soft < (1 << 20) else 1 << 20
             self._pin_next = PIN_FIRST
             # far from the limit, whatever it is; and only where /proc names a descriptor's folder
-            self._pin_stop = soft // 2 if fs.proc_fd_usable() else PIN_FIRST
+            # (asked through tmp/'s descriptor, with the fstat it was opened with)
+            self._pin_stop = soft // 2 if fs.proc_fd_usable(tfd, store.stat("tmp")) else PIN_FIRST
         return self._pin_next < self._pin_stop and len(self._pins) < MAX_PINS
 
     def _write(self, folder: PrivateFolder, hit: Hit, fds: dict[str, int] | None) -> dict[str, str]:

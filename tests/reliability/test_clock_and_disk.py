@@ -91,6 +91,55 @@ def test_skewed_clock_never_evicts_entries_in_use(tmp_path: Path) -> None:
     assert ev["evicted"] == len(old) and not any(ids[k] in on_disk for k in old), ev
 
 
+SKEWED_USER = r"""
+import json, sys, time
+from kcache.store import Store
+s = Store.open(sys.argv[1])
+out = {"clock": time.time()}
+if sys.argv[2] == "hits":  # its first calls: nothing has set the store's clock yet
+    out["hit"] = s.get("triton", "k") is not None
+    s.get("triton", "missing", components={"x": 1})
+else:
+    out["created"] = s.put("triton", "k2", {"b.bin": b"B"}).record.created
+s.close()
+print(json.dumps(out))
+"""
+
+
+def test_skewed_clock_writes_the_filesystems_time(tmp_path: Path) -> None:
+    """A process an hour ahead whose first calls are a hit and a miss (opening a store does not
+    set the store's clock by the filesystem's: that waits for a time the store keeps) writes
+    their times to the index in the filesystem's time, as a put's record is: last use is judged
+    by it (eviction's order), and a process's own clock is an hour off."""
+    from kcache.store import Store
+
+    env = ci.child_env(tmp_path)
+    root = tmp_path / "store"
+    s = Store.open(root)
+    s.put("triton", "k", {"a.bin": b"A"})
+    s.close()
+    skewed = ci.skewed_env(env, tmp_path / "skew")
+    out = {}
+    for what in ("hits", "put"):
+        r = subprocess.run(
+            [sys.executable, "-c", SKEWED_USER, str(root), what], env=skewed, capture_output=True, text=True
+        )
+        assert r.returncode == 0, r.stderr
+        out.update(json.loads(r.stdout))
+    now = time.time()
+    assert out["clock"] - now > ci.SKEW_S - 60, "the child's clock was not ahead"
+    assert out["hit"] and abs(out["created"] - now) < 60, out
+    s = Store.open(root)
+    try:
+        idx = s.index()
+        last_use, hits = idx.last_uses()[s.entry_id("triton", "k")]
+        assert hits == 1 and abs(last_use - now) < 60, (last_use - now, hits)
+        (missed_at, _kind, key, _comps), *_ = idx.misses()
+        assert key == "missing" and abs(missed_at - now) < 60, missed_at - now
+    finally:
+        s.close()
+
+
 COMPILE_LOOP = r"""
 import importlib.util, json, sys, time, traceback
 spec = importlib.util.spec_from_file_location("kcache_chaos", {chaos!r})
