@@ -132,8 +132,9 @@ def clean_tmp(folders: Folders, clock: Clock, min_age: float = T.STALE_TMP_S) ->
     shared flock on its folder, which the kernel drops when it dies, so a live process's
     files are never taken (whatever its pid namespace), and a dead one's go at once. Other
     files there go after ``min_age``, and so do folders where locks cannot tell (a network
-    filesystem, whose locks may be per node, or one without flock). Run by ``kcache clear`` and ``verify --fix``, and for
-    private folders when a store is opened."""
+    filesystem, whose locks may be per node, or one without flock). Run by ``kcache clear``
+    and ``verify --fix``; dead processes' private folders are also removed by every process
+    that opens the store (``DiskTier.clean_dead_folders``)."""
     if folders.readonly:
         return 0
     n = 0

@@ -25,7 +25,8 @@ ways, the first where it can be used:
 Every private folder is held (a shared flock on its descriptor, see :func:`.fs.hold`) for the
 life of its process: ``clean_tmp`` removes only folders nobody holds, so a live process's files
 are never taken, and a dead one's (killed, or ended by ``os._exit`` as pool workers are) go at
-the next clean-up, which also runs when a store is opened. A folder removed anyway (by hand) is
+the next clean-up, which every process that opens the store also runs, off its first hit's path
+(at its flush thread's first turn, or at its close). A folder removed anyway (by hand) is
 made anew, and files served from it are served again.
 
 Without /proc, paths name the folders by their path names (no pinning). After ``Store.close()``
