@@ -464,8 +464,13 @@ class Catalogue:
                 deltas[k] = deltas.get(k, 0.0) + v
         if not (touches or misses or deltas or pending or dropped):
             return
-        self.clock.refresh()
-        off = self.clock.offset  # what was noted by this process's clock, in the store's time
+        # What was noted by this process's clock, in the store's time: by the offset puts used
+        # meanwhile (the order of a put and a hit a moment later must not turn on the few
+        # milliseconds a new reading moves it), or this one's when the clock was never set.
+        clock = self.clock
+        before = clock.offset if clock.synced_once else None
+        clock.refresh()
+        off = clock.offset if before is None else before
         touches = {k: (t + off, n) for k, (t, n) in touches.items()}
         misses = [(t + off, *rest) for t, *rest in misses]
 
