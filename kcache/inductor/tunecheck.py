@@ -203,18 +203,9 @@ def servable(store: Any, hit: Any, blob: bytes) -> bool:
     """Whether the cached autotune result ``blob`` (of the entry ``hit``) may be handed to torch.
     One that fails :func:`problem`, or whose content was quarantined in this process, is
     quarantined and counted as a miss instead: Inductor tunes again. Never raises."""
-    from ..store.quarantine import is_bad
+    from ..store.quarantine import judge
 
-    rec = hit.record
-    try:
-        why = "quarantined earlier in this process" if is_bad(rec) else problem(blob)
-    except Exception as e:  # broad: the check itself must never fail the user's compile
-        why = f"{type(e).__name__}: {e}"
-    if why is None:
-        return True
-    store.quarantine(rec, f"autotune result: {why}")
-    store.counts.add(rec.kind, hits=-1, misses=1)
-    return False
+    return judge(store, hit.record, lambda: problem(blob), "autotune result")
 
 
 def checks(member: str) -> dict[str, Callable[[Any], str | None]]:

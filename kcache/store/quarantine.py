@@ -20,6 +20,9 @@ what was served), it calls the cache's ``quarantine(rec, why)``
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from ..forksafe import module_lock
 from ..log import warn_once
 from .records import Record
@@ -54,3 +57,26 @@ def remember(rec: Record, why: str) -> None:
         f"a cached {rec.kind} entry {rec.id[:12]} cannot be used ({why[:300]}); "
         "removed from the cache, compiling instead",
     )
+
+
+def refuse(store: Any, rec: Record, why: str) -> None:
+    """A hit that the library cannot use after all: quarantined (``store.quarantine``) and
+    counted as the miss it turned out to be."""
+    store.quarantine(rec, why)
+    store.counts.add(rec.kind, hits=-1, misses=1)
+
+
+def judge(store: Any, rec: Record, problem: Callable[[], str | None], what: str) -> bool:
+    """Whether a verified hit may be served: not when this very content was quarantined in this
+    process, nor when ``problem()`` says why the library could not use it (or raises: judging
+    hostile bytes with the library's own rules, any error says why not); then it is refused
+    (:func:`refuse`, the reason prefixed with ``what``) and the library does the work again.
+    Never raises."""
+    try:
+        why = "quarantined earlier in this process" if is_bad(rec) else problem()
+    except Exception as e:  # broad: see above
+        why = f"{type(e).__name__}: {e}"
+    if why is None:
+        return True
+    refuse(store, rec, f"{what}: {why}")
+    return False

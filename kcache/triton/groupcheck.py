@@ -252,10 +252,11 @@ def _guard(orig: Any, codes: frozenset[Any]) -> Any:
                 if not served or not _raised_by_loader(e, codes):
                     raise
 
+                from ..store.quarantine import refuse
+
                 why = f"Triton's loader raised {type(e).__name__}: {e}"
                 for store, rec in served:
-                    store.quarantine(rec, why)
-                    store.counts.add(rec.kind, hits=-1, misses=1)
+                    refuse(store, rec, why)
                 del e
                 _served.items = []
                 return orig(*args, **kwargs)
@@ -295,18 +296,15 @@ def servable(store: Any, filename: str, hit: Any, target: str | None) -> bool:
     """Whether ``get_group`` may hand the group ``hit`` (a verified store hit) to Triton. One
     that this Triton cannot load, or whose very content was quarantined in this process, is
     quarantined (again) and counted as a miss instead: Triton compiles. Never raises."""
-    from ..store.quarantine import is_bad
+    from ..store.quarantine import judge
 
     rec = hit.record
-    try:
-        why = "quarantined earlier in this process" if is_bad(rec) else None
-        if why is None:
-            why = problem(filename, {n: hit.read(n) for n in hit.names}, target=target)
-    except Exception as e:  # broad: judging hostile bytes with Triton's own code: any error says why not
-        why = f"{type(e).__name__}: {e}"
-    if why is None:
-        note_served(store, rec)
-        return True
-    store.quarantine(rec, f"its metadata {filename}: {why}")
-    store.counts.add(rec.kind, hits=-1, misses=1)
-    return False
+    if not judge(
+        store,
+        rec,
+        lambda: problem(filename, {n: hit.read(n) for n in hit.names}, target=target),
+        f"its metadata {filename}",
+    ):
+        return False
+    note_served(store, rec)
+    return True

@@ -121,15 +121,6 @@ def servable(store: Any, filename: str, hit: Any) -> bool:
     """Whether ``get_file`` may hand the cached autotune result ``hit`` to Triton. One this
     Triton's autotuner cannot use, or whose content was quarantined in this process, is
     quarantined and counted as a miss instead: Triton tunes again. Never raises."""
-    from ..store.quarantine import is_bad
+    from ..store.quarantine import judge
 
-    rec = hit.record
-    try:
-        why = "quarantined earlier in this process" if is_bad(rec) else problem(hit.read(filename))
-    except Exception as e:  # broad: as above
-        why = f"{type(e).__name__}: {e}"
-    if why is None:
-        return True
-    store.quarantine(rec, f"{filename}: {why}")
-    store.counts.add(rec.kind, hits=-1, misses=1)
-    return False
+    return judge(store, hit.record, lambda: problem(hit.read(filename)), filename)
