@@ -220,27 +220,23 @@ class Usage:
 
     def read(self) -> tuple[int, bool] | None:
         """(bytes, counted), or None when it cannot be read now."""
-        with self._lock:
-            try:
-                fd = self._file()
-                if fd is None or not self._lock_file(fd, fcntl.LOCK_SH):
-                    return None
-                try:
-                    return self._get(fd)[:2]
-                finally:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
-            except OSError:
-                return None
+        got = self._read_all()
+        return None if got is None else got[:2]
 
     def added(self) -> int | None:
         """The bytes ever added to the count (a mark for :meth:`settle`), or None."""
+        got = self._read_all()
+        return None if got is None else got[2]
+
+    def _read_all(self) -> tuple[int, bool, int] | None:
+        """(bytes, counted, bytes ever added), read under a shared lock, or None."""
         with self._lock:
             try:
                 fd = self._file()
                 if fd is None or not self._lock_file(fd, fcntl.LOCK_SH):
                     return None
                 try:
-                    return self._get(fd)[2]
+                    return self._get(fd)
                 finally:
                     fcntl.flock(fd, fcntl.LOCK_UN)
             except OSError:
