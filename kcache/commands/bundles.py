@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .base import (
     CommandError,
@@ -19,9 +19,6 @@ from .base import (
     verbose_arg,
     wants_json,
 )
-
-if TYPE_CHECKING:
-    pass
 
 
 def export_args(p: argparse.ArgumentParser) -> None:

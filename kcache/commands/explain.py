@@ -4,7 +4,6 @@ fingerprint`` (this machine's identity as the keys see it)."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
 from .base import (
     CommandError,
@@ -18,9 +17,6 @@ from .base import (
     table,
     wants_json,
 )
-
-if TYPE_CHECKING:
-    pass
 
 
 def explain_args(p: argparse.ArgumentParser) -> None:

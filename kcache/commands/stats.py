@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .base import (
     UsageError,
@@ -16,9 +16,6 @@ from .base import (
     table,
     wants_json,
 )
-
-if TYPE_CHECKING:
-    pass
 
 
 def stats_args(p: argparse.ArgumentParser) -> None:
