@@ -382,31 +382,13 @@ class Bench:
         rng.shuffle(free)
         # (a process holds at most 192 entry folders, then makes private links: see served.py)
         per = max(10, min(samples // 2, len(free) // self.runs, 150 // self.runs))
-        out: dict[str, list[tuple[float, float]]] = {
-            k: []
-            for k in ("kcache first get+read", "kcache again get+read", "FileCacheManager", "plain read")
+        out: dict[str, list[tuple[float, float]]] = {}
+        contenders = {
+            "first": [("kcache first get+read", k_get_read), ("kcache again get+read", k_get_read)],
+            "fcm": [("FileCacheManager", f_get)],
+            "plain": [("plain read", plain)],
         }
-        for r in range(self.runs):
-            batch = free[r * per : (r + 1) * per]
-            if not batch:
-                break
-            for i in batch:  # the page cache, warm for both (no kcache lookup yet)
-                plain(i)
-                with contextlib.suppress(Exception):
-                    f_get(i)
-            times: dict[str, list[float]] = {k: [] for k in out}
-            for j, i in enumerate(batch):
-                order = order_rot(["first", "fcm", "plain"], j)
-                for what in order:
-                    if what == "first":
-                        times["kcache first get+read"].append(timed(lambda i=i: k_get_read(i)))
-                        times["kcache again get+read"].append(timed(lambda i=i: k_get_read(i)))
-                    elif what == "fcm":
-                        times["FileCacheManager"].append(timed(lambda i=i: f_get(i)))
-                    else:
-                        times["plain read"].append(timed(lambda i=i: plain(i)))
-            for k, xs in times.items():
-                out[k].append((pct(xs, 0.5), pct(xs, 0.99)))
+        self.rounds([free[r * per : (r + 1) * per] for r in range(self.runs)], plain, f_get, contenders, out)
         self.past_held(store, free[self.runs * per :], per, out, k_get_read, plain, f_get)
         store.close()
         return out
@@ -432,22 +414,38 @@ class Bench:
         for i in free[:MAX_PINS]:  # use up the holds (untimed)
             k_get_read(i)
         rest = free[MAX_PINS:]
-        out["kcache first, past held"], out["FileCacheManager, past held"] = [], []
-        for r in range(self.runs):
-            batch = rest[r * per : (r + 1) * per]
+        contenders = {
+            "first": [("kcache first, past held", k_get_read)],
+            "fcm": [("FileCacheManager, past held", f_get)],
+        }
+        self.rounds([rest[r * per : (r + 1) * per] for r in range(self.runs)], plain, f_get, contenders, out)
+
+    @staticmethod
+    def rounds(
+        batches: list[list[int]],
+        plain: Callable[[int], None],
+        f_get: Callable[[int], None],
+        contenders: dict[str, list[tuple[str, Callable[[int], None]]]],
+        out: dict[str, list[tuple[float, float]]],
+    ) -> None:
+        """One run per batch of entries: their files read first, through both caches' folders
+        (page cache warm for both; no kcache lookup yet), then each contender timed on each entry
+        in a rotating order (a contender's timings one after the other: a first hit, then the
+        second); each label's (p50, p99) of the run appended to ``out``."""
+        for batch in batches:
+            if not batch:
+                break
             for i in batch:
                 plain(i)
                 with contextlib.suppress(Exception):
                     f_get(i)
-            times: dict[str, list[float]] = {"kcache first, past held": [], "FileCacheManager, past held": []}
+            times: dict[str, list[float]] = {label: [] for group in contenders.values() for label, _ in group}
             for j, i in enumerate(batch):
-                for what in order_rot(["first", "fcm"], j):
-                    if what == "first":
-                        times["kcache first, past held"].append(timed(lambda i=i: k_get_read(i)))
-                    else:
-                        times["FileCacheManager, past held"].append(timed(lambda i=i: f_get(i)))
-            for k, xs in times.items():
-                out[k].append((pct(xs, 0.5), pct(xs, 0.99)))
+                for what in order_rot(list(contenders), j):
+                    for label, fn in contenders[what]:
+                        times[label].append(timed(lambda fn=fn, i=i: fn(i)))
+            for label, xs in times.items():
+                out.setdefault(label, []).append((pct(xs, 0.5), pct(xs, 0.99)))
 
     def admin_commands(self, label: str, n: int) -> None:
         from kcache.maintenance.stats import store_stats
