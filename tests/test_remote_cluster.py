@@ -178,14 +178,17 @@ def test_a_second_machine_gets_every_kernel_from_the_cluster_without_compiling(
             KCACHE_REMOTE=redis_cluster.url,
             KCACHE_REMOTE_PREFIX=prefix,
             # about what is shared, not how fast: a loaded CI box missed the 100 ms deadline
-            # of one put in 20 minutes of tests (remote_puts 2 of 3), and once the exit's 2 s
-            # for the last one (now twice this deadline: 4 s)
+            # of one put in 20 minutes of tests
             KCACHE_REMOTE_TIMEOUT="2s",
         )
 
     a = run_kernels(env("a"), tmp_path / "a" / "r.json", specs=specs)
     assert [r["cache_hit"] for r in a["results"]] == [False] * n  # compiled
-    assert a["process"]["triton"]["remote_puts"] >= n, a["process"]["triton"]
+    # Every kernel reached the cluster. Asked of the cluster, not of a's counters: those are read
+    # before a exits (kernels.run's report), while the writer thread may still be sending the
+    # last put, which a's exit flush then finishes (CI at load: remote_puts 2 of 3 at report time).
+    sent = list(redis_cluster.client().scan_iter(f"{prefix}e:triton:*", target_nodes="primaries"))
+    assert len(sent) >= n, (sent, a["process"]["triton"])
     b = run_kernels(env("b"), tmp_path / "b" / "r.json", specs=specs)
     for ra, rb in zip(a["results"], b["results"]):
         assert rb["error"] is None, rb
