@@ -52,8 +52,9 @@ torch 2.11 tunes again in warm processes (pytorch#172819), where kcache applies 
 Plans ``reduce-overhead``, ``max-autotune-no-cudagraphs``, ``dynamic`` and ``default`` (issue 27:
 does kcache change what Inductor compiles, or slow it, in the other modes; what does a whole
 process take?): ``mode="reduce-overhead"`` (CUDA graphs), ``mode="max-autotune-no-cudagraphs"``,
-Inductor's default mode with ``dynamic=True``, and Inductor's default mode. Each: ``--pairs`` (default 3) ``plain-cold``/``kcache-cold`` pairs, each run on
-its own empty folder and store, then ``--pairs`` pairs of ``kcache-warm-store`` (the first kcache
+Inductor's default mode with ``dynamic=True``, and Inductor's default mode. Each: ``--cold-pairs`` (default ``--pairs``, 3) ``plain-cold``/``kcache-cold`` pairs,
+each run on its own empty folder and store (the first pair first, the others last, so that a
+budget cut drops those), and ``--pairs`` pairs of ``kcache-warm-store`` (the first kcache
 cold run's store, a new empty Inductor folder) against ``plain-warm`` (the first plain cold run's
 folder), the order alternating. The summary (``compare`` in the JSON) gives per condition the
 median first call, the median of the six calls' sum and the median exec-to-exit time of the
@@ -249,6 +250,17 @@ def compile_breakdown() -> dict[str, float]:
         return {"error": repr(e)[:200]}
 
 
+def tensor_bytes(t: Any) -> bytes:
+    """A CPU tensor's bytes, also where torch was built without numpy (this box's CPU wheel)."""
+    import torch
+
+    raw = t.reshape(-1).view(torch.uint8)
+    try:
+        return raw.numpy().tobytes()
+    except RuntimeError:  # "Numpy is not available"
+        return bytes(raw.tolist())
+
+
 def child(model_name: str, device: str, mode: str | None, shapes: int, aot: str | None,
           aot_dir: str | None, dynamic: bool = False) -> dict[str, Any]:  # fmt: skip
     t_import = time.perf_counter()
@@ -311,7 +323,7 @@ def child(model_name: str, device: str, mode: str | None, shapes: int, aot: str 
             first_ms.append(round(1e3 * (time.perf_counter() - t), 2))
             got = first_tensor(y).detach().cpu().contiguous()
             diffs.append(float((got.float() - ref).abs().max()))
-            shas.append(hashlib.sha256(got.view(torch.uint8).numpy().tobytes()).hexdigest()[:16])
+            shas.append(hashlib.sha256(tensor_bytes(got)).hexdigest()[:16])
         steady = {}
         for b, s in dict.fromkeys(sequence):
             x = make(b, s)
@@ -573,12 +585,18 @@ class Check:
         w = self.work / tag
         self.mode, self.dynamic = mode, dynamic
         names = []
+        cold_pairs = self.args.pairs if self.args.cold_pairs is None else max(1, self.args.cold_pairs)
+
+        def cold(i: int) -> None:
+            pair = [("plain-cold", None), ("kcache-cold", w / f"store-{i}")]
+            for name, store in pair if i % 2 == 0 else pair[::-1]:
+                names.append(f"{tag}:{name}#{i}")
+                self.run(names[-1], self.env(store, w / f"ind-{name}-{i}"), 30)
+
         try:
-            for i in range(self.args.pairs):
-                pair = [("plain-cold", None), ("kcache-cold", w / f"store-{i}")]
-                for name, store in pair if i % 2 == 0 else pair[::-1]:
-                    names.append(f"{tag}:{name}#{i}")
-                    self.run(names[-1], self.env(store, w / f"ind-{name}-{i}"), 30)
+            # The first cold pair makes what the warm pairs start from; the warm pairs (the
+            # targets) come before the other cold pairs, so that a budget cut drops those first.
+            cold(0)
             for i in range(self.args.pairs):
                 pair = [
                     ("plain-warm", None, w / "ind-plain-cold-0"),
@@ -587,6 +605,8 @@ class Check:
                 for name, store, folder in pair if i % 2 == 0 else pair[::-1]:
                     names.append(f"{tag}:{name}#{i}")
                     self.run(names[-1], self.env(store, folder or w / f"ind-fresh-{i}"), 10)
+            for i in range(1, cold_pairs):
+                cold(i)
         finally:
             self.mode, self.dynamic = None, False
         self.result.setdefault("compare", {})[tag] = summarize_compare(
@@ -746,6 +766,12 @@ def main() -> int:
     ap.add_argument("--dynamic", action="store_true", help="torch.compile(dynamic=True) in every run")
     ap.add_argument(
         "--pairs", type=int, default=3, help="alternating pairs per condition in the compare plans"
+    )
+    ap.add_argument(
+        "--cold-pairs",
+        type=int,
+        default=None,
+        help="cold pairs in the compare plans (default: --pairs; at least 1, run before the warm pairs' first)",
     )
     ap.add_argument(
         "--plan",
