@@ -88,9 +88,9 @@ def test_a_late_hold_on_an_entry_being_removed_makes_private_links(tmp_path: Pat
     a.put("triton", "k", {"a.bin": b"1" * 4096})
     real_pin = served_mod.Served._pin
 
-    def pin_after_a_removal(self, hit, dfd):  # noqa: ANN001, ANN202
+    def pin_after_a_removal(self, hit, dfd, dst=None):  # noqa: ANN001, ANN202
         assert other.remove([other.entry_id("triton", "k")]) == 1
-        return real_pin(self, hit, dfd)
+        return real_pin(self, hit, dfd, dst)
 
     monkeypatch.setattr(served_mod.Served, "_pin", pin_after_a_removal)
     hit = a.get("triton", "k", files=True)

@@ -319,9 +319,9 @@ def test_served_bytes_are_the_verified_ones_even_if_replaced_in_between(tmp_path
     a.put("triton", "k", {"a.bin": b"1" * 4096})
     real_serve = a.disk.served.serve_held
 
-    def serve_after_a_swap(hit, fds=None, dfd=None):  # noqa: ANN001, ANN202
+    def serve_after_a_swap(hit, fds=None, dfd=None, dst=None):  # noqa: ANN001, ANN202
         assert other.replace("triton", "k", {"a.bin": b"2" * 4096}) is not None
-        return real_serve(hit, fds, dfd)
+        return real_serve(hit, fds, dfd, dst)
 
     a.disk.served.serve_held = serve_after_a_swap  # type: ignore[method-assign]
     hit = a.get("triton", "k", files=True)

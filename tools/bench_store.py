@@ -68,6 +68,9 @@ SHAPE_4K = (
     ("add_kernel.json", 236),
 )
 GROUP_NAME = "add_kernel.json"  # triton.compile looks a kernel up by its metadata file
+#: The holds a process takes before its table of descriptors (256) must grow: the "past held"
+#: figures are the first hits after this many.
+FIRST_HELD = 192
 KIND = "triton"
 
 _BLOCK = random.Random(0).randbytes(4 << 20)
@@ -403,17 +406,16 @@ class Bench:
         plain: Callable[[int], None],
         f_get: Callable[[int], None],
     ) -> None:
-        """The first hit once this process holds as many entry folders as it may (then a hit's
-        files are private links: a folder and a link per member), next to FileCacheManager on
-        the same entries: what a process pays per kernel past its first MAX_PINS. Skipped when
-        the store has too few entries left."""
-        from kcache.store.served import MAX_PINS
-
-        if len(free) < MAX_PINS + per * self.runs:
+        """The first hit once this process has taken FIRST_HELD holds (past them, a hit's files
+        were private links, a folder and a link per member; now held folders once the flush
+        thread has grown the table of descriptors), next to FileCacheManager on the same
+        entries: what a process pays per kernel past its first FIRST_HELD. Skipped when the
+        store has too few entries left."""
+        if len(free) < FIRST_HELD + per * self.runs:
             return
-        for i in free[:MAX_PINS]:  # use up the holds (untimed)
+        for i in free[:FIRST_HELD]:  # the first holds (untimed)
             k_get_read(i)
-        rest = free[MAX_PINS:]
+        rest = free[FIRST_HELD:]
         contenders = {
             "first": [("kcache first, past held", k_get_read)],
             "fcm": [("FileCacheManager, past held", f_get)],
@@ -569,6 +571,123 @@ def fresh_process_first_hit(
     return out
 
 
+def first_hit_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """One process's first hits, as ``--first-only`` runs it once per checkout and round (with
+    that checkout's kcache first on the path): ``held`` entries timed (kcache's first hit with
+    its files read, its second, FileCacheManager's on the same entry, in a rotating order; page
+    cache warm for both), then ``filler`` looked up untimed (up to FIRST_HELD holds), then
+    ``past`` timed the same way. Returns medians in µs and how many hits held their folder."""
+    from kcache.store import Store
+
+    kroot, froot, total = spec["kroot"], spec["froot"], spec["total"]
+    names = [name for name, _ in shape_for(total)]
+    fcm = _fcm(froot)
+    store = Store.open(kroot, max_size=1 << 50)
+    held: list[bool] = []
+
+    def k(i: int) -> None:
+        h = store.get(KIND, store_key(i), files=True)
+        read_files(h.paths.values())
+        held.append(getattr(h, "_pin", None) is not None)
+
+    def f(i: int) -> None:
+        g = fcm(triton_key(i)).get_group(GROUP_NAME)
+        read_files(g.values())
+
+    def plain(i: int) -> None:
+        d = store.entry_dir(store.entry_id(KIND, store_key(i)))
+        read_files([os.path.join(d, nm) for nm in names])
+
+    out: dict[str, Any] = {}
+
+    def one_pass(ids: list[int], tag: str) -> None:
+        for i in ids:  # page cache warm for both, no kcache lookup yet
+            plain(i)
+            f(i)
+        first, again, fcm_t = [], [], []
+        del held[:]
+        for j, i in enumerate(ids):
+            if j % 2:
+                first.append(timed(lambda i=i: k(i)))
+                again.append(timed(lambda i=i: k(i)))
+                fcm_t.append(timed(lambda i=i: f(i)))
+            else:
+                fcm_t.append(timed(lambda i=i: f(i)))
+                first.append(timed(lambda i=i: k(i)))
+                again.append(timed(lambda i=i: k(i)))
+        out[tag] = {
+            "first": statistics.median(first),
+            "again": statistics.median(again),
+            "fcm": statistics.median(fcm_t),
+            "ratio": statistics.median(first) / statistics.median(fcm_t),
+            "held": sum(held[::2]),
+            "n": len(ids),
+        }
+
+    one_pass(spec["held"], "held")
+    for i in spec["filler"]:
+        k(i)
+    one_pass(spec["past"], "past")
+    store.close()
+    return out
+
+
+FIRST_CHILD = "import json, sys; sys.path.append(sys.argv[1]); import bench_store as b; print(json.dumps(b.first_hit_child(json.loads(sys.argv[2]))))"
+
+
+def first_hits_ab(
+    kroot: Path, froot: Path, total: int, n: int, rounds: int, per: int, against: str | None
+) -> dict[str, Any]:
+    """``--first-only``: the first hits of a process (see :func:`first_hit_child`), one child
+    process per checkout and round, in a rotating order, each on entries of its own (none looked
+    up before: a first hit refreshes its entry's last use, which a second process would not
+    pay); each child's ratio is to FileCacheManager in the same process, side by side."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TRITON_"))}
+    here = str(Path(__file__).resolve().parents[1])
+    tools = str(Path(__file__).resolve().parent)
+    who = ["kcache"] + (["kcache@against"] if against else [])
+    ids = list(range(n))
+    random.Random(11).shuffle(ids)
+    need = FIRST_HELD + per
+    reused = n < need * rounds * len(who)
+    pos = 0
+    runs: dict[str, list[dict[str, Any]]] = {w: [] for w in who}
+    for r in range(rounds):
+        for w in order_rot(who, r):
+            take = [ids[(pos + j) % n] for j in range(need)]
+            pos += need
+            spec = {
+                "kroot": str(kroot),
+                "froot": str(froot),
+                "total": total,
+                "held": take[:per],
+                "filler": take[per:FIRST_HELD],
+                "past": take[FIRST_HELD:],
+            }
+            env["PYTHONPATH"] = against if w == "kcache@against" and against else here
+            p = subprocess.run(
+                [sys.executable, "-c", FIRST_CHILD, tools, json.dumps(spec)],
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=kroot.parent,  # not a checkout: ``-c`` puts the working folder first on sys.path
+            )
+            if p.returncode != 0:
+                raise RuntimeError(f"first hits ({w}): {p.stderr[-800:]}")
+            runs[w].append(json.loads(p.stdout.strip().splitlines()[-1]))
+    summary: dict[str, Any] = {}
+    for w, rs in runs.items():
+        summary[w] = {
+            tag: {
+                k: statistics.median(x[tag][k] for x in rs)
+                for k in ("first", "again", "fcm", "ratio", "held")
+            }
+            | {"ratio_runs": [round(x[tag]["ratio"], 3) for x in rs], "n": rs[0][tag]["n"]}
+            for tag in ("held", "past")
+        }
+    return {"rounds": rounds, "per": per, "entries_reused": reused, "summary": summary, "runs": runs}
+
+
 def order_rot(xs: list[str], j: int) -> list[str]:
     j %= len(xs)
     return xs[j:] + xs[:j]
@@ -699,9 +818,22 @@ def main(argv: list[str] | None = None) -> int:
         "--fresh-reps", type=int, help="fresh processes per contender (default 21; 9 with --quick)"
     )
     ap.add_argument(
+        "--first-only",
+        action="store_true",
+        help="only the first hits of an entry in a process, held and past the first 192, one child "
+        "process per checkout and run (--runs), beside FileCacheManager (see --group, --first-per)",
+    )
+    ap.add_argument(
+        "--group", choices=["4KB", "100KB", "2MB"], default="4KB", help="the group size for --first-only"
+    )
+    ap.add_argument(
+        "--first-per", type=int, default=100, help="entries timed per pass and child with --first-only"
+    )
+    ap.add_argument(
         "--against",
         metavar="CHECKOUT",
-        help="another checkout of kcache (its root folder), timed beside this one in the fresh-process figure",
+        help="another checkout of kcache (its root folder), timed beside this one in the fresh-process "
+        "figure and with --first-only",
     )
     args = ap.parse_args(argv)
     if args.against and not (Path(args.against) / "kcache" / "__init__.py").is_file():
@@ -733,6 +865,40 @@ def main(argv: list[str] | None = None) -> int:
     b = Bench(work, args.runs, args.quick, log)
     try:
         log(f"kcache store benchmark in {work} ({os.cpu_count()} CPUs, runs={args.runs})")
+        if args.first_only:
+            total = {"4KB": 4096, "100KB": 100 * 1024, "2MB": 2 * 1024 * 1024}[args.group]
+            n = sizes[0] if args.sizes else (2000 if args.group != "2MB" else 600)
+            kroot, froot = b.work / f"kcache-{args.group}", b.work / f"fcm-{args.group}"
+            fill(b.pool, _fill_kcache, str(kroot), 0, n, total)
+            fill(b.pool, _fill_fcm, str(froot), 0, n, total)
+            load = os.getloadavg()
+            got = first_hits_ab(kroot, froot, total, n, args.runs, args.first_per, args.against)
+            for w, tags in got["summary"].items():
+                for tag, v in tags.items():
+                    log(
+                        f"  {w} {tag:4}: first {v['first']:.1f} us (again {v['again']:.1f}), "
+                        f"FileCacheManager {v['fcm']:.1f} us, {v['ratio']:.3f}x (runs {v['ratio_runs']}), "
+                        f"held {v['held']:.0f} of {v['n']}"
+                    )
+            if args.json:
+                print(
+                    json.dumps(
+                        {
+                            "date": datetime.date.today().isoformat(),
+                            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
+                            f"{platform.system()} {platform.release()}",
+                            "versions": versions(),
+                            "group": args.group,
+                            "entries": n,
+                            "load_before": load,
+                            "load_after": os.getloadavg(),
+                            "first_hits": got,
+                        },
+                        indent=1,
+                    ),
+                    flush=True,
+                )
+            return 0
         if args.fresh_only:
             sizes = sizes[:1]
             kroot, froot = b.work / "kcache-4KB", b.work / "fcm-4KB"

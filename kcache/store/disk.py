@@ -115,6 +115,7 @@ class DiskTier:
             remove_soon=self._remove_for_put,
         )
         self.catalogue.on_turn = self._flush_turn
+        self.served.wake = self.catalogue.wake  # the holds' table of descriptors grown there
         self.catalogue.after_reconcile = self.evictor.recount
         self._trash_left = False  # removals left folders in trash/ (see trash.sweep)
         self._trash_swept = -1e9  # monotonic: when held folders in trash/ were last tried
@@ -314,7 +315,10 @@ class DiskTier:
                 return hit
         ident = self.entry_id(kind, key)
         try:
-            hit = self.entries.read(ident, kind, key, touch=touch, serve=files)
+            if files:
+                hit = self.entries.read_served(ident, kind, key, touch=touch)
+            else:
+                hit = self.entries.read(ident, kind, key, touch=touch)
         except CorruptEntry as e:
             try:
                 self._on_corrupt(ident, kind, str(e), e.ident)
@@ -543,7 +547,9 @@ class DiskTier:
     def _flush_turn(self) -> None:
         """The flush thread's turn, before it writes the index: (at the first) the store's clock
         and dead processes' private folders, eviction when the store is past its bound (woken by
-        the put that took it there), then what removals left in trash/."""
+        the put that took it there), then what removals left in trash/. First, when the held
+        folders asked for it, the process's table of descriptors grown (see :mod:`.served`)."""
+        self.served.grow_table()
         self.clock.synced()
         self.clean_dead_folders()
         if self.evictor.due():

@@ -39,6 +39,8 @@ from .records import RECORD_NAME, CorruptRecord, Record, file_info, valid_name
 from .served import Served
 from .trash import drop_trash, folder_bytes
 
+_W_GO = stat.S_IWGRP | stat.S_IWOTH  # writable by group or others: not ours to trust
+
 
 class Entries:
     """The entry folders of one store, read and written through its pinned descriptors."""
@@ -128,6 +130,105 @@ class Entries:
             return self._read_at(dfd, ident, kind, key, full, touch, serve)
         finally:
             os.close(dfd)
+
+    def read_served(self, ident: str, kind: str, key: str, *, touch: bool = False) -> Hit | None:
+        """:meth:`read` with ``serve``, in one pass where every check passes: the folder, its
+        record and every member opened, checked and read as :meth:`_read_at` does, then the
+        files served (the folder held, see :mod:`.served`) from the descriptors still open.
+        Anything out of the ordinary (a check that fails, a read that comes up short, a shard
+        not yet checked by this process, an error) goes the general way, :meth:`read`, which
+        says what it means; so no check lives only here."""
+        efd = self.folders.fd("entries")
+        shard = ident[:2]
+        if efd is None or not valid_id(ident):
+            return self.read(ident, kind, key, touch=touch, serve=True)
+        try:
+            if shard not in self._real_shards:  # checked once per process, as entry_fd() does
+                self._check_shard(shard, os.stat(shard, dir_fd=efd, follow_symlinks=False))
+            dfd = os.open(f"{shard}/{ident}", fs.O_DIR, dir_fd=efd)
+        except FileNotFoundError:
+            return None
+        except OSError:
+            return self.read(ident, kind, key, touch=touch, serve=True)
+        mfds: dict[str, int] = {}
+        try:
+            hit = self._served_at(dfd, ident, kind, key, touch, mfds)
+            if hit is not None:
+                return hit
+        except FileNotFoundError:  # the record: a folder being committed or removed, as read() says
+            if not mfds:
+                return None
+        except (OSError, CorruptRecord):
+            pass
+        finally:
+            os.close(dfd)
+            for mfd in mfds.values():
+                with contextlib.suppress(OSError):
+                    os.close(mfd)
+        return self.read(ident, kind, key, touch=touch, serve=True)
+
+    def _served_at(
+        self, dfd: int, ident: str, kind: str, key: str, touch: bool, mfds: dict[str, int]
+    ) -> Hit | None:
+        """The body of :meth:`read_served`: the hit, or None when a check did not pass (the
+        general way then reads it again). ``mfds`` gets every descriptor opened, for the caller
+        to close (the record's under ``""``)."""
+        owners = self.folders.owners
+        dst = os.fstat(dfd)
+        if owners is not None and (dst.st_uid not in owners or dst.st_mode & _W_GO):
+            return None
+        mfds[""] = rfd = os.open(RECORD_NAME, fs.O_READ, dir_fd=dfd)
+        st = os.fstat(rfd)
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or st.st_size > T.MAX_RECORD
+            or (owners is not None and (st.st_uid not in owners or st.st_mode & _W_GO))
+        ):
+            return None
+        rec = Record.decode(os.read(rfd, st.st_size))
+        if rec.id != ident or rec.kind != kind or rec.key != key:
+            return None
+        blobs: dict[str, bytes] = {}
+        inos: dict[str, tuple[int, int]] = {}
+        for f in rec.files:
+            name, size = f.name, f.size
+            mfds[name] = mfd = os.open(name, fs.O_READ, dir_fd=dfd)
+            mst = os.fstat(mfd)
+            if (
+                mst.st_size != size
+                or not stat.S_ISREG(mst.st_mode)
+                or (owners is not None and (mst.st_uid not in owners or mst.st_mode & _W_GO))
+            ):
+                return None
+            blob = os.read(mfd, size)
+            if len(blob) != size or not f.check(blob):
+                return None
+            blobs[name] = blob
+            inos[name] = (mst.st_dev, mst.st_ino)
+        mtime = st.st_mtime
+        if (
+            touch
+            and not self.folders.readonly
+            and (
+                abs(self.clock.now() - mtime) > T.TOUCH_EVERY_S
+                or (rec.protect_until and mtime <= rec.created + T.FIRST_USE_S)
+            )
+        ):  # the last use refreshed, as _read_at does
+            with contextlib.suppress(OSError):
+                os.utime(rfd)
+                st = os.fstat(rfd)
+                mtime = st.st_mtime
+        hit = Hit(rec, blobs, self.served, mtime, inos)
+        del mfds[""]
+        try:
+            hit._paths, hit._pin = self.served.serve_held(hit, mfds, dfd, dst)
+        except OSError as e:
+            raise ServeFailed(str(e) or type(e).__name__) from None
+        finally:
+            os.close(rfd)
+        if hit._pin is not None:
+            hit.rsig = sig(st)
+        return hit
 
     def _read_at(
         self, dfd: int, ident: str, kind: str | None, key: str | None, full: bool, touch: bool, serve: bool

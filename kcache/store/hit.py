@@ -157,8 +157,10 @@ class HitMemo:
         written once it is committed: kcache writes only new files, and a removal or a
         replacement renames the folder away). None otherwise: a full lookup."""
         m = self._memo.get((kind, key))
+        if m is None:
+            return None
         efd = self._folders.fd("entries")
-        if m is None or efd is None:
+        if efd is None:
             return None
         try:
             st = os.stat(m.record_path, dir_fd=efd, follow_symlinks=False)

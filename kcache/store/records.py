@@ -196,30 +196,42 @@ class Record:
                 )
             files = []
             for member in d["files"]:
-                if not isinstance(member, list) or len(member) not in (4, 5):
+                # (type() is, not isinstance: a hit decodes a record per lookup; msgpack gives
+                # exact types)
+                n = len(member) if type(member) is list else 0
+                if n != 4 and n != 5:
                     raise CorruptRecord("bad member entry")
-                name, size, crc, sha = member[:4]
-                fast = member[4] if len(member) == 5 else None
-                if not valid_name(name) or not isinstance(size, int) or size < 0 or not isinstance(crc, int):
+                name, size, crc, sha = member[0], member[1], member[2], member[3]
+                fast = member[4] if n == 5 else None
+                if (
+                    type(name) is not str
+                    or _NAME_RE.match(name) is None
+                    or name == RECORD_NAME
+                    or ".." in name
+                    or type(size) is not int
+                    or size < 0
+                    or type(crc) is not int
+                    or (fast is not None and type(fast) is not int)
+                ):
                     raise CorruptRecord(f"bad member {name!r}")
-                if fast is not None and not isinstance(fast, int):
-                    raise CorruptRecord(f"bad member {name!r}")
-                files.append(FileInfo(name, size, crc, str(sha), fast))
+                files.append(FileInfo(name, size, crc, sha if type(sha) is str else str(sha), fast))
             kind, key, ident = d["kind"], d["key"], d["id"]
-            if not (isinstance(kind, str) and isinstance(key, str) and isinstance(ident, str)):
+            if not (type(kind) is str and type(key) is str and type(ident) is str):
                 raise CorruptRecord("bad kind/key/id")
             if not valid_id(ident):
                 raise CorruptRecord("bad id")
+            comps, summary = d.get("components"), d.get("summary")
             return cls(
-                kind=kind,
-                key=key,
-                id=ident,
-                files=files,
-                created=float(d.get("created", 0.0)),
-                compile_s=float(d.get("compile_s", 0.0)),
-                components=dict(d.get("components") or {}),
-                summary=dict(d.get("summary") or {}),
-                protect_until=float(d.get("protect_until") or 0.0),
+                kind,
+                key,
+                ident,
+                files,
+                float(d.get("created", 0.0)),
+                float(d.get("compile_s", 0.0)),
+                dict(comps) if comps else {},
+                dict(summary) if summary else {},
+                SCHEMA,
+                float(d.get("protect_until") or 0.0),
             )
         except CorruptRecord:
             raise

@@ -41,6 +41,7 @@ import fcntl
 import os
 import tempfile
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import fs
@@ -63,12 +64,17 @@ class Hit(Protocol):
 
 #: Name prefixes of private folders in the system's temporary folder (read-only stores).
 TEMP_PREFIX = "kcache-private-"
-#: Held entry folders' descriptors are numbered from 64 (above the ones a process starts with)
-#: and at most MAX_PINS of them per store and process, then private links: growing a process's
-#: table of descriptors past 256 waits for an RCU grace period when it has threads (13-20 ms
-#: measured on Linux 6.18, against 15 us up to 256), which 64 + 192 stays under in a process
-#: that had few descriptors; one that has many already has the table.
-PIN_FIRST, MAX_PINS = 64, 192
+#: Held entry folders' descriptors are numbered from 64 (above the ones a process starts with),
+#: at most MAX_PINS of them per store and process, then private links. Their numbers stay under
+#: a quarter of the process's descriptor limit (never under what 64 + 192 took before: 256 where
+#: the limit is 512 or more), so that the program keeps the rest.
+PIN_FIRST, MAX_PINS = 64, 4032
+#: Growing a process's table of descriptors past its size waits for an RCU grace period when the
+#: process has threads (8-20 ms measured on Linux 6.18 at 256 and at 512, against 2-3 us below
+#: the size): a hit never does it. A process starts with room for 256; past that, a held folder
+#: is numbered only where the table was grown by the store's flush thread, which is asked to
+#: when the holds come within GROW_AHEAD of its size (until it has, hits get private links).
+TABLE_START, GROW_AHEAD = 256, 64
 
 
 class PrivateFolder:
@@ -123,6 +129,10 @@ class Served:
         self._pins: list[int] = []  # held entry folders (descriptors)
         self._pin_next = 0  # the lowest number the next held descriptor may take
         self._pin_stop = 0  # ... and the number it must stay under
+        self._table = TABLE_START  # descriptors the process's table holds without growing
+        self._grow_to = 0  # the size asked of the flush thread (0: none asked)
+        #: Called (under ``_lock``) to have :meth:`grow_table` run soon on another thread.
+        self.wake: Callable[[], None] | None = None
         # Folders replaced by a fallback: paths already handed out from them must stay valid
         # until close, and they must go then.
         self._retired: list[PrivateFolder] = []
@@ -178,9 +188,14 @@ class Served:
         return self.serve_held(hit, fds, dfd)[0]
 
     def serve_held(
-        self, hit: Hit, fds: dict[str, int] | None = None, dfd: int | None = None
+        self,
+        hit: Hit,
+        fds: dict[str, int] | None = None,
+        dfd: int | None = None,
+        dst: os.stat_result | None = None,
     ) -> tuple[dict[str, str], int | None]:
-        """:meth:`serve`, and the held entry folder the paths name (None: private links)."""
+        """:meth:`serve`, and the held entry folder the paths name (None: private links).
+        ``dst``: ``dfd``'s fstat, when the caller has it."""
         store = self._store
         if store.closed:
             raise OSError("the store is closed")
@@ -195,7 +210,7 @@ class Served:
                     return dict(paths), holder
                 if self._folders.get("served") is holder and holder.alive():
                     return dict(paths), None
-            pinned = self._pin(hit, dfd)
+            pinned = self._pin(hit, dfd, dst)
             if pinned is not None:
                 self._cache[key] = pinned
                 return dict(pinned[1]), pinned[0]
@@ -218,10 +233,12 @@ class Served:
         # The inodes are part of the key: a served file is a hard link of the member verified,
         # so one served for an earlier inode (since rewritten in place, then replaced by a new
         # put of the same bytes) must not stand in for the new one.
-        rec = hit.record
-        return (rec.id, tuple((f.name, f.size, f.sha256, hit.inos.get(f.name)) for f in rec.files))
+        rec, inos = hit.record, hit.inos
+        return (rec.id, tuple([(f.name, f.size, f.sha256, inos.get(f.name)) for f in rec.files]))
 
-    def _pin(self, hit: Hit, dfd: int | None) -> tuple[int, dict[str, str]] | None:
+    def _pin(
+        self, hit: Hit, dfd: int | None, dst: os.stat_result | None = None
+    ) -> tuple[int, dict[str, str]] | None:
         """Hold the entry's folder and name its members through it (see the module doc), or
         None when that cannot be done here (the caller makes private links instead)."""
         store = self._store
@@ -235,6 +252,7 @@ class Served:
                 # A hit made without the folder (a put's, a lookup without files): the folder at
                 # the entry's name, if its members are the very inodes that were verified.
                 own = dfd = os.open(f"{rid[:2]}/{rid}", fs.O_DIR, dir_fd=efd)
+                dst = None
                 for f in hit.record.files:
                     st = os.stat(f.name, dir_fd=dfd, follow_symlinks=False)
                     if (st.st_dev, st.st_ino) != hit.inos.get(f.name):
@@ -246,14 +264,17 @@ class Served:
             if own is not None:
                 os.close(own)
         self._pin_next = pin + 1  # never reused: a stale path must not name another folder
+        # The table holds ``pin``: its size (a power of two from 256 on) is past it.
+        self._table = max(self._table, 1 << pin.bit_length())
         try:
             if pin >= self._pin_stop:
                 raise OSError(errno.EMFILE, "no room for another held folder")
             fcntl.flock(pin, fcntl.LOCK_SH | fcntl.LOCK_NB)
             # Still the entry at its name once held: no removal took it before (one that came
             # after sees the hold and leaves its files alone).
+            # (``dst``: the folder's fstat as opened; ``pin`` is that very open file.)
             if not os.path.samestat(
-                os.stat(f"{rid[:2]}/{rid}", dir_fd=efd, follow_symlinks=False), os.fstat(pin)
+                os.stat(f"{rid[:2]}/{rid}", dir_fd=efd, follow_symlinks=False), dst or os.fstat(pin)
             ):
                 raise OSError(errno.ESTALE, "removed or replaced meanwhile")
         except OSError:
@@ -280,8 +301,34 @@ class Served:
             self._pin_next = PIN_FIRST
             # far from the limit, whatever it is; and only where /proc names a descriptor's folder
             # (asked through tmp/'s descriptor, with the fstat it was opened with)
-            self._pin_stop = soft // 2 if fs.proc_fd_usable(tfd, store.stat("tmp")) else PIN_FIRST
-        return self._pin_next < self._pin_stop and len(self._pins) < MAX_PINS
+            stop = max(min(soft // 2, PIN_FIRST + 192), min(soft // 4, PIN_FIRST + MAX_PINS))
+            self._pin_stop = stop if fs.proc_fd_usable(tfd, store.stat("tmp")) else PIN_FIRST
+        nxt = self._pin_next
+        if nxt >= self._pin_stop or len(self._pins) >= MAX_PINS:
+            return False
+        if nxt + GROW_AHEAD >= self._table and not self._grow_to and self._table < self._pin_stop:
+            self._grow_to = min(self._table * 2, self._pin_stop)
+            if self.wake is not None:
+                with contextlib.suppress(Exception):  # a thread that cannot start: links from here
+                    self.wake()
+        return nxt < self._table
+
+    def grow_table(self) -> None:
+        """Grow this process's table of descriptors to the size the holds asked for (see
+        :data:`TABLE_START`): on the store's flush thread, whose wait this is, never a hit's.
+        Never raises."""
+        want = self._grow_to
+        if not want or want <= self._table:
+            return
+        tfd = self._store.fd("tmp")
+        try:
+            if tfd is None:
+                raise OSError(errno.EBADF, "no folder to duplicate")
+            fd = fcntl.fcntl(tfd, fcntl.F_DUPFD_CLOEXEC, want - 1)  # the table holds ``want`` now
+            os.close(fd)
+        except OSError:
+            return  # left as it is: holds stay under its size, then private links
+        self._table, self._grow_to = max(self._table, want), 0
 
     def _write(self, folder: PrivateFolder, hit: Hit, fds: dict[str, int] | None) -> dict[str, str]:
         self._n += 1
