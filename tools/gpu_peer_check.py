@@ -158,6 +158,18 @@ def differences(result: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def kcache_hooked() -> bool:
+    """Whether ``KCACHE=1`` loads kcache at ``import triton`` in a child, as the suite's processes
+    get it: through the installed hook, not this checkout's path (a run on a machine where kcache
+    is not installed would otherwise compare plain against plain and find no difference)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["KCACHE"] = "1"
+    code = "import sys, triton; print('kcache' in sys.modules)"
+    p = subprocess.run([sys.executable, "-c", code], env=env, cwd=tempfile.gettempdir(),
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    return p.returncode == 0 and p.stdout.strip().endswith("True")
+
+
 def versions() -> dict[str, str]:
     out = {"python": sys.version.split()[0]}
     for mod in ("triton", "torch", "kcache"):
@@ -205,6 +217,13 @@ def main() -> int:
         if args.out
         else (Path(os.environ["OUT"]) / "gpu_peer.json" if os.environ.get("OUT") else None)
     )
+    if not kcache_hooked():
+        print(
+            "gpu_peer_check: KCACHE=1 does not load kcache in a child here (is it installed? "
+            "bash tools/gpu_setup.sh): the kcache modes would run without it",
+            file=sys.stderr,
+        )
+        return 2
     work = Path(tempfile.mkdtemp(prefix="kcache-peer-"))
     result: dict[str, Any] = {"suite": suite.name, "files": args.files, "pytest_args": pytest_args,
                               "versions": versions(), "modes": {}}  # fmt: skip
