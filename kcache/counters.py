@@ -27,6 +27,16 @@ class Counters:
                 self._buf[(kind, name)] += value
                 self._process[(kind, name)] += value
 
+    def hit(self, kind: str, saved_s: float) -> None:
+        """:meth:`add` of ``hits=1, saved_s=saved_s``, as a store hit counts (no keyword dict)."""
+        h, s = (kind, "hits"), (kind, "saved_s")
+        with self._lock:
+            buf, proc = self._buf, self._process
+            buf[h] += 1
+            proc[h] += 1
+            buf[s] += saved_s
+            proc[s] += saved_s
+
     def drain(self) -> dict[tuple[str, str], float]:
         """Take and clear what was added since the last drain (the store persists it)."""
         with self._lock:
@@ -103,6 +113,8 @@ def credit(kind: str, compile_s: float) -> float:
         return c
     if in_compile_worker():
         return 0.0
+    if not _budget[0]:  # no graph's time to draw on (read without the lock: a float, set whole)
+        return c
     with _budget_lock:
         absorbed = min(_budget[0], c)
         _budget[0] -= absorbed

@@ -256,7 +256,11 @@ class TieredCache:
     def _count_hit(self, hit: Hit, **more: float) -> None:
         rec = hit.record
         # credit(): nested entries (a graph's kernels) are credited once, not each.
-        self.counts.add(rec.kind, hits=1, saved_s=_counters.credit(rec.kind, rec.compile_s), **more)
+        saved = _counters.credit(rec.kind, rec.compile_s)
+        if more:
+            self.counts.add(rec.kind, hits=1, saved_s=saved, **more)
+        else:
+            self.counts.hit(rec.kind, saved)
         if self.disk.hits_are_use:
             self.disk.note_use(rec)
 

@@ -163,8 +163,10 @@ class Entries:
         finally:
             os.close(dfd)
             for mfd in mfds.values():
-                with contextlib.suppress(OSError):
+                try:  # (not contextlib.suppress: a context manager per descriptor is 0.5 µs)
                     os.close(mfd)
+                except OSError:
+                    pass
         return self.read(ident, kind, key, touch=touch, serve=True)
 
     def _served_at(

@@ -35,6 +35,13 @@ _HEADER = struct.Struct(">4sI")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=@,-]{0,254}$")
 
 
+#: Member names that passed the check above in this process (Triton's are the kernel's name and a
+#: suffix, the same for every specialisation of a kernel): a hit decodes a record per lookup, and
+#: a set lookup is a tenth of the regex and its companions.
+_names_ok: set[str] = set()
+_NAMES_OK_MAX = 4096
+
+
 class CorruptRecord(ValueError):
     """A record that does not decode, or decodes to something that is not a valid record."""
 
@@ -195,26 +202,32 @@ class Record:
                     f"unknown record schema {d.get('schema') if isinstance(d, dict) else d!r}"
                 )
             files = []
+            append, match, new, info = files.append, _NAME_RE.match, FileInfo.__new__, FileInfo
             for member in d["files"]:
-                # (type() is, not isinstance: a hit decodes a record per lookup; msgpack gives
-                # exact types)
+                # (type() is, not isinstance, and the FileInfo filled in place: a hit decodes a
+                # record per lookup; msgpack gives exact types)
                 n = len(member) if type(member) is list else 0
-                if n != 4 and n != 5:
+                if n == 5:
+                    name, size, crc, sha, fast = member
+                    if fast is not None and type(fast) is not int:
+                        raise CorruptRecord(f"bad member {name!r}")
+                elif n == 4:
+                    name, size, crc, sha = member
+                    fast = None
+                else:
                     raise CorruptRecord("bad member entry")
-                name, size, crc, sha = member[0], member[1], member[2], member[3]
-                fast = member[4] if n == 5 else None
-                if (
-                    type(name) is not str
-                    or _NAME_RE.match(name) is None
-                    or name == RECORD_NAME
-                    or ".." in name
-                    or type(size) is not int
-                    or size < 0
-                    or type(crc) is not int
-                    or (fast is not None and type(fast) is not int)
-                ):
+                if type(name) is not str or type(size) is not int or size < 0 or type(crc) is not int:
                     raise CorruptRecord(f"bad member {name!r}")
-                files.append(FileInfo(name, size, crc, sha if type(sha) is str else str(sha), fast))
+                if name not in _names_ok:
+                    if match(name) is None or name == RECORD_NAME or ".." in name:
+                        raise CorruptRecord(f"bad member {name!r}")
+                    if len(_names_ok) >= _NAMES_OK_MAX:
+                        _names_ok.clear()
+                    _names_ok.add(name)
+                fi = new(info)
+                fi.name, fi.size, fi.crc32, fi.xxh3 = name, size, crc, fast
+                fi.sha256 = sha if type(sha) is str else str(sha)
+                append(fi)
             kind, key, ident = d["kind"], d["key"], d["id"]
             if not (type(kind) is str and type(key) is str and type(ident) is str):
                 raise CorruptRecord("bad kind/key/id")
