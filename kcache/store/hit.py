@@ -99,13 +99,14 @@ MEMO_MAX = 4096  # verified hits remembered per store and process
 class _Held:
     """What the memo keeps of a verified hit whose entry folder this process holds."""
 
-    __slots__ = ("record", "paths", "pin", "rsig", "inos", "files", "record_path")
+    __slots__ = ("record", "paths", "pin", "rsig", "inos", "record_path")
 
     def __init__(self, hit: Hit, rsig: tuple[int, ...]) -> None:
         rec = hit.record
         self.record, self.paths, self.pin, self.rsig = rec, dict(hit._paths or {}), hit._pin, rsig
-        self.inos, self.files = dict(hit.inos), {f.name: f for f in rec.files}
-        self.record_path = f"{rec.id[:2]}/{rec.id}/{RECORD_NAME}"
+        self.inos = dict(hit.inos)
+        rid = rec.id
+        self.record_path = f"{rid[:2]}/{rid}/{RECORD_NAME}"
 
 
 class _HeldBlobs(dict):  # type: ignore[type-arg]
@@ -170,7 +171,8 @@ class HitMemo:
             with self._lock:
                 self._memo.pop((kind, key), None)
             return None
-        hit = Hit(m.record, _HeldBlobs(m.pin, m.files), self._served, st.st_mtime, m.inos)
+        files = {f.name: f for f in m.record.files}  # (made here, not at put: the first hit's cost)
+        hit = Hit(m.record, _HeldBlobs(m.pin, files), self._served, st.st_mtime, m.inos)
         hit._paths, hit._pin = dict(m.paths), m.pin
         return hit
 

@@ -281,7 +281,8 @@ class Served:
             os.close(pin)
             return None
         self._pins.append(pin)
-        return pin, {f.name: f"/proc/self/fd/{pin}/{f.name}" for f in hit.record.files}
+        base = f"/proc/self/fd/{pin}/"
+        return pin, {f.name: base + f.name for f in hit.record.files}
 
     def _pins_allowed(self) -> bool:
         # Only where a lock says whether its holder lives: not on a network filesystem, nor where
