@@ -113,13 +113,16 @@ class _HeldBlobs(dict):  # type: ignore[type-arg]
     """A remembered hit's bytes, read again from its held entry folder when asked (and checked
     against the record as they are read): the memo holds no file's bytes."""
 
-    __slots__ = ("_pin", "_files")
+    __slots__ = ("_pin", "_record", "_files")
 
-    def __init__(self, pin: int, files: dict[str, Any]) -> None:
+    def __init__(self, pin: int, record: Record) -> None:
         super().__init__()
-        self._pin, self._files = pin, files
+        self._pin, self._record = pin, record
+        self._files: dict[str, Any] | None = None  # member name -> FileInfo, made when first asked
 
     def __missing__(self, name: str) -> bytes:
+        if self._files is None:
+            self._files = {f.name: f for f in self._record.files}
         f = self._files[name]
         data, _st = fs.read_at(self._pin, name, f.size)
         if len(data) != f.size or not f.check(data):
@@ -171,8 +174,7 @@ class HitMemo:
             with self._lock:
                 self._memo.pop((kind, key), None)
             return None
-        files = {f.name: f for f in m.record.files}  # (made here, not at put: the first hit's cost)
-        hit = Hit(m.record, _HeldBlobs(m.pin, files), self._served, st.st_mtime, m.inos)
+        hit = Hit(m.record, _HeldBlobs(m.pin, m.record), self._served, st.st_mtime, m.inos)
         hit._paths, hit._pin = dict(m.paths), m.pin
         return hit
 
