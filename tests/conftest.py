@@ -18,6 +18,41 @@ from kcache.store import Store
 os.environ["KCACHE_STRICT"] = "1"
 
 
+def _same_sources(a: Path, b: Path) -> bool:
+    """Whether two kcache packages hold the same Python sources (a real install of this
+    checkout, as tools/gpu_setup.sh makes, is this checkout's code)."""
+
+    def sources(root: Path) -> dict[str, bytes]:
+        return {str(f.relative_to(root)): f.read_bytes() for f in root.rglob("*.py")}
+
+    return sources(a) == sources(b)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The tests' children import kcache as an installed program does (many drop PYTHONPATH to
+    test the install's own hook): that kcache must be this checkout's, or every child would test
+    other code and pass or fail for it. Checked once, before any test (not in xdist's workers)."""
+    if hasattr(config, "workerinput"):
+        return
+    import subprocess
+    import sys
+    import tempfile
+
+    here = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith("KCACHE")}
+    code = "import os, kcache; print(os.path.dirname(os.path.dirname(os.path.realpath(kcache.__file__))))"
+    p = subprocess.run([sys.executable, "-c", code], env=env, cwd=tempfile.gettempdir(),
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    found = p.stdout.strip() if p.returncode == 0 else None
+    if found is None or not (Path(found) == here or _same_sources(Path(found) / "kcache", here / "kcache")):
+        where = "is not installed" if found is None else "is installed from another checkout"
+        pytest.exit(
+            f"kcache {where} for {sys.executable}: the tests' child processes would not run this "
+            f"checkout's code; install it first: {sys.executable} -m pip install -e '.[test,redis]'",
+            returncode=4,
+        )
+
+
 @pytest.fixture
 def store_dir(tmp_path: Path) -> Path:
     """A path where no store exists yet (Store.open creates it 0700)."""

@@ -584,10 +584,11 @@ def test_planted_locks_never_stall_real_compiles(redis_server, tmp_path, prefix,
 
 
 # ------------------------------------------------------------------------------------ 8. chaos
-def test_the_chaos_tools_hostile_phase(tmp_path) -> None:
+def test_the_chaos_tools_hostile_phase(tmp_path, redis_server) -> None:
     """tools/chaos.py's ``hostile`` phase, CI-sized: real compiles on two machines under faked
     heartbeats, with and without the secret (the full run, every
-    attack, is in docs/reliability.md)."""
+    attack, is in docs/reliability.md). The tool starts redis-servers of its own; ``redis_server``
+    is asked for its rule alone: without a server this skips, or fails where one is required."""
     pytest.importorskip("triton")
     import importlib.util
 
