@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import shutil
 import statistics
@@ -57,8 +58,16 @@ from kernels.specs import SPECS  # noqa: E402
 NO_WARMUP: dict[str, str] = {}  # --no-warmup: kcache's gluon import thread off (KCACHE_NO_TRITON_WARMUP=1)
 
 
+def bench_env(tmp: Path, kcache_dir: Path | None, **extra: str) -> dict[str, str]:
+    """The tests' clean environment with this checkout first on the path: the children time this
+    checkout's kcache, not whichever one is installed (another checkout's editable install)."""
+    env = clean_env(tmp, kcache_dir=kcache_dir, **extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env["PYTHONPATH"]])
+    return env
+
+
 def run_once(tmp: Path, out: Path, kcache_dir: Path | None, triton_dir: Path) -> dict[str, Any]:
-    env = clean_env(tmp, kcache_dir=kcache_dir, TRITON_CACHE_DIR=str(triton_dir), **NO_WARMUP)
+    env = bench_env(tmp, kcache_dir, TRITON_CACHE_DIR=str(triton_dir), **NO_WARMUP)
     cmd = [
         PYTHON,
         "-m",
@@ -134,7 +143,7 @@ print(json.dumps({m: statistics.median(v) for m, v in times.items()}))
 def ab_once(tmp: Path, warm_store: Path, warm_triton: Path, passes: int) -> dict[str, float]:
     """One process, warm kernels through kcache and Triton's own cache alternately (see the
     module doc). Returns the median microseconds per kernel each way."""
-    env = clean_env(tmp, kcache_dir=warm_store, TRITON_CACHE_DIR=str(warm_triton))
+    env = bench_env(tmp, warm_store, TRITON_CACHE_DIR=str(warm_triton))
     proc = subprocess.run(
         [PYTHON, "-c", AB_CHILD, str(passes)],
         env=env,
