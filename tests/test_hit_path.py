@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from fresh_process import run_body
 
 from kcache.store import Store
 from kcache.store import served as served_mod
@@ -125,7 +126,13 @@ def _fill(s: Store, n: int) -> None:
 def test_holds_past_the_table_only_once_the_flush_thread_grew_it(tmp_path: Path) -> None:
     """A hit never grows the process's table of descriptors (a wait of milliseconds when the
     process has threads): past the table's size it gets private links, and the flush thread is
-    asked to grow the table; once grown, hits hold entry folders numbered past it."""
+    asked to grow the table; once grown, hits hold entry folders numbered past it. (In a fresh
+    process: the numbers and the table's size are the process's, which the tests run before
+    this one in the same worker may have filled.)"""
+    run_body("test_hit_path", "_past_the_table_body", tmp_path)
+
+
+def _past_the_table_body(tmp_path: Path) -> None:
     s = Store.open(tmp_path / "store")
     _fill(s, 320)
     served = s.disk.served
@@ -150,7 +157,12 @@ def test_holds_past_the_table_only_once_the_flush_thread_grew_it(tmp_path: Path)
 
 def test_the_flush_thread_grows_the_table_when_asked(tmp_path: Path) -> None:
     """Without a hand in between: past the first holds, the flush thread grows the table
-    (bounded wait for its turn), and later hits hold folders past 256."""
+    (bounded wait for its turn), and later hits hold folders past 256 (a fresh process, as
+    above)."""
+    run_body("test_hit_path", "_grown_when_asked_body", tmp_path)
+
+
+def _grown_when_asked_body(tmp_path: Path) -> None:
     s = Store.open(tmp_path / "store")
     _fill(s, 330)
     served = s.disk.served
