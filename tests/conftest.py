@@ -67,6 +67,26 @@ def store(store_dir: Path):
     s.close()
 
 
+@pytest.fixture
+def stores_closed(monkeypatch):  # noqa: ANN001, ANN202
+    """Every store the test opens (itself, or through the CLI in this process) is closed after
+    it: one left open keeps its descriptors for the worker's life (its flush thread holds it), and
+    later tests in the worker that count on free descriptor numbers would find fewer. A module
+    asks for it with ``pytestmark = pytest.mark.usefixtures("stores_closed")``."""
+    opened: list[Store] = []
+    real = Store.open.__func__
+
+    def tracked(cls, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        s = real(cls, *args, **kwargs)
+        opened.append(s)
+        return s
+
+    monkeypatch.setattr(Store, "open", classmethod(tracked))
+    yield
+    for s in opened:
+        s.close()
+
+
 class _Capture(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)

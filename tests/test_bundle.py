@@ -14,6 +14,8 @@ import pytest
 from kcache.bundle import BundleError, export_bundle, import_bundle
 from kcache.store import Store
 
+pytestmark = pytest.mark.usefixtures("stores_closed")
+
 SECRET = b"s3cret"
 
 
