@@ -207,20 +207,9 @@ class Entries:
                 return None
             blobs[name] = blob
             inos[name] = (mst.st_dev, mst.st_ino)
-        mtime = st.st_mtime
-        if (
-            touch
-            and not self.folders.readonly
-            and (
-                abs(self.clock.now() - mtime) > T.TOUCH_EVERY_S
-                or (rec.protect_until and mtime <= rec.created + T.FIRST_USE_S)
-            )
-        ):  # the last use refreshed, as _read_at does
-            with contextlib.suppress(OSError):
-                os.utime(rfd)
-                st = os.fstat(rfd)
-                mtime = st.st_mtime
-        hit = Hit(rec, blobs, self.served, mtime, inos)
+        if touch:
+            st = self._used(rfd, st, rec)
+        hit = Hit(rec, blobs, self.served, st.st_mtime, inos)
         del mfds[""]
         try:
             hit._paths, hit._pin = self.served.serve_held(hit, mfds, dfd, dst)
@@ -231,6 +220,23 @@ class Entries:
         if hit._pin is not None:
             hit.rsig = sig(st)
         return hit
+
+    def _used(self, rfd: int, st: os.stat_result, rec: Record) -> os.stat_result:
+        """The record's fstat ``st``, after this hit was recorded as a use where it is due.
+
+        The record's mtime is the entry's last use for eviction, by the filesystem's clock:
+        refreshed at most once a minute (no database write per hit). A protected entry's first
+        use ends its protection (its mtime moves on from its creation). (A record of an older
+        kcache with an mtime in the future, its way of protecting, is brought back to now.)"""
+        mtime = st.st_mtime
+        if not self.folders.readonly and (
+            abs(self.clock.now() - mtime) > T.TOUCH_EVERY_S
+            or (rec.protect_until and mtime <= rec.created + T.FIRST_USE_S)
+        ):
+            with contextlib.suppress(OSError):
+                os.utime(rfd)
+                st = os.fstat(rfd)
+        return st
 
     def _read_at(
         self, dfd: int, ident: str, kind: str | None, key: str | None, full: bool, touch: bool, serve: bool
@@ -294,24 +300,9 @@ class Entries:
                     raise CorruptEntry(f"member {f.name}: sha256 mismatch", rid)
                 blobs[f.name] = blob
                 inos[f.name] = (mst.st_dev, mst.st_ino)
-            mtime = st.st_mtime
-            if (
-                touch
-                and not self.folders.readonly
-                and (
-                    abs(self.clock.now() - mtime) > T.TOUCH_EVERY_S
-                    or (rec.protect_until and mtime <= rec.created + T.FIRST_USE_S)
-                )
-            ):
-                # The record's mtime is the entry's last use for eviction, by the filesystem's
-                # clock: refreshed here at most once a minute (no database write per hit). A
-                # protected entry's first use ends its protection (its mtime moves on from its
-                # creation). (A record of an older kcache with an mtime in the future, its way
-                # of protecting, is brought back to now.)
-                with contextlib.suppress(OSError):
-                    os.utime(rfd)
-                    mtime = os.fstat(rfd).st_mtime
-            hit = Hit(rec, blobs, self.served, mtime, inos)
+            if touch:
+                st = self._used(rfd, st, rec)
+            hit = Hit(rec, blobs, self.served, st.st_mtime, inos)
             if serve:
                 try:
                     hit._paths, hit._pin = self.served.serve_held(hit, mfds, dfd)
