@@ -523,6 +523,17 @@ print(json.dumps({"total": (t3 - t0) * 1e6, "open": (t1 - t0) * 1e6, "get": (t2 
 """
 
 
+def _child_result(
+    code: str, args: tuple[str, ...], env: dict[str, str], cwd: Path, what: str
+) -> dict[str, Any]:
+    """Run ``python -c code *args`` and return the JSON of its last line of output. ``cwd``: a
+    folder that is not a checkout (``-c`` puts the working folder first on sys.path)."""
+    p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=cwd)
+    if p.returncode != 0:
+        raise RuntimeError(f"{what}: {p.stderr[-800:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def fresh_process_first_hit(
     kroot: Path, froot: Path, n: int, reps: int, against: str | None = None
 ) -> dict[str, Any]:
@@ -544,16 +555,8 @@ def fresh_process_first_hit(
             fcm = w == "FileCacheManager"
             root, key = (str(froot), triton_key(i)) if fcm else (str(kroot), store_key(i))
             env["PYTHONPATH"] = against if w == "kcache@against" and against else here
-            p = subprocess.run(
-                [sys.executable, "-c", FRESH_CHILD, "fcm" if fcm else "kcache", root, key, GROUP_NAME, names],
-                capture_output=True,
-                text=True,
-                env=env,
-                cwd=kroot.parent,  # not a checkout: ``-c`` puts the working folder first on sys.path
-            )
-            if p.returncode != 0:
-                raise RuntimeError(f"fresh-process first hit ({w}): {p.stderr[-800:]}")
-            got = json.loads(p.stdout.strip().splitlines()[-1])
+            args = ("fcm" if fcm else "kcache", root, key, GROUP_NAME, names)
+            got = _child_result(FRESH_CHILD, args, env, kroot.parent, f"fresh-process first hit ({w})")
             times[w].append(got["total"])
             for k in parts[w]:
                 parts[w][k].append(got[k])
@@ -665,16 +668,9 @@ def first_hits_ab(
                 "past": take[FIRST_HELD:],
             }
             env["PYTHONPATH"] = against if w == "kcache@against" and against else here
-            p = subprocess.run(
-                [sys.executable, "-c", FIRST_CHILD, tools, json.dumps(spec)],
-                capture_output=True,
-                text=True,
-                env=env,
-                cwd=kroot.parent,  # not a checkout: ``-c`` puts the working folder first on sys.path
+            runs[w].append(
+                _child_result(FIRST_CHILD, (tools, json.dumps(spec)), env, kroot.parent, f"first hits ({w})")
             )
-            if p.returncode != 0:
-                raise RuntimeError(f"first hits ({w}): {p.stderr[-800:]}")
-            runs[w].append(json.loads(p.stdout.strip().splitlines()[-1]))
     summary: dict[str, Any] = {}
     for w, rs in runs.items():
         summary[w] = {
