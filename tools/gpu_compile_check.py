@@ -450,16 +450,17 @@ class Check:
             res = {"error": f"no result: {stderr[-3000:]}"}
         res = {"name": name, "wall_s": round(time.monotonic() - t, 2), "mode": mode, "dynamic": self.dynamic or
                self.args.dynamic, **res}  # fmt: skip
-        if env.get("KCACHE") == "1" and "error" not in res and "kcache" not in res:
-            # a KCACHE=1 child in which kcache never loaded (not installed: the hook is the .pth
-            # an install puts in site-packages) would be counted as a kcache run while it is plain
+        # a KCACHE=1 child in which kcache never loaded (not installed: the hook is the .pth an
+        # install puts in site-packages) would be counted as a kcache run while it is plain
+        not_loaded = env.get("KCACHE") == "1" and "error" not in res and "kcache" not in res
+        if not_loaded:
             res["error"] = "KCACHE=1 but kcache did not load in the child (run bash tools/gpu_setup.sh first)"
         if self.args.log:  # every child's stderr, for TORCH_LOGS and KCACHE_LOG
             with open(self.args.log, "a", encoding="utf-8") as f:
                 f.write(f"===== {name}\n{scrub(stderr, self.work)}\n")
         self.result["runs"].append(res)
         self.save()
-        if res.get("error", "").startswith("KCACHE=1 but kcache did not load"):
+        if not_loaded:
             raise SystemExit(f"gpu_compile_check: {name}: {res['error']}")  # every later run would be void
         shown = res.get("first_ms") or res.get("aot_compile_s") or res.get("error", "")[-300:]
         wrap = f"wrap {res['wrap_ms']} ms, " if res.get("wrap_ms", 0) > 50 else ""
