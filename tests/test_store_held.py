@@ -233,3 +233,27 @@ def test_a_process_with_many_descriptors_still_holds(tmp_path: Path) -> None:
     finally:
         for fd in extra:
             os.close(fd)
+
+
+def test_a_lookup_past_the_memo_takes_no_second_hold(tmp_path: Path) -> None:
+    """A full lookup of an entry this process holds already (the memo let go of it: its last use
+    was due, say) is served from the same hold; once the entry is removed and put again, its new
+    folder gets a hold of its own (the old one is not mistaken for it)."""
+    root = tmp_path / "store"
+    s = Store.open(root)
+    other = Store.open(root)
+    s.put("triton", "k", {"a.bin": b"1" * 100})
+    first = s.get("triton", "k", files=True)
+    s.disk.memo.clear()
+    again = s.get("triton", "k", files=True)
+    assert again._pin == first._pin and again.paths == first.paths
+    assert len(s.disk.served._pins) == 1
+    other.remove([other.entry_id("triton", "k")])
+    other.put("triton", "k", {"a.bin": b"2" * 100})
+    s.disk.memo.clear()
+    new = s.get("triton", "k", files=True)
+    assert new._pin is not None and new._pin != first._pin
+    assert Path(new.paths["a.bin"]).read_bytes() == b"2" * 100
+    assert Path(first.paths["a.bin"]).read_bytes() == b"1" * 100  # what it was handed stays
+    s.close()
+    other.close()

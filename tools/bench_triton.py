@@ -2,6 +2,7 @@
 """Triton kernels cold and warm, through kcache and through Triton's own cache (CPU, no GPU).
 
     python tools/bench_triton.py [--repeats 5] [--json OUT.json]
+    python tools/bench_triton.py --ab-only [--repeats 5]   # only the per-kernel A/B, in minutes
 
 Each measurement is a fresh process (``python -m kernels.run --specs all --key-first``, from
 tests/kernels) compiling the 10-kernel set for ``cuda:90`` (elementwise, reduction, three
@@ -157,6 +158,42 @@ def ab_once(tmp: Path, warm_store: Path, warm_triton: Path, passes: int) -> dict
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def ab_only(root: Path, warm_store: Path, warm_triton: Path, a: argparse.Namespace) -> int:
+    """``--ab-only``: the per-kernel A/B alone (see the module doc), ``--repeats`` processes."""
+    ab: list[dict[str, float]] = []
+    for rep in range(a.repeats):
+        d = root / f"ab-{rep}"
+        d.mkdir()
+        x = ab_once(d, warm_store, warm_triton, a.ab_passes)
+        ab.append(x)
+        print(
+            f"  process {rep + 1}: kcache {x['kcache']:.0f} us, Triton {x['triton']:.0f} us per kernel "
+            f"({x['kcache'] / x['triton']:.3f}x)",
+            flush=True,
+        )
+    ratio = statistics.median(x["kcache"] / x["triton"] for x in ab)
+    print(
+        f"kcache / Triton, a warm kernel, alternating in one process: {ratio:.3f}x (median of {len(ab)}; target <= 1.0)"
+    )
+    if a.json:
+        import triton
+
+        Path(a.json).write_text(
+            json.dumps(
+                {
+                    "date": datetime.date.today().isoformat(),
+                    "python": platform.python_version(),
+                    "triton": triton.__version__,
+                    "repeats": a.repeats,
+                    "per_kernel_ab_us": ab,
+                    "kcache_vs_triton_per_kernel": ratio,
+                },
+                indent=1,
+            )
+        )
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
@@ -166,6 +203,12 @@ def main() -> int:
         action="store_true",
         help="KCACHE_NO_TRITON_WARMUP=1: no gluon import thread beside the first kernels (an AOT "
         "process like this one never needs gluon; a JIT program imports it at its first launch)",
+    )
+    ap.add_argument(
+        "--ab-only",
+        action="store_true",
+        help="only the in-process A/B (a warm kernel through kcache and through Triton's own cache), "
+        "--repeats processes of --ab-passes passes each: the per-kernel target in a few minutes",
     )
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
@@ -181,6 +224,8 @@ def main() -> int:
         # fill the warm caches (not measured)
         run_once(root, root / "fill-k.json", warm_store, root / "unused-triton")
         run_once(root, root / "fill-t.json", None, warm_triton)
+        if a.ab_only:
+            return ab_only(root, warm_store, warm_triton, a)
         for rep in range(a.repeats):
             for c in conds:
                 d = root / f"{c.replace(' ', '-')}-{rep}"

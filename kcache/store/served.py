@@ -121,12 +121,13 @@ class Served:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._folders: dict[str, PrivateFolder] = {}
-        # hit's identity -> (what holds its files: a private folder, or a held entry folder's
-        # descriptor; their paths)
-        self._cache: dict[tuple[Any, ...], tuple[PrivateFolder | int, dict[str, str]]] = {}
+        # hit's identity -> (the private folder holding its files, their paths)
+        self._cache: dict[tuple[Any, ...], tuple[PrivateFolder, dict[str, str]]] = {}
         self._n = 0
         self._tmp_ok: bool | None = None
         self._pins: list[int] = []  # held entry folders (descriptors)
+        #: entry id -> (its held folder's descriptor, the paths of its members, its fstat)
+        self._holds: dict[str, tuple[int, dict[str, str], os.stat_result]] = {}
         self._pin_next = 0  # the lowest number the next held descriptor may take
         self._pin_stop = 0  # ... and the number it must stay under
         self._table = TABLE_START  # descriptors the process's table holds without growing
@@ -145,6 +146,7 @@ class Served:
         for f in [*self._folders.values(), *self._retired]:
             f.close(remove=False)
         self._folders, self._cache, self._retired, self._pid = {}, {}, [], os.getpid()
+        self._holds = {}  # (a child's holds are its own: one that closes what it inherited may)
 
     def folder(self, role: str) -> PrivateFolder:
         """This process's private folder for ``role`` ("served", "scratch"): in ``tmp/`` of a
@@ -199,21 +201,18 @@ class Served:
         store = self._store
         if store.closed:
             raise OSError("the store is closed")
-        key = self._key(hit)
         with self._lock:
             if self._pid != os.getpid():
                 self.after_fork()
-            cached = self._cache.get(key)
-            if cached is not None:
-                holder, paths = cached
-                if isinstance(holder, int):
-                    return dict(paths), holder
-                if self._folders.get("served") is holder and holder.alive():
-                    return dict(paths), None
             pinned = self._pin(hit, dfd, dst)
             if pinned is not None:
-                self._cache[key] = pinned
                 return dict(pinned[1]), pinned[0]
+            key = self._key(hit)
+            cached = self._cache.get(key)
+            if cached is not None:
+                folder, paths = cached
+                if self._folders.get("served") is folder and folder.alive():
+                    return dict(paths), None
             try:
                 folder = self.folder("served")
                 paths = self._write(folder, hit, fds)
@@ -243,9 +242,20 @@ class Served:
         None when that cannot be done here (the caller makes private links instead)."""
         store = self._store
         efd = store.fd("entries")
+        rid = hit.record.id
+        held = self._holds.get(rid)
+        if held is not None and efd is not None:
+            # Held already (a lookup the memo could not answer: its last use was due, say): the
+            # same hold, if the entry's name still names the folder held (a folder removed since
+            # was renamed into trash/: a new entry at its name gets a hold of its own). (By id
+            # and folder: no key of the members to make, as the private links' cache needs.)
+            try:
+                if os.path.samestat(os.stat(f"{rid[:2]}/{rid}", dir_fd=efd, follow_symlinks=False), held[2]):
+                    return held[0], held[1]
+            except OSError:
+                pass
         if efd is None or store.readonly or not self._pins_allowed():
             return None
-        rid = hit.record.id
         own = None
         try:
             if dfd is None:
@@ -282,7 +292,9 @@ class Served:
             return None
         self._pins.append(pin)
         base = f"/proc/self/fd/{pin}/"
-        return pin, {f.name: base + f.name for f in hit.record.files}
+        paths = {f.name: base + f.name for f in hit.record.files}
+        self._holds[rid] = (pin, paths, dst or os.fstat(pin))
+        return pin, paths
 
     def _pins_allowed(self) -> bool:
         # Only where a lock says whether its holder lives: not on a network filesystem, nor where
@@ -386,7 +398,7 @@ class Served:
             for pin in self._pins:
                 with contextlib.suppress(OSError):
                     os.close(pin)  # lets go of the hold (a forked child: of its copy only)
-            self._folders, self._cache, self._retired, self._pins = {}, {}, [], []
+            self._folders, self._cache, self._retired, self._pins, self._holds = {}, {}, [], [], {}
 
 
 def temp_folder(role: str) -> PrivateFolder:
