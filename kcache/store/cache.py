@@ -181,8 +181,16 @@ class TieredCache:
             return False
 
     def close(self) -> None:
-        """Flush what is queued for the tiers (within their bounds), then close the disk tier.
-        Idempotent."""
+        """Let go of the single flights this process still holds (their waiters compile, as
+        after a crash), flush what is queued for the tiers (within their bounds), then close the
+        disk tier. Idempotent."""
+        with self._lock:
+            held = list(self._flights.values())
+        for flight in held:
+            try:
+                flight.release()
+            except Exception as e:  # broad: closing goes on whatever a release met
+                logger.debug("flight release at close: %s", e)
         for tier in self.tiers:
             try:
                 tier.close()

@@ -226,7 +226,11 @@ def connect(url: str, password: str | None, timeout_s: float) -> Any:
     kw.setdefault("protocol", 2)  # RESP2: no HELLO round trip on connect; any Redis or Valkey
     kw.pop("retry_on_timeout", None)
     kw["connection_class"] = bounded_class(cls)
-    return redis.Redis(connection_pool=redis.ConnectionPool(**kw))
+    client = redis.Redis(connection_pool=redis.ConnectionPool(**kw))
+    # The pool is this client's alone: its close() disconnects it (redis-py closes a pool it was
+    # handed only when told to; else every socket stayed open for the life of the process).
+    client.auto_close_connection_pool = True
+    return client
 
 
 def no_setinfo(cls: type) -> dict[str, Any]:
