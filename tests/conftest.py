@@ -83,8 +83,44 @@ def stores_closed(monkeypatch):  # noqa: ANN001, ANN202
 
     monkeypatch.setattr(Store, "open", classmethod(tracked))
     yield
+    from tier_stores import close_store  # with a shared tier: its sockets too
+
     for s in opened:
-        s.close()
+        close_store(s)
+
+
+def _descriptors() -> dict[int, str]:
+    """This process's open descriptors: number -> what it is (``socket:[inode]``, a path)."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # the listing's own, closed by now
+            pass
+    return out
+
+
+@pytest.fixture
+def no_descriptors_left(tmp_path: Path):  # noqa: ANN201
+    """Fails the test (at teardown, after the other fixtures' teardown) when it leaves open a
+    socket, a pipe or a file under its tmp_path that was not open before it: such a descriptor
+    stays for the worker's life, and later tests in the worker that count on free descriptor
+    numbers would find fewer. Asked for first in ``pytestmark`` (``usefixtures``), so it is set
+    up before and torn down after what the test's other fixtures open and close. Only those
+    kinds: a file elsewhere may be a library's, opened once for the process. No waiting, no
+    timing: what is open after the teardown. Where there is no /proc (not Linux) it checks
+    nothing."""
+    if not os.path.isdir("/proc/self/fd"):
+        yield
+        return
+    before = _descriptors()
+    yield
+    import gc
+
+    gc.collect()  # what only a cycle holds is not left open
+    mine = ("socket:", "pipe:", str(tmp_path.resolve()) + os.sep)
+    left = {fd: t for fd, t in _descriptors().items() if before.get(fd) != t and t.startswith(mine)}
+    assert not left, f"the test left {len(left)} descriptors open: {left}"
 
 
 class _Capture(logging.Handler):

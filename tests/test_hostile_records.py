@@ -31,6 +31,10 @@ from kcache.store.tiers import redis_keys as rk
 PYTHON = sys.executable
 ESC = "\x1b]0;owned\x07\x1b[2J\x1b[31m"  # set the title, clear the screen, turn red
 
+# Every store the tests open is closed, with its shared tier's sockets, and a test that leaves a
+# descriptor open fails (tests/conftest.py): each used to leave 2-6 sockets for its worker's life.
+pytestmark = pytest.mark.usefixtures("no_descriptors_left", "stores_closed")
+
 
 def _stores(tmp: Path, url: str, prefix: str) -> Any:
     opened: list[Store] = []
