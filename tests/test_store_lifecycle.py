@@ -626,3 +626,21 @@ def test_a_network_filesystem_keeps_served_files_on_the_node(tmp_path: Path, mon
     assert s2.clean_tmp() == 0 and other.exists()
     s2.close()
     s.close()
+
+
+def test_close_lets_go_of_the_flights_it_holds(tmp_path: Path) -> None:
+    """A flight still held when its store is closed (a make that never put nor released) is let
+    go: its lock file closed and free for another process at once, not at the holder's exit."""
+    import fcntl
+
+    s = Store.open(tmp_path / "store")
+    flight = s.single_flight("triton", "k")  # (kept referenced: its finaliser would release it)
+    assert flight.hit is None and flight.held
+    lock = tmp_path / "store" / "locks" / f"{s.entry_id('triton', 'k')}.lock"
+    s.close()
+    assert not flight.held
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError while anyone holds it
+    finally:
+        os.close(fd)

@@ -38,27 +38,14 @@ class Stores:
 
 
 def close_store(store: Store, timeout: float = 30.0) -> None:
-    """``store.close()``, then the sockets its shared tier leaves open. The tier's close() closes
-    its redis-py clients, but a client given a connection pool (kcache makes each one so:
-    kcache/store/tiers/redis_io.py, ``connect``) leaves that pool's connections open on close(),
-    and atexit keeps every store (and so them) for the worker's life: 2-6 sockets a test. The
-    tier's threads end first (close() tells them to), so that none connects again after.
-    Idempotent; a store without a tier is only closed. A single flight the test still holds (it
-    failed before its release) is let go first: close() leaves its lock file open."""
-    for flight in list(getattr(store, "_flights", {}).values()):
-        flight.release()
+    """``store.close()``, and its shared tier's writer and lock threads ended (close() tells them
+    to): what the tier opened is closed by then, and no thread connects again after (the
+    ``no_descriptors_left`` fixture counts what is left). Idempotent."""
     tiers: list[Any] = list(store.tiers)
     threads = [t for tier in tiers for t in (getattr(tier, "_thread", None), _keeper_thread(tier)) if t]
     store.close()
     for t in threads:
         t.join(timeout)
-    for tier in tiers:
-        for client in getattr(tier, "_clients_", None) or ():
-            # A server's client (redis.Redis); a cluster's wrapper has no pool of its own (and
-            # would make a client to answer getattr).
-            pool = getattr(client, "__dict__", {}).get("connection_pool")
-            if pool is not None:
-                pool.disconnect()
 
 
 def _keeper_thread(tier: Any) -> Any:
