@@ -239,6 +239,29 @@ def compile_pool_started() -> bool | None:
         return None
 
 
+def profile_first() -> Any:
+    """``CHILD_PROFILE=N``: the first call under cProfile (slower, for where the time goes)."""
+    import cProfile
+
+    return cProfile.Profile()
+
+
+def profile_summary(prof: Any, n: int) -> dict[str, list[list[Any]]]:
+    """The ``n`` functions with the most cumulative time (kcache's, torch's compile stack and
+    Triton's), and the ``n`` with the most time of their own: [file:line(name), calls, cum s, own s]."""
+    import pstats
+
+    st = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    rows = []
+    for (path, line, name), (_cc, calls, own, cum, _callers) in st.items():
+        short = path.split("site-packages/")[-1] if "site-packages/" in path else path
+        rows.append([f"{short}:{line}({name})", calls, round(cum, 4), round(own, 4)])
+    keep = ("kcache", "_inductor", "_functorch", "_dynamo", "triton")
+    cum = sorted((r for r in rows if any(k in r[0] for k in keep)), key=lambda r: -r[2])[:n]
+    own = sorted(rows, key=lambda r: -r[3])[:n]
+    return {"cumulative": cum, "own": own}
+
+
 def compile_breakdown() -> dict[str, float]:
     """Dynamo's own timers (``dynamo_timed``), summed over the process, in seconds."""
     try:
@@ -314,12 +337,18 @@ def child(model_name: str, device: str, mode: str | None, shapes: int, aot: str 
     out["wrap_ms"] = round(1e3 * (time.perf_counter() - t), 2)
     setup_s = time.perf_counter() - t_import
     first_ms, diffs, shas = [], [], []
+    prof = profile_first() if os.environ.get("CHILD_PROFILE") else None
     with torch.no_grad():
         for shape, x, ref in zip(sequence, inputs, eager):
             sync()
             t = time.perf_counter()
+            if prof is not None and not first_ms:
+                prof.enable()
             y = aot_call(shape, x) if aot == "load" else compiled(**x)
             sync()
+            if prof is not None and not first_ms:
+                prof.disable()
+                out["profile_first_call"] = profile_summary(prof, int(os.environ["CHILD_PROFILE"]))
             first_ms.append(round(1e3 * (time.perf_counter() - t), 2))
             got = first_tensor(y).detach().cpu().contiguous()
             diffs.append(float((got.float() - ref).abs().max()))
@@ -434,6 +463,8 @@ class Check:
             cmd += ["--mode", mode]
         if self.dynamic or self.args.dynamic:
             cmd += ["--dynamic"]
+        if self.args.profile and "warm" in name:  # (cold compiles under cProfile: minutes more)
+            env = {**env, "CHILD_PROFILE": str(self.args.profile)}
         stderr = ""
         try:
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(30.0, self.left()))
@@ -801,6 +832,13 @@ def main() -> int:
         help="set in every child (repeatable), e.g. TORCH_LOGS=+inductor KCACHE_LOG=debug",
     )
     ap.add_argument("--log", default=None, help="append every child's stderr to this file")
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the warm runs' first call under cProfile: the N functions with the most time, in each run's result",
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     for plan in args.plan.split(","):
