@@ -717,3 +717,29 @@ def test_a_fresh_store_readies_the_tier_before_its_first_miss(tmp_path, clean_en
         capture_output=True, text=True, env=env, timeout=60,
     )  # fmt: skip
     assert again.stdout.split() == ["False", "False"], again.stderr
+
+
+def test_a_closed_store_asks_its_shared_tier_nothing(redis_server, stores, prefix) -> None:
+    """After close(), a lookup, a single flight or a put (a thread racing the exit) is a miss or
+    nothing, and opens no connection to the shared tier again (found by review: a closed tier
+    connected again, and nothing closed that socket)."""
+
+    def sockets() -> int:
+        n = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+            except OSError:  # the listing's own, closed by now
+                pass
+        return n
+
+    a = stores("a", redis_server.url, prefix)
+    assert a.get("triton", "miss0") is None
+    before = sockets()
+    a.close()
+    closed = sockets()
+    assert closed < before  # the tier's connections went with it
+    assert a.get("triton", "miss1") is None
+    assert a.single_flight("triton", "miss2").hit is None
+    assert a.put("triton", "k", {"a.bin": b"1"}) is None
+    assert sockets() == closed

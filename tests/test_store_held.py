@@ -257,3 +257,25 @@ def test_a_lookup_past_the_memo_takes_no_second_hold(tmp_path: Path) -> None:
     assert Path(first.paths["a.bin"]).read_bytes() == b"1" * 100  # what it was handed stays
     s.close()
     other.close()
+
+
+def test_a_hit_of_a_removed_folder_is_never_served_from_the_new_folders_hold(tmp_path: Path) -> None:
+    """A hit verified from one folder of an entry (a lookup without files, a put's own) whose
+    files are asked for once the entry was removed and put again, and this process holds the
+    new folder: its paths hold the bytes it verified, not the new folder's (found by review:
+    the hold was reused by the entry's id alone)."""
+    root = tmp_path / "store"
+    s = Store.open(root)
+    other = Store.open(root)
+    put_hit = s.put("triton", "k", {"a.bin": b"1" * 100})
+    old = s.get("triton", "k")  # verified, no files made yet
+    other.remove([other.entry_id("triton", "k")])
+    other.put("triton", "k", {"b.bin": b"2" * 50})  # the same key, other members
+    new = s.get("triton", "k", files=True)  # this process holds the new folder now
+    assert new is not None and new._pin is not None
+    for hit in (old, put_hit):
+        assert set(hit.paths) == {"a.bin"}
+        assert Path(hit.paths["a.bin"]).read_bytes() == hit.read("a.bin") == b"1" * 100
+    assert Path(new.paths["b.bin"]).read_bytes() == b"2" * 50
+    s.close()
+    other.close()

@@ -126,8 +126,9 @@ class Served:
         self._n = 0
         self._tmp_ok: bool | None = None
         self._pins: list[int] = []  # held entry folders (descriptors)
-        #: entry id -> (its held folder's descriptor, the paths of its members, its fstat)
-        self._holds: dict[str, tuple[int, dict[str, str], os.stat_result]] = {}
+        #: entry id -> (its held folder's descriptor, the paths of its members, their (device,
+        #: inode) as verified)
+        self._holds: dict[str, tuple[int, dict[str, str], dict[str, tuple[int, int]]]] = {}
         self._pin_next = 0  # the lowest number the next held descriptor may take
         self._pin_stop = 0  # ... and the number it must stay under
         self._table = TABLE_START  # descriptors the process's table holds without growing
@@ -244,16 +245,13 @@ class Served:
         efd = store.fd("entries")
         rid = hit.record.id
         held = self._holds.get(rid)
-        if held is not None and efd is not None:
-            # Held already (a lookup the memo could not answer: its last use was due, say): the
-            # same hold, if the entry's name still names the folder held (a folder removed since
-            # was renamed into trash/: a new entry at its name gets a hold of its own). (By id
-            # and folder: no key of the members to make, as the private links' cache needs.)
-            try:
-                if os.path.samestat(os.stat(f"{rid[:2]}/{rid}", dir_fd=efd, follow_symlinks=False), held[2]):
-                    return held[0], held[1]
-            except OSError:
-                pass
+        if held is not None and hit.inos == held[2]:
+            # Held already (a lookup the memo could not answer: its last use was due, say), and
+            # this hit's members are the very files of the held folder (their inodes, which no
+            # other file can take while the folder is held, and an entry's files are never
+            # written): the same hold. Any other hit of the id (of a folder removed since, made
+            # without files) goes the way below, which checks its own members.
+            return held[0], held[1]
         if efd is None or store.readonly or not self._pins_allowed():
             return None
         own = None
@@ -293,7 +291,7 @@ class Served:
         self._pins.append(pin)
         base = f"/proc/self/fd/{pin}/"
         paths = {f.name: base + f.name for f in hit.record.files}
-        self._holds[rid] = (pin, paths, dst or os.fstat(pin))
+        self._holds[rid] = (pin, paths, dict(hit.inos))
         return pin, paths
 
     def _pins_allowed(self) -> bool:

@@ -369,7 +369,7 @@ class RemoteTier:
             logger.debug("shared tier warm-up: %s", e)
 
     def _clients(self) -> tuple[Any, Any] | None:
-        if self.off:
+        if self.off or self._closing:  # closed: no call connects again (a lookup racing the exit)
             return None
         if self._clients_ is None:
             with self._clients_lock:  # the writer and lock threads may get here at once
@@ -793,6 +793,9 @@ class RemoteTier:
         for c in self._clients_ or ():
             try:
                 c.close()
+                if not isinstance(c, redis_cluster.ClusterClient):
+                    # (its own close does this: redis-py 5.0.0 disconnects no pool on close())
+                    c.connection_pool.disconnect()
             except Exception:  # broad: closing goes on whatever a client met
                 pass
 

@@ -208,8 +208,22 @@ class ClusterClient:
 
     def close(self) -> None:
         rc, self._rc = self._rc, None
-        if rc is not None:
+        if rc is None:
+            return
+        # (listed before close(), which may forget them)
+        nodes = list(getattr(getattr(rc, "nodes_manager", None), "nodes_cache", {}).values())
+        try:
             rc.close()
+        finally:
+            # Every node's pool disconnected: redis-py before 8.2 makes each node's client with a
+            # pool its close() leaves open (its sockets went only at a later garbage collection).
+            for node in nodes:
+                conn = getattr(node, "redis_connection", None)
+                if conn is not None:
+                    try:
+                        conn.connection_pool.disconnect()
+                    except Exception:  # broad: closing goes on whatever a node's pool met
+                        pass
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.cluster, name)
