@@ -158,39 +158,42 @@ def ab_once(tmp: Path, warm_store: Path, warm_triton: Path, passes: int) -> dict
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def ab_round(root: Path, rep: int, warm_store: Path, warm_triton: Path, passes: int) -> dict[str, float]:
+    """Round ``rep``'s A/B process (:func:`ab_once` in a folder of its own), its figures printed."""
+    d = root / f"ab-{rep}"
+    d.mkdir()
+    x = ab_once(d, warm_store, warm_triton, passes)
+    print(
+        f"  round {rep + 1} per kernel, one process: kcache {x['kcache']:.0f} us, Triton "
+        f"{x['triton']:.0f} us ({x['kcache'] / x['triton']:.3f}x)",
+        flush=True,
+    )
+    return x
+
+
+def write_json(path: str | None, repeats: int, **fields: Any) -> None:
+    """The report as JSON at ``path`` (when given): date, versions, repeats, then ``fields``."""
+    if not path:
+        return
+    import triton
+
+    head = {
+        "date": datetime.date.today().isoformat(),
+        "python": platform.python_version(),
+        "triton": triton.__version__,
+        "repeats": repeats,
+    }
+    Path(path).write_text(json.dumps(head | fields, indent=1))
+
+
 def ab_only(root: Path, warm_store: Path, warm_triton: Path, a: argparse.Namespace) -> int:
     """``--ab-only``: the per-kernel A/B alone (see the module doc), ``--repeats`` processes."""
-    ab: list[dict[str, float]] = []
-    for rep in range(a.repeats):
-        d = root / f"ab-{rep}"
-        d.mkdir()
-        x = ab_once(d, warm_store, warm_triton, a.ab_passes)
-        ab.append(x)
-        print(
-            f"  process {rep + 1}: kcache {x['kcache']:.0f} us, Triton {x['triton']:.0f} us per kernel "
-            f"({x['kcache'] / x['triton']:.3f}x)",
-            flush=True,
-        )
+    ab = [ab_round(root, rep, warm_store, warm_triton, a.ab_passes) for rep in range(a.repeats)]
     ratio = statistics.median(x["kcache"] / x["triton"] for x in ab)
     print(
         f"kcache / Triton, a warm kernel, alternating in one process: {ratio:.3f}x (median of {len(ab)}; target <= 1.0)"
     )
-    if a.json:
-        import triton
-
-        Path(a.json).write_text(
-            json.dumps(
-                {
-                    "date": datetime.date.today().isoformat(),
-                    "python": platform.python_version(),
-                    "triton": triton.__version__,
-                    "repeats": a.repeats,
-                    "per_kernel_ab_us": ab,
-                    "kcache_vs_triton_per_kernel": ratio,
-                },
-                indent=1,
-            )
-        )
+    write_json(a.json, a.repeats, per_kernel_ab_us=ab, kcache_vs_triton_per_kernel=ratio)
     return 0
 
 
@@ -244,15 +247,7 @@ def main() -> int:
                     f"  triton_key {r['key_s']:.4f}s  compiled {r['compiled']}/{n}",
                     flush=True,
                 )
-            d = root / f"ab-{rep}"
-            d.mkdir()
-            x = ab_once(d, warm_store, warm_triton, a.ab_passes)
-            ab.append(x)
-            print(
-                f"  round {rep + 1} per kernel, one process: kcache {x['kcache']:.0f} us, Triton "
-                f"{x['triton']:.0f} us ({x['kcache'] / x['triton']:.3f}x)",
-                flush=True,
-            )
+            ab.append(ab_round(root, rep, warm_store, warm_triton, a.ab_passes))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -315,26 +310,16 @@ def main() -> int:
     )
     for t, ok in targets.items():
         print(f"  {'met' if ok else 'MISSED'}: {t}")
-    if a.json:
-        import triton
-
-        Path(a.json).write_text(
-            json.dumps(
-                {
-                    "date": datetime.date.today().isoformat(),
-                    "python": platform.python_version(),
-                    "triton": triton.__version__,
-                    "repeats": a.repeats,
-                    "kernels": n,
-                    "median": med,
-                    "runs": runs,
-                    "ratios": ratios,
-                    "per_kernel_ab_us": ab,
-                    "targets": targets,
-                },
-                indent=1,
-            )
-        )
+    write_json(
+        a.json,
+        a.repeats,
+        kernels=n,
+        median=med,
+        runs=runs,
+        ratios=ratios,
+        per_kernel_ab_us=ab,
+        targets=targets,
+    )
     return 0
 
 
