@@ -89,17 +89,6 @@ def stores_closed(monkeypatch):  # noqa: ANN001, ANN202
         close_store(s)
 
 
-def _descriptors() -> dict[int, str]:
-    """This process's open descriptors: number -> what it is (``socket:[inode]``, a path)."""
-    out = {}
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            out[int(name)] = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:  # the listing's own, closed by now
-            pass
-    return out
-
-
 @pytest.fixture
 def no_descriptors_left(tmp_path: Path):  # noqa: ANN201
     """Fails the test (at teardown, after the other fixtures' teardown) when it leaves open a
@@ -113,13 +102,15 @@ def no_descriptors_left(tmp_path: Path):  # noqa: ANN201
     if not os.path.isdir("/proc/self/fd"):
         yield
         return
-    before = _descriptors()
+    from tier_stores import descriptors
+
+    before = descriptors()
     yield
     import gc
 
     gc.collect()  # what only a cycle holds is not left open
     mine = ("socket:", "pipe:", str(tmp_path.resolve()) + os.sep)
-    left = {fd: t for fd, t in _descriptors().items() if before.get(fd) != t and t.startswith(mine)}
+    left = {fd: t for fd, t in descriptors().items() if before.get(fd) != t and t.startswith(mine)}
     assert not left, f"the test left {len(left)} descriptors open: {left}"
 
 

@@ -3,6 +3,7 @@ tests, the hostile-server tests): one copy of what each of them used to write.""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,17 @@ def close_store(store: Store, timeout: float = 30.0) -> None:
 def _keeper_thread(tier: Any) -> Any:
     keeper = getattr(tier, "keeper", None)
     return getattr(keeper, "_thread", None)
+
+
+def descriptors() -> dict[int, str]:
+    """This process's open descriptors: number -> what it is (``socket:[inode]``, a path)."""
+    out = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            out[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:  # the listing's own, closed by now
+            pass
+    return out
 
 
 def counts(store: Store, kind: str = "triton") -> dict[str, float]:
