@@ -20,7 +20,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from tier_stores import Stores, counts, descriptors
+from tier_stores import DEADLINE, Stores, counts, descriptors
 from tier_stores import flushed as _flushed
 
 from kcache import config
@@ -274,7 +274,7 @@ def test_redis_down_fails_open_and_the_breaker_stops_asking(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens here
-    a = stores("a", f"redis://127.0.0.1:{port}/0", prefix)
+    a = stores("a", f"redis://127.0.0.1:{port}/0", prefix, KCACHE_REMOTE_TIMEOUT=DEADLINE)
     times = []
     for i in range(10):
         hit, dt = _timed(lambda i=i: a.get("triton", f"K{i}"))
@@ -293,7 +293,7 @@ def test_redis_down_fails_open_and_the_breaker_stops_asking(
 
 def test_slow_redis_never_stalls_a_lookup_past_the_bound(redis_private, stores, prefix) -> None:
     server = redis_private()
-    a = stores("a", server.url, prefix)
+    a = stores("a", server.url, prefix, KCACHE_REMOTE_TIMEOUT=DEADLINE)
     a.get("triton", "warm-up")  # connected, redis imported
     a.put("triton", "P", group(100))
     flushed(a)
@@ -380,7 +380,7 @@ def test_maxmemory_noeviction_and_lru(redis_private, stores, prefix, kcache_warn
 def test_full_queue_drops_and_counts_never_waits(redis_private, stores, prefix, monkeypatch) -> None:
     monkeypatch.setattr(rt, "QUEUE_ITEMS", 4)
     server = redis_private()
-    a = stores("a", server.url, prefix)
+    a = stores("a", server.url, prefix, KCACHE_REMOTE_TIMEOUT=DEADLINE)
     a.get("triton", "warm-up")
     server.pause(1500)
     t = time.perf_counter()

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tier_stores import Stores, counts, flushed
+from tier_stores import DEADLINE, Stores, counts, flushed
 
 from kcache import config, redact
 from kcache.store import Store
@@ -152,7 +152,7 @@ def test_an_entry_and_its_lock_share_a_slot_and_entries_spread(redis_cluster, st
     assert held == {entry_key(a, "triton", k) for k in keys}  # the locks are gone, no index
     for k in keys:
         hit = b.get("triton", k)
-        assert hit is not None and hit.read("k.cubin") == files[k]["k.cubin"]
+        assert hit is not None and hit.read("k.cubin") == files[k]["k.cubin"], (k, counts(b))  # why, if not
     cb = counts(b)
     assert cb["remote_hits"] == len(keys) and cb.get("remote_errors", 0) == 0, cb
 
@@ -272,8 +272,8 @@ def test_a_master_killed_mid_run_fails_open(redis_cluster_private, stores, prefi
     after the failover: the breaker is per node, with a short cool-down (a single breaker for
     the whole tier would keep all of them off for its 30 s)."""
     c = redis_cluster_private(masters=3, replicas=1)
-    a = stores("a", c.url, prefix)
-    b = stores("b", c.url, prefix)
+    a = stores("a", c.url, prefix, KCACHE_REMOTE_TIMEOUT=DEADLINE)
+    b = stores("b", c.url, prefix, KCACHE_REMOTE_TIMEOUT=DEADLINE)
     keys = [f"K{i}" for i in range(36)]
     files = {k: group(3000) for k in keys}
     for k in keys:
@@ -456,7 +456,7 @@ def test_a_trickling_node_costs_each_call_its_deadline_and_only_its_own_keys(
             time.sleep(0.05)
         else:
             raise AssertionError("the announced port did not spread")
-        a = stores("a", c.url, prefix)
+        a = stores("a", c.url, prefix, KCACHE_REMOTE_TIMEOUT=DEADLINE)
         # A call's deadline of 1 s, not 100 ms: under a loaded CI box, 1 MiB from a fast node
         # can take more than 130 ms, and the test is about the trickling node (40 s a value
         # without the deadline), not about how fast the others answer.
@@ -569,7 +569,12 @@ def test_a_cluster_that_does_not_answer_fails_open(stores, prefix, kcache_warnin
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             ports.append(s.getsockname()[1])  # nothing listens here
-    a = stores("a", "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in ports), prefix)
+    a = stores(
+        "a",
+        "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in ports),
+        prefix,
+        KCACHE_REMOTE_TIMEOUT=DEADLINE,
+    )
     for i in range(10):
         assert a.get("triton", f"K{i}") is None
         with a.single_flight("triton", f"K{i}") as hit:

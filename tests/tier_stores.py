@@ -10,6 +10,14 @@ from typing import Any
 from kcache import config
 from kcache.store import Store
 
+# A store's deadline for each call to the tier, unless a test names its own. The tests of what is
+# shared (an entry put by one store and got by another) use a long one: a loaded 2-core CI box
+# once took more than the product's 100 ms for a lookup on a Redis Cluster, and that test was
+# about hash slots, not speed. The tests of a slow, stopped or hostile server are about the
+# deadline itself and pass DEADLINE, the product's default, by name.
+SHARING_TIMEOUT = "5s"
+DEADLINE = f"{config.DEFAULT_REMOTE_TIMEOUT_MS:g}ms"
+
 
 def remote_settings(url: str, prefix: str, **env: str) -> config.Settings:
     s = config.load({"KCACHE_REMOTE": url, "KCACHE_REMOTE_PREFIX": prefix, **env})
@@ -18,13 +26,14 @@ def remote_settings(url: str, prefix: str, **env: str) -> config.Settings:
 
 
 class Stores:
-    """Stores under one tmp folder, each attached to the shared tier (closed at the end)."""
+    """Stores under one tmp folder, each attached to the shared tier (closed at the end), with
+    SHARING_TIMEOUT for a deadline unless ``KCACHE_REMOTE_TIMEOUT`` is given."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp, self.open = tmp, []
 
     def __call__(self, name: str, url: str, prefix: str, *, readonly: bool = False, **env: str) -> Store:
-        s = remote_settings(url, prefix, **env)
+        s = remote_settings(url, prefix, **{"KCACHE_REMOTE_TIMEOUT": SHARING_TIMEOUT, **env})
         root = self.tmp / name
         if readonly:
             Store.open(root).close()  # a store must exist to be opened read-only

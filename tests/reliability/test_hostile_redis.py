@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tier_stores import Stores, counts, flushed
+from tier_stores import DEADLINE, Stores, counts, flushed
 
 from kcache.store import Store
 from kcache.store.records import Record, file_info
@@ -244,7 +244,7 @@ def test_a_server_that_stops_answering_costs_at_most_a_second(redis_private, sto
     import signal
 
     server = redis_private("--enable-debug-command", "yes")
-    b = stores("b", server.url, prefix)
+    b = stores("b", server.url, prefix, KCACHE_REMOTE_TIMEOUT=DEADLINE)
     assert b.get("triton", "warm-up") is None  # connected
     sleeper = None
     if how == "sigstop":
@@ -339,7 +339,7 @@ def test_a_trickling_link_ends_the_call_at_its_deadline(redis_server, stores, pr
     flushed(a)
     proxy = TrickleProxy(redis_server.port)
     try:
-        b = stores("b", proxy.url, prefix)
+        b = stores("b", proxy.url, prefix, KCACHE_REMOTE_TIMEOUT=DEADLINE)
         assert b.get("triton", "warm-up") is None  # connected (a short reply passes quickly)
         t0 = time.monotonic()
         assert b.get("triton", "BIG") is None
