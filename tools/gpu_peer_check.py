@@ -22,8 +22,12 @@ mode, and the versions. ``--wheels DIR``: wheels installed (``pip --no-index --t
 temporary folder put on ``PYTHONPATH`` first, for what the suite needs and the machine lacks
 (``expecttest`` for Triton's); ``--path DIR`` puts a folder first on ``PYTHONPATH`` (pytest
 plugins of the suite, or a checkout of kcache to test instead of the installed one). Arguments
-after ``--`` go to pytest (``-p force_triton_plugin``, ``--timeout=300``). Exit status 0 when the runs happened, whatever their outcomes
-(the differences are the result), 2 for bad arguments.
+after ``--`` go to pytest (``-p force_triton_plugin``, ``--timeout=300``).
+
+Exit status 0 when every mode ran its tests, whatever their outcomes (the differences are the
+result); 1 when a mode ran none (a module the suite imports is missing, a collection error, a
+timeout): then there is nothing to compare, and the first lines of that mode's failure are
+printed instead of a verdict; 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -132,6 +136,7 @@ def run_mode(
     res: dict[str, Any] = {"wall_s": round(time.monotonic() - t, 1), "returncode": rc, "tail": tail}
     res["tests"] = outcomes(junit)
     res["counts"] = counts(res["tests"])
+    res["ran"] = ran_tests(rc, res["tests"])
     if mode != "plain":
         p = subprocess.run(
             [sys.executable, "-m", "kcache", "stats", "--json"], env=env, capture_output=True, text=True
@@ -144,11 +149,22 @@ def run_mode(
     return res
 
 
+def ran_tests(returncode: int | None, tests: dict[str, dict[str, str]]) -> bool:
+    """Whether a mode's pytest ran the suite: it ended by itself with 0 (all passed) or 1 (some
+    failed), and ran at least one test that was not an error. An interrupted collection (exit 2,
+    with an "error" case per file that failed to import), no tests (5) or a timeout compare
+    nothing: read as outcomes, they would show "no difference" between two runs that tested
+    nothing."""
+    return returncode in (0, 1) and any(r["outcome"] != "error" for r in tests.values())
+
+
 def differences(result: dict[str, Any]) -> list[dict[str, Any]]:
     plain = result["modes"].get("plain", {}).get("tests", {})
     out = []
     for mode in ("cold", "warm"):
-        tests = result["modes"].get(mode, {}).get("tests", {})
+        if mode not in result["modes"]:  # not run (--modes): nothing to compare
+            continue
+        tests = result["modes"][mode]["tests"]
         for test_id in sorted(set(plain) | set(tests)):
             a = plain.get(test_id, {}).get("outcome", "absent")
             b = tests.get(test_id, {}).get("outcome", "absent")
@@ -237,6 +253,16 @@ def main() -> int:
             if out_path is not None:
                 out_path.parent.mkdir(parents=True, exist_ok=True)
                 out_path.write_text(scrub(json.dumps(result, indent=1), work))
+            if not res["ran"]:
+                why = [ln for ln in scrub(res["tail"], work).splitlines() if ln.startswith(("E ", "ERROR"))]
+                print(
+                    f"gpu_peer_check: the {mode} run tested nothing (pytest exit {res['returncode']}); "
+                    "no comparison. First lines of its failure:",
+                    file=sys.stderr,
+                )
+                for line in (why or scrub(res["tail"], work).splitlines()[-5:])[:6]:
+                    print(f"  {line[:200]}", file=sys.stderr)
+                return 1
         for d in result["differences"]:
             print(f"  {d['mode']:5s} {d['plain']:>7s} -> {d['kcache']:7s} {d['test']}  {d['message'][:120]}")
         if not result["differences"]:

@@ -1,0 +1,59 @@
+"""``tools/gpu_peer_check.py``, the tool that runs another project's own tests with and without
+kcache, on tiny suites of its own: real pytest processes, real ``KCACHE=1`` children.
+
+What is shown: a test whose outcome kcache changes is listed as a difference; a suite that cannot
+even be collected (the first run of PyTorch's cache tests here lacked numpy) is reported as
+"tested nothing" with the import error, exit 1, never as "no test's outcome differs"."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TOOL = REPO / "tools" / "gpu_peer_check.py"
+
+
+def run_tool(suite: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            str(TOOL),
+            "--suite",
+            str(suite),
+            "--modes",
+            "plain,cold",
+            "--out",
+            str(tmp / "peer.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_test_that_kcache_changes_is_listed(tmp_path: Path) -> None:
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_few.py").write_text(
+        "import os\n"
+        "def test_same():\n    assert 1 + 1 == 2\n"
+        "def test_sees_kcache():\n    assert os.environ.get('KCACHE') != '1'\n"
+    )
+    p = run_tool(suite, tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "cold   passed -> failed  test_few.py::test_sees_kcache" in p.stdout, p.stdout
+    assert "test_same" not in p.stdout and "no test's outcome differs" not in p.stdout, p.stdout
+
+
+def test_a_suite_that_cannot_be_collected_is_no_verdict(tmp_path: Path) -> None:
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_needs.py").write_text("import kcache_no_such_module\n\ndef test_x():\n    pass\n")
+    p = run_tool(suite, tmp_path)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "the plain run tested nothing" in p.stderr and "kcache_no_such_module" in p.stderr, p.stderr
+    assert "no test's outcome differs" not in p.stdout, p.stdout
+    assert "cold" not in p.stdout  # stopped at the first run that tested nothing
+    assert str(tmp_path) not in p.stdout + p.stderr  # the paths are scrubbed (<work>)
