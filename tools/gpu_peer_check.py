@@ -20,9 +20,10 @@ with the first line of its failure. Written to ``--out`` (default ``$OUT/gpu_pee
 counts, every test's outcome per mode, the differences, kcache's own counters after each kcache
 mode, and the versions. ``--wheels DIR``: wheels installed (``pip --no-index --target``) into a
 temporary folder put on ``PYTHONPATH`` first, for what the suite needs and the machine lacks
-(``expecttest`` for Triton's); ``--path DIR`` puts a folder first on ``PYTHONPATH`` (pytest
-plugins of the suite, or a checkout of kcache to test instead of the installed one). Arguments
-after ``--`` go to pytest (``-p force_triton_plugin``, ``--timeout=300``).
+(``expecttest`` for Triton's; ``numpy``, ``expecttest`` and ``pytest-timeout`` for PyTorch's);
+``--path DIR`` puts a folder first on ``PYTHONPATH`` (pytest plugins of the suite, or a checkout
+of kcache to test instead of the installed one). Arguments after ``--`` go to pytest
+(``-p force_triton_plugin``, ``--timeout=300``).
 
 Exit status 0 when every mode ran its tests, whatever their outcomes (the differences are the
 result); 1 when a mode ran none (a module the suite imports is missing, a collection error, a
