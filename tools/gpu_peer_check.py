@@ -78,12 +78,15 @@ def counts(results: dict[str, dict[str, str]]) -> dict[str, int]:
     return c
 
 
-def scrub(text: str, work: Path) -> str:
-    """Results are committed: no machine's paths in them."""
+def scrub(text: str, work: Path, suite: str = "") -> str:
+    """Results are committed: no machine's paths in them (tracebacks name the suite's files and
+    the interpreter's own modules too)."""
     import site
 
-    pairs = [(str(work), "<work>"), (str(REPO), "<repo>")]
+    pairs = [(str(work), "<work>"), (str(REPO), "<repo>"), (suite, "<suite>")]
     pairs += [(d, "<site>") for d in (*site.getsitepackages(), site.getusersitepackages())]
+    pairs += [(sys.prefix, "<python>"), (sys.base_prefix, "<python>"), (str(Path.home()), "~")]
+    pairs = [(path, name) for path, name in pairs if len(path) > 1]  # never "" or "/"
     for path, name in sorted(pairs, key=lambda p: -len(p[0])):
         text = text.replace(path, name)
     return text
@@ -253,15 +256,19 @@ def main() -> int:
             result["differences"] = differences(result)
             if out_path is not None:
                 out_path.parent.mkdir(parents=True, exist_ok=True)
-                out_path.write_text(scrub(json.dumps(result, indent=1), work))
+                out_path.write_text(scrub(json.dumps(result, indent=1), work, args.suite))
             if not res["ran"]:
-                why = [ln for ln in scrub(res["tail"], work).splitlines() if ln.startswith(("E ", "ERROR"))]
+                why = [
+                    ln
+                    for ln in scrub(res["tail"], work, args.suite).splitlines()
+                    if ln.startswith(("E ", "ERROR"))
+                ]
                 print(
                     f"gpu_peer_check: the {mode} run tested nothing (pytest exit {res['returncode']}); "
                     "no comparison. First lines of its failure:",
                     file=sys.stderr,
                 )
-                for line in (why or scrub(res["tail"], work).splitlines()[-5:])[:6]:
+                for line in (why or scrub(res["tail"], work, args.suite).splitlines()[-5:])[:6]:
                     print(f"  {line[:200]}", file=sys.stderr)
                 return 1
         for d in result["differences"]:
