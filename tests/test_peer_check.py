@@ -15,22 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 TOOL = REPO / "tools" / "gpu_peer_check.py"
 
 
-def run_tool(suite: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            str(TOOL),
-            "--suite",
-            str(suite),
-            "--modes",
-            "plain,cold",
-            "--out",
-            str(tmp / "peer.json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def run_tool(suite: Path, tmp: Path, *more: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, str(TOOL), "--suite", str(suite), "--modes", "plain,cold", "--out", "peer.json"]
+    return subprocess.run([*cmd, *more], cwd=tmp, capture_output=True, text=True, timeout=300)
 
 
 def test_a_test_that_kcache_changes_is_listed(tmp_path: Path) -> None:
@@ -38,10 +25,14 @@ def test_a_test_that_kcache_changes_is_listed(tmp_path: Path) -> None:
     suite.mkdir()
     (suite / "test_few.py").write_text(
         "import os\n"
-        "def test_same():\n    assert 1 + 1 == 2\n"
+        "def test_same():\n    assert os.environ['KC_PLUGIN'] == 'on'\n"
         "def test_sees_kcache():\n    assert os.environ.get('KCACHE') != '1'\n"
     )
-    p = run_tool(suite, tmp_path)
+    (tmp_path / "plugins").mkdir()  # a pytest plugin of the suite, named by a relative --path
+    (tmp_path / "plugins" / "kc_plugin.py").write_text(
+        "import os\ndef pytest_configure(config):\n    os.environ['KC_PLUGIN'] = 'on'\n"
+    )
+    p = run_tool(suite, tmp_path, "--path", "plugins", "--", "-p", "kc_plugin")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "cold   passed -> failed  test_few.py::test_sees_kcache" in p.stdout, p.stdout
     assert "test_same" not in p.stdout and "no test's outcome differs" not in p.stdout, p.stdout

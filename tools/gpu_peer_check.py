@@ -225,6 +225,7 @@ def main() -> int:
     if not suite.is_dir():
         ap.error(f"--suite {args.suite}: not a folder")
     args.suite = str(suite)
+    args.path = [str(Path(p).resolve()) for p in args.path]  # pytest runs in the suite's folder
     args.files = [f for f in args.files.split(",") if f] or sorted(p.name for p in suite.glob("test_*.py"))
     missing = [f for f in args.files if not (suite / f).is_file()]
     if missing or not args.files:
