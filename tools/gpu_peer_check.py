@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -89,7 +90,8 @@ def scrub(text: str, work: Path, suite: str = "") -> str:
     pairs = [(path, name) for path, name in pairs if len(path) > 1]  # never "" or "/"
     for path, name in sorted(pairs, key=lambda p: -len(p[0])):
         text = text.replace(path, name)
-    return text
+    # pytest's warnings summary names site-packages relative to the suite: ../../main/.venv/...
+    return re.sub(r"(?:\.\./)+[^\s:'\"]*?/site-packages", "<site>", text)
 
 
 def install_wheels(wheels: Path, work: Path) -> str | None:
