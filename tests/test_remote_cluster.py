@@ -152,7 +152,7 @@ def test_an_entry_and_its_lock_share_a_slot_and_entries_spread(redis_cluster, st
     assert held == {entry_key(a, "triton", k) for k in keys}  # the locks are gone, no index
     for k in keys:
         hit = b.get("triton", k)
-        assert hit is not None and hit.read("k.cubin") == files[k]["k.cubin"], (k, counts(b))  # why, if not
+        assert hit is not None and hit.read("k.cubin") == files[k]["k.cubin"], (k, counts(b))
     cb = counts(b)
     assert cb["remote_hits"] == len(keys) and cb.get("remote_errors", 0) == 0, cb
 
@@ -456,7 +456,7 @@ def test_a_trickling_node_costs_each_call_its_deadline_and_only_its_own_keys(
             time.sleep(0.05)
         else:
             raise AssertionError("the announced port did not spread")
-        a = stores("a", c.url, prefix, KCACHE_REMOTE_TIMEOUT=DEADLINE)
+        a = stores("a", c.url, prefix)  # its puts, all while the link is fast, must all land
         # A call's deadline of 1 s, not 100 ms: under a loaded CI box, 1 MiB from a fast node
         # can take more than 130 ms, and the test is about the trickling node (40 s a value
         # without the deadline), not about how fast the others answer.
