@@ -20,8 +20,8 @@ from typing import Any
 
 import msgpack
 import pytest
+from tier_stores import Stores
 
-from kcache import config
 from kcache.bundle import export_bundle, import_bundle
 from kcache.store import Store
 from kcache.store.records import Record
@@ -34,20 +34,6 @@ ESC = "\x1b]0;owned\x07\x1b[2J\x1b[31m"  # set the title, clear the screen, turn
 # Every store the tests open is closed, with its shared tier's sockets, and a test that leaves a
 # descriptor open fails (tests/conftest.py): each used to leave 2-6 sockets for its worker's life.
 pytestmark = pytest.mark.usefixtures("no_descriptors_left", "stores_closed")
-
-
-def _stores(tmp: Path, url: str, prefix: str) -> Any:
-    opened: list[Store] = []
-
-    def make(name: str) -> Store:
-        # a timeout far above Redis's answer on a loaded box: these tests are about trust, not time
-        s = config.load({"KCACHE_REMOTE": url, "KCACHE_REMOTE_PREFIX": prefix, "KCACHE_REMOTE_TIMEOUT": "5s"})
-        st = Store.open(tmp / name)
-        assert st.attach_remote(s)
-        opened.append(st)
-        return st
-
-    return make, opened
 
 
 def _files(tag: str) -> dict[str, bytes]:
@@ -76,9 +62,9 @@ def test_a_bad_record_from_the_shared_tier_is_refused_and_the_index_keeps_workin
     redis_server, tmp_path: Path, what: str, change: Any
 ) -> None:
     prefix = f"h{uuid.uuid4().hex[:8]}:"
-    make, opened = _stores(tmp_path, redis_server.url, prefix)
+    stores = Stores(tmp_path)  # (a deadline far above Redis's answer: this is about trust)
     try:
-        a = make("a")
+        a = stores("a", redis_server.url, prefix)
         a.put("triton", "K", _files("k"), summary={"name": "k"}, compile_s=0.5)
         assert a.tiers[0].flush(60.0)
         # The attacker: the record changed, its own crc32 and the entry's value rebuilt.
@@ -89,7 +75,7 @@ def test_a_bad_record_from_the_shared_tier_is_refused_and_the_index_keeps_workin
         change(rec)
         r.set(key, rt.pack_entry(rec.encode(), d["m"], None))
 
-        b = make("b")
+        b = stores("b", redis_server.url, prefix)
         assert b.get("triton", "K") is None, what  # refused: compiled here instead
         c = b.counts.process_totals()["triton"]
         assert c["remote_refused"] == 1 and c["misses"] == 1 and not c.get("hits"), c
@@ -103,8 +89,7 @@ def test_a_bad_record_from_the_shared_tier_is_refused_and_the_index_keeps_workin
         assert idx.row(b.entry_id("triton", "K")) is None
         assert idx.counters()["triton"]["hits"] == 1 and idx.counters()["triton"]["remote_refused"] == 1
     finally:
-        for s in opened:
-            s.close()
+        stores.close()
 
 
 def test_one_bad_row_never_poisons_later_index_writes(tmp_path: Path) -> None:
