@@ -147,7 +147,8 @@ def trim_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--to",
         metavar="SIZE",
-        help="trim to SIZE (e.g. 5GiB) instead of 90%% of the bound, as eviction does",
+        help="trim the entries to SIZE on disk (e.g. 5GiB) instead of the folder to 90%% of the bound, "
+        "as eviction does",
     )
 
 
@@ -178,7 +179,9 @@ def trim_run(args: argparse.Namespace) -> int:
         bound = store.max_size
         want = int(bound * 0.9) if target is None else target
         before = store.index().total_bytes()
-        removed, freed = store.evict(want)
+        # No --to: the whole folder down to 90% of the bound, as eviction does (the bound counts
+        # its blocks, the index and what live processes hold); --to: the entries' blocks.
+        removed, freed = store.evict(target)
         after = store.index().total_bytes()
     finally:
         close_store(store)

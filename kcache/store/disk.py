@@ -62,7 +62,7 @@ from .clock import Clock
 from .conf import read_at as read_conf
 from .entries import Entries
 from .errors import CorruptEntry, RefusedEntry, StoreError
-from .eviction import Evictor, entry_bytes
+from .eviction import Evictor
 from .hit import Hit, HitMemo, ServeFailed
 from .index import Index
 from .locks import Lock
@@ -121,6 +121,7 @@ class DiskTier:
         self._trash_swept = -1e9  # monotonic: when held folders in trash/ were last tried
         self._trash_held: set[str] = set()  # folders in trash/ found held: tried with those
         self._soon = 0  # entries puts evicted since the last whole sweep (their files wait for it)
+        self._soon_bytes = 0  # ... and their bytes on disk
         self._usage_started = False  # a new store's count made (see _first_put)
         self._dead_cleaned = False  # dead processes' private folders removed (see clean_dead_folders)
         forks.register(self)
@@ -249,11 +250,24 @@ class DiskTier:
         """Flush what is batched, close the index and every descriptor. Idempotent."""
         if self.closed:
             return
+        # First what this process holds goes (the entry folders it held, its private folders),
+        # and with it what that kept in trash/ if nobody else holds it: then the exit eviction
+        # measures what stays on disk once it has gone.
+        self.memo.clear()
+        with contextlib.suppress(Exception):
+            self.served.close()  # lets go of the entry folders this process held
+        with contextlib.suppress(Exception):
+            self.clean_dead_folders()  # if the flush thread never had a turn
         if not self.readonly:
+            self._trash_swept = -1e9
+            with contextlib.suppress(Exception):
+                self.sweep_trash(0.5, closing=True)
             try:  # the bound holds after the last writer ends, not only at the next one's put
                 self.evictor.at_exit()
             except Exception as e:  # broad: closing goes on whatever eviction met
                 logger.debug("eviction at exit: %s", e)
+            with contextlib.suppress(Exception):
+                self.sweep_trash(0.5, closing=True)  # the empty folders eviction left
         self.flush(force=True)
         cat = self.catalogue
         with cat._index_lock, cat._lock:
@@ -262,15 +276,6 @@ class DiskTier:
                 with contextlib.suppress(Exception):
                     cat._index.close()
             cat._index = None
-        self.memo.clear()
-        with contextlib.suppress(Exception):
-            self.served.close()  # lets go of the entry folders this process held
-        with contextlib.suppress(Exception):
-            self.clean_dead_folders()  # if the flush thread never had a turn
-        if not self.readonly:  # what those holds kept in trash/ goes now, if nobody else holds it
-            self._trash_swept = -1e9
-            with contextlib.suppress(Exception):
-                self.sweep_trash(0.5, closing=True)
         self.evictor.usage.close()
         self.clock.close()
         self.folders.close()
@@ -447,7 +452,7 @@ class DiskTier:
         self.counts.add(kind, bytes_written=rec.size)
         self.catalogue.note_put(rec, self.clock.now())
         try:
-            self.evictor.after_put(entry_bytes(rec), ident)
+            self.evictor.after_put(hit.disk, ident)
         except Exception as e:  # broad: the bound is kept by the next put or the flush thread
             logger.debug("eviction after put: %s", e)
         self.catalogue.maybe_flush()
@@ -486,12 +491,14 @@ class DiskTier:
     def _remove_for_put(self, ident: str) -> int | None:
         """An eviction by a put: the folder is renamed into ``trash/`` (its bytes leave the count)
         and its files are deleted at the flush thread's next turn; unless that thread is behind
-        (:data:`~.tunables.SOON_MAX`), then here, as by the thread."""
-        if self._soon >= T.SOON_MAX:
+        (:data:`~.tunables.SOON_MAX` entries, or :data:`~.tunables.SOON_SHARE` of the bound in
+        bytes still on disk), then here, as by the thread."""
+        if self._soon >= T.SOON_MAX or self._soon_bytes > T.SOON_SHARE * self.max_size:
             return self.entries.remove(ident, later=True)
         got = self.entries.remove(ident, later=True, empty=False)
         if got is not None:
             self._soon += 1
+            self._soon_bytes += got
         return got
 
     def remove(self, ids: list[str], *, index: bool = True) -> int:
@@ -545,17 +552,25 @@ class DiskTier:
 
     # ------------------------------------------------------------------ eviction
     def _flush_turn(self) -> None:
-        """The flush thread's turn, before it writes the index: (at the first) the store's clock
-        and dead processes' private folders, eviction when the store is past its bound (woken by
-        the put that took it there), then what removals left in trash/. First, when the held
-        folders asked for it, the process's table of descriptors grown (see :mod:`.served`)."""
+        """The flush thread's turn, before it writes the index: the holds whose paths have all
+        gone let go (and the removed entries' folders they kept, deleted); (at the first) the
+        store's clock and dead processes' private folders; what removals left in trash/; then
+        eviction when the store is past its bound (woken by the put that took it there), and
+        what it left in trash/. First, when the held folders asked for it, the process's table
+        of descriptors grown (see :mod:`.served`)."""
         self.served.grow_table()
+        self.served.drain()  # holds whose paths have all gone (see .leases)
+        if self.served.let_go_removed:  # ... of a removed entry: its folder in trash/ can go now
+            self.served.let_go_removed = False
+            self._trash_left, self._trash_swept = True, -1e9
         self.clock.synced()
         self.clean_dead_folders()
+        if self._trash_left:
+            self.sweep_trash()  # first: what it frees is not evicted for
         if self.evictor.due():
             self.evictor.run()
-        if self._trash_left:
-            self.sweep_trash()
+            if self._trash_left:
+                self.sweep_trash()
 
     def sweep_trash(self, budget_s: float | None = None, *, closing: bool = False) -> None:
         """What removals left in ``trash/``: empty folders (evictions leave them for later), the
@@ -569,26 +584,30 @@ class DiskTier:
         if held:
             self._trash_swept = now
         try:
-            soon = self._soon
+            soon, soon_bytes = self._soon, self._soon_bytes
             _, whole = sweep(
                 trfd, T.FLUSH_EVERY_S / 2 if budget_s is None else budget_s, held=held, skip=self._trash_held
             )
-            if whole:
-                self._soon = max(0, self._soon - soon)  # those the puts evicted meanwhile still wait
+            if whole:  # those the puts evicted meanwhile still wait
+                self._soon = max(0, self._soon - soon)
+                self._soon_bytes = max(0, self._soon_bytes - soon_bytes)
             self._trash_left = bool(os.listdir(trfd))
         except OSError:
             pass
 
     def evict(self, target: int | None = None) -> tuple[int, int]:
-        """Remove least recently used entries until the store holds at most ``target`` bytes
-        (default 90% of the bound), then write the index (see :mod:`.eviction`). One process
-        evicts at a time; this returns at once when another one does. Returns (entries, bytes).
+        """Remove least recently used entries until the store's folder takes at most 90% of the
+        bound on disk, or (given ``target``) until its committed entries take at most ``target``
+        bytes on disk; then write the index (see :mod:`.eviction`). One process evicts at a
+        time; this returns at once when another one does. Returns (entries, bytes on disk).
 
         The store also evicts on its own: its flush thread as soon as a put passes the bound,
         and a put itself when the store is far past it."""
         if self.readonly or self.closed:
             return 0, 0
         out = self.evictor.run(target)
+        if out[0]:
+            self.sweep_trash()  # the empty folders it left (the caller's time, not a put's)
         self.flush(force=True)
         return out
 

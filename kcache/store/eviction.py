@@ -1,16 +1,24 @@
-"""The store's size bound: one shared count of its bytes, and eviction by every process that writes.
+"""The store's size bound: the whole folder on disk, as ``du`` and a disk quota count it.
 
-What is counted: the bytes of committed entries' members (what ``kcache stats`` shows), in one
-number that every process of the store keeps up to date (``locks/usage``: a put adds its entry,
-a removal subtracts what it removed). Updating it takes an flock for two small reads and writes;
-a put never waits for it (a busy count carries the bytes to the next update).
+What is counted (see :mod:`.footprint`): blocks, not file sizes (a 300-byte record takes 4 KiB
+on ext4), of everything under the store's folder, in two parts:
+
+- the committed entries (each one's folder, record and members), in one number that every
+  process of the store keeps up to date (``locks/usage.du``: a put adds its entry, a removal
+  subtracts what it removed). Updating it takes an flock for two small reads and writes; a put
+  never waits for it (a busy count carries the bytes to the next update);
+- everything else (the index and its WAL, the root's files and folders, the shard folders,
+  ``locks/``, and what is held in ``tmp/`` and ``trash/``: entries being written, removed
+  entries a live process still holds, processes' private folders), walked by each writing
+  process's flush thread at its turns (:meth:`Evictor.measure`). Held bytes are counted against
+  the bound like any others: eviction removes other entries around them.
 
 Who evicts, least recently used first:
 
 - the flush thread of any process that writes, as soon as a put takes the store past its bound
   (not a second later), one process at a time (``locks/evict.lock``, never waited for), down to
   :data:`~.tunables.EVICT_TO` of the bound; it lists every entry (its record's mtime) and
-  removes the oldest;
+  removes the oldest, then the shard folders it left empty;
 - a put that finds the store past :data:`~.tunables.HELP_OVER` of its bound (the evicting
   thread is behind the writers) frees about its own size before it returns: the oldest of a
   random sample of entries, without any lock (removal is a rename, which one process wins).
@@ -24,7 +32,7 @@ Last use is the later of the record file's mtime (refreshed by hits at most once
 the filesystem's clock) and, when the index can be read, its last use (written within a second
 of a hit); eviction needs neither the index nor any lock a compile holds.
 
-Nothing is kept for its age: what a hit handed out is a private link (see :mod:`.served`), so
+Nothing is kept for its age: what a hit handed out is held apart (see :mod:`.served`), so
 removing its entry cannot change or remove what a live process reads. An entry put with
 ``protect_s`` (prewarm) carries ``protect_until`` in its record and is not evicted before then
 unless it has been used: its record's mtime moved on from its creation, or the index counts a
@@ -47,6 +55,7 @@ from ..kinds import valid_id
 from ..log import logger, warn_once
 from . import fs
 from . import tunables as T
+from .footprint import Footprint, measure
 from .locks import Lock
 from .records import RECORD_NAME, Record
 from .trash import folder_bytes
@@ -57,19 +66,15 @@ if TYPE_CHECKING:
     from .entries import Entries
     from .opening import Folders
 
-USAGE_NAME = "usage"
+#: The committed entries' bytes on disk. (``locks/usage``, an older kcache's, counted their
+#: members' sizes: a store it used is counted again from its folders once.)
+USAGE_NAME = "usage.du"
 # bytes; 1 once counted (0: puts added since the file was made); bytes ever added (only grows:
-# a recount adds what was put while it walked, see Usage.settle). A 16-byte file (an older
-# kcache's) reads as adding nothing.
+# a recount adds what was put while it walked, see Usage.settle). A 16-byte file reads as
+# adding nothing.
 _USAGE = struct.Struct("<qqq")
 _USAGE_OLD = struct.Struct("<qq")
 _HEX = frozenset("0123456789abcdef")
-
-
-def entry_bytes(rec: Record) -> int:
-    """What a committed entry counts for against the bound: its members' bytes (what ``kcache
-    stats`` and ``inspect`` show; its record, a few hundred bytes, is not counted)."""
-    return rec.size
 
 
 def is_protected(rec: Record | None, mtime: float, hits: int, now: float) -> bool:
@@ -79,7 +84,8 @@ def is_protected(rec: Record | None, mtime: float, hits: int, now: float) -> boo
 
 
 class Usage:
-    """The store's committed bytes, shared by its processes through ``locks/usage``."""
+    """The store's committed entries' bytes on disk, shared by its processes through
+    ``locks/usage.du``."""
 
     def __init__(self, folders: Folders) -> None:
         self._folders = folders
@@ -88,6 +94,7 @@ class Usage:
         self._pid = 0
         self._carry = 0  # bytes not written yet (the count was busy): added next time
         self._carry_added = 0  # the positive part of them
+        self._last: int | None = None  # the total as last read or written (counted stores only)
         self._broken = False
 
     def after_fork(self) -> None:
@@ -184,7 +191,9 @@ class Usage:
 
     def add(self, delta: int) -> int | None:
         """Add ``delta`` bytes; the store's total after it, or None when it is not known (not
-        counted yet, or the count is busy or unusable: then the bytes are added next time)."""
+        counted yet, or unusable). A busy count carries the bytes to the next time, and the
+        total is then the last one known plus what is carried (so that the put that added them
+        still sees the bound passed)."""
         with self._lock:
             plus = self._carry_added + max(delta, 0)
             delta += self._carry
@@ -195,7 +204,7 @@ class Usage:
                     return None
                 if not self._lock_file(fd, fcntl.LOCK_EX):
                     self._carry, self._carry_added = delta, plus
-                    return None
+                    return None if self._last is None else self._last + delta
                 try:
                     total, counted, added = self._get(fd)
                     total += delta
@@ -206,7 +215,8 @@ class Usage:
                 self._carry, self._carry_added = delta, plus
                 logger.debug("usage: %s", e)
                 return None
-            return total if counted else None
+            self._last = total if counted else None
+            return self._last
 
     def flush(self, wait_s: float = 1.0) -> None:
         """Add what busy counts carried (at exit, and at the flush thread's turns): waits for
@@ -303,10 +313,28 @@ class Evictor:
         self._full: set[str] = set()  # shards that held entries when last listed
         self._shards_at = -1e9
         self._recount_at = -1e9
+        #: The store's bytes on disk outside its committed entries, as last measured.
+        self.outside = Footprint(0, 0, 0, 0)
+        self._emptied: set[str] = set()  # shards whose entries eviction removed (tried at its end)
 
     def after_fork(self) -> None:
         self.usage.after_fork()
         self._protected = {}
+
+    @property
+    def overhead(self) -> int:
+        """Bytes on disk outside the committed entries, as last measured (see :meth:`measure`)."""
+        return self.outside.total
+
+    def measure(self) -> Footprint:
+        """Walk what is outside the committed entries (:func:`.footprint.measure`): at every flush
+        turn of a writing process, at exit and before eviction (a few dozen stats, and up to 256
+        for the shard folders: about a millisecond)."""
+        try:
+            self.outside = measure(self.folders)
+        except OSError:
+            pass
+        return self.outside
 
     # ------------------------------------------------------------------ the put path
     def after_put(self, size: int, ident: str) -> None:
@@ -316,6 +344,7 @@ class Evictor:
         if total is None:  # not counted yet (a new store): the flush thread counts it
             self.catalogue.wake()
             return
+        total += self.overhead  # as last measured by the flush thread
         bound = self.bound()
         if total <= bound:
             return
@@ -385,18 +414,24 @@ class Evictor:
         """Whether :meth:`run` has work: the store past its bound, or not counted yet."""
         self.usage.flush(0.0)
         r = self.usage.read()
-        return r is not None and (not r[1] or r[0] > self.bound())
+        if r is None:
+            return False
+        if not r[1]:
+            return True
+        return r[0] + self.measure().total > self.bound()
 
     def run(
         self, target: int | None = None, *, lock_wait: float = 0.0, deadline: float | None = None
     ) -> tuple[int, int]:
-        """Evict least recently used entries until the store holds at most ``target`` bytes
-        (default :data:`~.tunables.EVICT_TO` of the bound). One process at a time; another
+        """Evict least recently used entries until the store's folder takes at most
+        :data:`~.tunables.EVICT_TO` of the bound on disk, or (given ``target``) until its
+        committed entries take at most ``target`` bytes on disk. One process at a time; another
         one's turn is waited for at most ``lock_wait`` seconds. Returns (entries, bytes)."""
         st = self.folders
         if st.readonly or st.closed:
             return 0, 0
-        target = int(self.bound() * T.EVICT_TO) if target is None else target
+        if target is None:  # what the bound leaves for the committed entries
+            target = max(0, int(self.bound() * T.EVICT_TO) - self.measure().total)
         lfd = st.fd("locks")
         if lfd is None:
             return 0, 0
@@ -436,22 +471,36 @@ class Evictor:
         except Exception as e:  # broad: housekeeping (sqlite3, the disk); the put that ran it stands
             warn_once("evict", f"eviction failed: {e}")
         finally:
+            self._remove_empty_shards()
             lk.release()
         return removed, freed
+
+    def _remove_empty_shards(self) -> None:
+        """Remove the shard folders this eviction left empty (a folder takes a block: 256 of
+        them are 1 MiB). Only this thread's own turn does it (a removed folder can cost
+        milliseconds); a writer that meets the shard gone makes it again (see Entries._commit)."""
+        emptied, self._emptied = self._emptied, set()
+        efd = self.folders.fd("entries")
+        if efd is None:
+            return
+        for shard in emptied:
+            with contextlib.suppress(OSError):  # not empty (the usual case), or gone already
+                os.rmdir(shard, dir_fd=efd)
 
     def at_exit(self) -> None:
         """A process ending with the store past its bound brings it under (bounded time)."""
         self.usage.flush(min(1.0, T.EXIT_EVICT_S / 2))  # bytes a busy count carried, not lost
         total = self.usage.total()
-        if total is None or total <= self.bound():
+        if total is None or total + self.measure().total <= self.bound():
             return
         deadline = time.monotonic() + T.EXIT_EVICT_S
         self.run(lock_wait=min(1.0, T.EXIT_EVICT_S / 2), deadline=deadline)
         while time.monotonic() < deadline:
             total = self.usage.total()
-            bound = self.bound()
+            bound = self.bound() - self.overhead
             if total is None or total <= bound or not self.help(total - bound):
                 break
+        self._remove_empty_shards()
 
     def _candidates(self) -> list[tuple[float, float, str, int]]:
         """(last use, record mtime, id, index hits) of every entry, least recently used first."""
@@ -486,6 +535,8 @@ class Evictor:
         if got is not None:
             self.catalogue.counts.add("store", evictions=1)
             self.catalogue.drop_row(ident)
+            if not soon:
+                self._emptied.add(ident[:2])
         return got
 
     # ------------------------------------------------------------------ listing and counting
@@ -532,8 +583,8 @@ class Evictor:
                 continue
 
     def recount(self, *, locked: bool = False) -> int | None:
-        """Count the bytes of every entry on disk and make that the shared number (a new store,
-        a store older than the count, a count that drifted). Under ``locks/evict.lock`` (taken
+        """Count every entry's bytes on disk and make that the shared number (a new store, a
+        store older than the count, a count that drifted). Under ``locks/evict.lock`` (taken
         here unless ``locked``). Returns the new total."""
         st = self.folders
         if st.readonly or st.closed:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import fs
 from . import tunables as T
+from .leases import Lease, hold_paths, plain, ticket_of
 from .records import RECORD_NAME, Record
 
 if TYPE_CHECKING:
@@ -36,7 +37,18 @@ class Hit:
     files holding them, with the members' own names (Triton reads a file's type from its suffix),
     that stay as they are for the life of this process."""
 
-    __slots__ = ("record", "_blobs", "_served", "_paths", "_paths_pid", "mtime", "inos", "_pin", "rsig")
+    __slots__ = (
+        "record",
+        "_blobs",
+        "_served",
+        "_paths",
+        "_paths_pid",
+        "mtime",
+        "inos",
+        "_pin",
+        "rsig",
+        "disk",
+    )
 
     def __init__(
         self,
@@ -57,6 +69,8 @@ class Hit:
         self._pin: int | None = None
         #: The record file's identity as read (see :func:`sig`), for the memo; None: not read.
         self.rsig: tuple[int, ...] | None = None
+        #: A put's: the bytes on disk of the entry's folder it committed (0: not known).
+        self.disk = 0
 
     def __repr__(self) -> str:
         return f"Hit({self.record!r})"
@@ -97,13 +111,16 @@ MEMO_MAX = 4096  # verified hits remembered per store and process
 
 
 class _Held:
-    """What the memo keeps of a verified hit whose entry folder this process holds."""
+    """What the memo keeps of a verified hit whose entry folder this process holds: its paths as
+    plain strings and the hold's lease, which the memo does not keep (see :mod:`.leases`): once
+    the last path handed out has gone, the hold is let go and the memo's entry is of no use."""
 
-    __slots__ = ("record", "paths", "pin", "rsig", "inos", "record_path")
+    __slots__ = ("record", "paths", "pin", "rsig", "inos", "record_path", "lease")
 
-    def __init__(self, hit: Hit, rsig: tuple[int, ...]) -> None:
+    def __init__(self, hit: Hit, rsig: tuple[int, ...], lease: Lease) -> None:
         rec = hit.record
-        self.record, self.paths, self.pin, self.rsig = rec, dict(hit._paths or {}), hit._pin, rsig
+        self.record, self.paths, self.pin, self.rsig = rec, plain(hit._paths or {}), hit._pin, rsig
+        self.lease = lease
         self.inos = dict(hit.inos)
         rid = rec.id
         self.record_path = f"{rid[:2]}/{rid}/{RECORD_NAME}"
@@ -143,9 +160,10 @@ class HitMemo:
 
     def put(self, kind: str, key: str, hit: Hit) -> None:
         """Remember a verified hit whose entry folder this process holds (its ``rsig`` set)."""
-        if hit._pin is None or hit.rsig is None:
+        t = ticket_of(hit._paths)
+        if hit._pin is None or hit.rsig is None or t is None:
             return
-        held = _Held(hit, hit.rsig)
+        held = _Held(hit, hit.rsig, t.lease)
         with self._lock:
             memo = self._memo
             memo.pop((kind, key), None)
@@ -163,8 +181,13 @@ class HitMemo:
         m = self._memo.get((kind, key))
         if m is None:
             return None
+        t = m.lease.ticket()  # held while this hit is made: the hold cannot be let go meanwhile
         efd = self._folders.fd("entries")
-        if efd is None:
+        if efd is None or t is None:
+            if t is None:  # let go (every path handed out has gone): a full lookup holds it again
+                with self._lock:
+                    if self._memo.get((kind, key)) is m:
+                        del self._memo[(kind, key)]
             return None
         try:
             st = os.stat(m.record_path, dir_fd=efd, follow_symlinks=False)
@@ -175,7 +198,7 @@ class HitMemo:
                 self._memo.pop((kind, key), None)
             return None
         hit = Hit(m.record, _HeldBlobs(m.pin, m.record), self._served, st.st_mtime, m.inos)
-        hit._paths, hit._pin = dict(m.paths), m.pin
+        hit._paths, hit._pin = hold_paths(m.paths, t), m.pin
         return hit
 
     def clear(self) -> None:

@@ -38,13 +38,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import os
 import tempfile
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import fs
+from .leases import Lease, hold_paths
 
 if TYPE_CHECKING:
     from .opening import Folders
@@ -121,14 +124,20 @@ class Served:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._folders: dict[str, PrivateFolder] = {}
-        # hit's identity -> (the private folder holding its files, their paths)
-        self._cache: dict[tuple[Any, ...], tuple[PrivateFolder, dict[str, str]]] = {}
+        # hit's identity -> (the private folder holding its files, their paths, their lease)
+        self._cache: dict[tuple[Any, ...], tuple[PrivateFolder, dict[str, str], Lease]] = {}
         self._n = 0
         self._tmp_ok: bool | None = None
         self._pins: list[int] = []  # held entry folders (descriptors)
         #: entry id -> (its held folder's descriptor, the paths of its members, their (device,
-        #: inode) as verified)
-        self._holds: dict[str, tuple[int, dict[str, str], dict[str, tuple[int, int]]]] = {}
+        #: inode) as verified, the lease the paths handed out keep)
+        self._holds: dict[str, tuple[int, dict[str, str], dict[str, tuple[int, int]], Lease]] = {}
+        #: Leases whose last path has gone (see :mod:`.leases`), let go under ``_lock``.
+        self._gone: deque[Lease] = deque()
+        self._dead: int | None = None  # a removed empty folder: what a let-go number names
+        self._closed = False
+        #: A hold was let go whose folder had been removed (it waits in trash/ for a sweep).
+        self.let_go_removed = False
         self._pin_next = 0  # the lowest number the next held descriptor may take
         self._pin_stop = 0  # ... and the number it must stay under
         self._table = TABLE_START  # descriptors the process's table holds without growing
@@ -148,6 +157,7 @@ class Served:
             f.close(remove=False)
         self._folders, self._cache, self._retired, self._pid = {}, {}, [], os.getpid()
         self._holds = {}  # (a child's holds are its own: one that closes what it inherited may)
+        self._gone = deque()  # (the parent's leases let go in the child only close its copies)
 
     def folder(self, role: str) -> PrivateFolder:
         """This process's private folder for ``role`` ("served", "scratch"): in ``tmp/`` of a
@@ -205,18 +215,21 @@ class Served:
         with self._lock:
             if self._pid != os.getpid():
                 self.after_fork()
+            if self._gone:
+                self._drain()
             pinned = self._pin(hit, dfd, dst)
             if pinned is not None:
-                return dict(pinned[1]), pinned[0]
+                return pinned[1], pinned[0]
             key = self._key(hit)
             cached = self._cache.get(key)
             if cached is not None:
-                folder, paths = cached
-                if self._folders.get("served") is folder and folder.alive():
-                    return dict(paths), None
+                folder, paths, lease = cached
+                t = lease.ticket()
+                if t is not None and self._folders.get("served") is folder and folder.alive():
+                    return hold_paths(paths, t), None
             try:
                 folder = self.folder("served")
-                paths = self._write(folder, hit, fds)
+                sub, paths = self._write(folder, hit, fds)
             except OSError:
                 # A full disk, too many links: once more in the system's temporary folder.
                 old = self._folders.get("served")
@@ -224,9 +237,93 @@ class Served:
                 if old is not None and old is not folder:
                     self._retired.append(old)
                 self._folders["served"] = folder
-                paths = self._write(folder, hit, None)
-            self._cache[key] = (folder, paths)
-            return dict(paths), None
+                sub, paths = self._write(folder, hit, None)
+            lease = Lease(functools.partial(self._let_go_links, folder, sub, key), self._on_gone)
+            self._cache[key] = (folder, paths, lease)
+            return hold_paths(paths, lease.start()), None
+
+    # ------------------------------------------------------------------ letting go (see .leases)
+    def _on_gone(self, lease: Lease) -> None:
+        """The last path of ``lease`` has gone (a weakref callback, run wherever the collector
+        runs): queued, and let go now only if the lock is free (never waited for)."""
+        self._gone.append(lease)
+        if self._lock.acquire(False):
+            try:
+                self._drain()
+            finally:
+                self._lock.release()
+
+    def drain(self) -> None:
+        """Let go of what the paths handed out no longer need (the flush thread's turn)."""
+        if self._gone:
+            with self._lock:
+                self._drain()
+
+    def _drain(self) -> None:
+        # Under _lock. Never raises: a file that cannot be let go now stays till close or exit.
+        while self._gone:
+            lease = self._gone.popleft()
+            if self._closed:
+                continue  # close() let go of everything (and its numbers may be others' now)
+            with contextlib.suppress(Exception):
+                lease.release()
+
+    def _let_go_pin(self, pin: int, rid: str) -> None:
+        """Let go of a held entry folder (under _lock): its flock goes, so that a removal may
+        delete it, and its number keeps naming a removed, empty folder (never another one: a
+        path kept past its object finds nothing, as it would after close)."""
+        held = self._holds.get(rid)
+        if held is not None and held[0] == pin:
+            del self._holds[rid]
+        efd = self._store.fd("entries")
+        try:
+            removed = efd is None or not os.path.samestat(
+                os.stat(f"{rid[:2]}/{rid}", dir_fd=efd, follow_symlinks=False), os.fstat(pin)
+            )
+        except OSError:
+            removed = True
+        dead = self._dead_folder()
+        if dead is not None:
+            os.dup2(dead, pin, inheritable=False)  # closes the folder's open file: its flock goes
+        else:
+            with contextlib.suppress(ValueError):
+                self._pins.remove(pin)
+            os.close(pin)
+        if removed:
+            self.let_go_removed = True  # in trash/: the flush thread's sweep deletes it now
+
+    def _let_go_links(self, folder: PrivateFolder, sub: str, key: tuple[Any, ...]) -> None:
+        """Delete a hit's private links (under _lock), in this process's own folder only."""
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] is folder and cached[2].ticket() is None:
+            del self._cache[key]
+        if folder.pid == os.getpid() and (folder in self._folders.values() or folder in self._retired):
+            fs.rmtree_at(folder.fd, sub)
+
+    def _dead_folder(self) -> int | None:
+        """A descriptor of an empty folder that has been removed (nothing can be made in it), made
+        once in tmp/; None where that cannot be done."""
+        if self._dead is not None:
+            return self._dead
+        tfd = self._store.fd("tmp")
+        if tfd is None:
+            return None
+        name = fs.unique_name("let-go")
+        try:
+            os.mkdir(name, 0o700, dir_fd=tfd)
+            fd = os.open(name, fs.O_DIR, dir_fd=tfd)
+        except OSError:
+            return None
+        with contextlib.suppress(OSError):
+            os.rmdir(name, dir_fd=tfd)
+        try:
+            if os.fstat(fd).st_nlink != 0:
+                raise OSError(errno.EEXIST, "not removed")
+        except OSError:
+            os.close(fd)
+            return None
+        self._dead = fd
+        return fd
 
     @staticmethod
     def _key(hit: Hit) -> tuple[Any, ...]:
@@ -245,13 +342,14 @@ class Served:
         efd = store.fd("entries")
         rid = hit.record.id
         held = self._holds.get(rid)
-        if held is not None and hit.inos == held[2]:
+        t = held[3].ticket() if held is not None else None
+        if held is not None and t is not None and hit.inos == held[2]:
             # Held already (a lookup the memo could not answer: its last use was due, say), and
             # this hit's members are the very files of the held folder (their inodes, which no
             # other file can take while the folder is held, and an entry's files are never
             # written): the same hold. Any other hit of the id (of a folder removed since, made
             # without files) goes the way below, which checks its own members.
-            return held[0], held[1]
+            return held[0], hold_paths(held[1], t)
         if efd is None or store.readonly or not self._pins_allowed():
             return None
         own = None
@@ -291,8 +389,9 @@ class Served:
         self._pins.append(pin)
         base = f"/proc/self/fd/{pin}/"
         paths = {f.name: base + f.name for f in hit.record.files}
-        self._holds[rid] = (pin, paths, dict(hit.inos))
-        return pin, paths
+        lease = Lease(functools.partial(self._let_go_pin, pin, rid), self._on_gone)
+        self._holds[rid] = (pin, paths, dict(hit.inos), lease)
+        return pin, hold_paths(paths, lease.start())
 
     def _pins_allowed(self) -> bool:
         # Only where a lock says whether its holder lives: not on a network filesystem, nor where
@@ -341,7 +440,9 @@ class Served:
             return  # left as it is: holds stay under its size, then private links
         self._table, self._grow_to = max(self._table, want), 0
 
-    def _write(self, folder: PrivateFolder, hit: Hit, fds: dict[str, int] | None) -> dict[str, str]:
+    def _write(
+        self, folder: PrivateFolder, hit: Hit, fds: dict[str, int] | None
+    ) -> tuple[str, dict[str, str]]:
         self._n += 1
         sub = f"{hit.record.id[:16]}.{self._n}"
         os.mkdir(sub, 0o700, dir_fd=folder.fd)
@@ -380,7 +481,8 @@ class Served:
                     fs.write_new_at(subfd, f.name, hit.read(f.name))
         finally:
             os.close(subfd)
-        return {f.name: fs.fd_path(folder.fd, sub, f.name, fallback=folder.path) for f in hit.record.files}
+        paths = {f.name: fs.fd_path(folder.fd, sub, f.name, fallback=folder.path) for f in hit.record.files}
+        return sub, paths
 
     def scratch(self) -> str:
         """The path of this process's private scratch folder (see ``Store.scratch_dir``)."""
@@ -391,12 +493,15 @@ class Served:
     def close(self) -> None:
         """Delete this process's folders (at ``Store.close`` and exit)."""
         with self._lock:
+            self._closed = True
+            self._gone.clear()
             for f in [*self._folders.values(), *self._retired]:
                 f.close(remove=True)
-            for pin in self._pins:
+            for pin in [*self._pins, *([self._dead] if self._dead is not None else [])]:
                 with contextlib.suppress(OSError):
                     os.close(pin)  # lets go of the hold (a forked child: of its copy only)
             self._folders, self._cache, self._retired, self._pins, self._holds = {}, {}, [], [], {}
+            self._dead = None
 
 
 def temp_folder(role: str) -> PrivateFolder:

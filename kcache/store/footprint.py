@@ -1,0 +1,172 @@
+"""What a store takes on disk, counted as ``du`` and a disk quota count it.
+
+A file takes whole blocks (``st_blocks`` x 512: a 300-byte record takes 4 KiB on ext4), and so
+does a folder; a file with several names is counted once. The store's size bound
+(``KCACHE_MAX_SIZE``) is on this, the whole folder, in two parts:
+
+- **committed entries** (``entries/<id[:2]>/<id>/``: the folder, its record and members), in the
+  shared count every process keeps up to date (:mod:`.eviction`): a put adds what
+  :func:`folder_disk` says of the folder it commits, a removal subtracts what it says of the
+  folder it removes;
+- **everything else** (:func:`measure`, walked by each writing process's flush thread): the
+  index and its side files, the root's files and folders, the shard folders, ``locks/``, and what
+  is held (``tmp/`` and ``trash/``): entries being written, removed entries that a live process
+  still holds (see :mod:`.served`), the private folders of live processes (their links and
+  scratch files). Eviction brings the committed entries down to what is left of the bound.
+
+A file in ``tmp/`` with other names (a scratch file linked into the entry it was committed as, a
+private link of a committed member) is counted only when every one of its names is in ``tmp/``
+or ``trash/``: otherwise the committed entry counts it already (or it is outside the store).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from typing import TYPE_CHECKING, NamedTuple
+
+from . import fs
+
+if TYPE_CHECKING:
+    from .opening import Folders
+
+#: Files of ``locks/`` that hold bytes (lock files are empty: there are one per entry id, which
+#: are not listed at every turn; their folder's own blocks are counted).
+LOCK_FILES = ("usage", "usage.du", "clock", "evict.lock")
+_MAX_DEPTH = 6  # tmp/served.<p>/<hit>/<member>: 3; deeper is not ours, still counted to here
+
+
+def disk(st: os.stat_result) -> int:
+    """Bytes on disk of one file or folder, as ``du`` counts them."""
+    return st.st_blocks * 512
+
+
+class Footprint(NamedTuple):
+    """Bytes on disk outside the committed entries (see the module doc)."""
+
+    held: int  # tmp/ and trash/: entries being written, removed ones still held, private folders
+    index: int  # the index and its -wal, -shm and -journal (when it is in the store)
+    other: int  # the root's own files and folders, locks/
+    shards: int  # the shard folders of entries/ (0: not measured)
+
+    @property
+    def total(self) -> int:
+        return self.held + self.index + self.other + self.shards
+
+
+def folder_disk(parent: int, name: str) -> int:
+    """Bytes on disk of the entry folder ``name``: itself and its regular files (one level, its
+    record too), following no link; 0 when it cannot be read."""
+    try:
+        dfd = os.open(name, fs.O_DIR, dir_fd=parent)
+    except OSError:
+        return 0
+    try:
+        total = disk(os.fstat(dfd))
+        with os.scandir(dfd) as it:
+            for e in it:
+                with contextlib.suppress(OSError):
+                    st = e.stat(follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode):
+                        total += disk(st)
+        return total
+    except OSError:
+        return 0
+    finally:
+        os.close(dfd)
+
+
+def measure(folders: Folders, shards: bool = True) -> Footprint:
+    """The store's bytes on disk but its committed entries' (see the module doc). ``shards``:
+    also stat every shard folder (up to 256); else they are left out (0)."""
+    held = _held(folders)
+    index = 0
+    ifd = folders.fd("index")
+    if ifd is not None and folders.index_dir == folders.root / "index":  # not node-local elsewhere
+        index = _flat(ifd, own=False)  # (its folder is the root's: counted in other)
+    other = 0
+    rfd = folders.fd("root")
+    if rfd is not None:
+        other += _flat(rfd, own=True)  # the root, its files (marker, settings), its folders themselves
+    lfd = folders.fd("locks")
+    if lfd is not None:
+        for name in LOCK_FILES:
+            with contextlib.suppress(OSError):
+                other += disk(os.stat(name, dir_fd=lfd, follow_symlinks=False))
+    in_shards = 0
+    efd = folders.fd("entries")
+    if shards and efd is not None:
+        with contextlib.suppress(OSError):
+            for name in os.listdir(efd):
+                with contextlib.suppress(OSError):
+                    st = os.stat(name, dir_fd=efd, follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        in_shards += disk(st)
+    return Footprint(held, index, other, in_shards)
+
+
+def _flat(dfd: int, *, own: bool) -> int:
+    """The blocks of what a folder holds, one level (a subfolder: its own only); ``own``: and
+    the folder's own."""
+    try:
+        total = disk(os.fstat(dfd)) if own else 0
+        with os.scandir(dfd) as it:
+            for e in it:
+                with contextlib.suppress(OSError):
+                    total += disk(e.stat(follow_symlinks=False))
+        return total
+    except OSError:
+        return 0
+
+
+def _held(folders: Folders) -> int:
+    """``tmp/`` and ``trash/``, each inode once; a file of ``tmp/`` with names elsewhere only
+    when all of them were seen here (see the module doc)."""
+    seen: dict[tuple[int, int], list[int]] = {}  # inode -> [blocks, links, names seen]
+    total = 0
+    for sub in ("trash", "tmp"):
+        fd = folders.fd(sub)
+        if fd is not None:  # (the folder itself is the root's: counted in other)
+            total += _walk(fd, seen, sub == "trash", 0)
+    for blocks, links, names in seen.values():
+        if names >= links:
+            total += blocks
+    return total
+
+
+def _walk(dfd: int, seen: dict[tuple[int, int], list[int]], whole: bool, depth: int) -> int:
+    total = 0
+    try:
+        with os.scandir(dfd) as it:
+            items = list(it)
+    except OSError:
+        return 0
+    for e in items:
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            total += disk(st)
+            if depth < _MAX_DEPTH:
+                try:
+                    sub = os.open(e.name, fs.O_DIR, dir_fd=dfd)
+                except OSError:
+                    continue
+                try:
+                    total += _walk(sub, seen, whole, depth + 1)
+                finally:
+                    os.close(sub)
+            continue
+        k = (st.st_dev, st.st_ino)
+        got = seen.get(k)
+        if got is not None:
+            got[2] += 1
+        elif whole or st.st_nlink <= 1:
+            # trash/: a removed entry's files have no name in entries/ (their other names, if
+            # any, are this store's private links or scratch files, or outside it): counted
+            seen[k] = [disk(st), 0, 1 << 30]
+        else:
+            seen[k] = [disk(st), st.st_nlink, 1]
+    return total
