@@ -33,6 +33,10 @@ def stats_run(args: argparse.Namespace) -> int:
         if args.zero:
             zero_counters(store)
         data = stats(store)
+        # The folder as du (and a disk quota) counts it, which the bound is on; "held": what
+        # live processes hold beside the store's entries (a missing store: nothing).
+        footprint = getattr(store, "footprint", None)
+        data["disk"] = footprint() if footprint is not None else None
     finally:
         close_store(store)
     data["bound"] = bound_of(settings)
@@ -48,6 +52,16 @@ def stats_run(args: argparse.Namespace) -> int:
     used = f"{format_size(data['bytes'])} of {format_size(b['store'])}"
     used += f" ({100 * data['bytes'] / b['store']:.1f}%), bound from {b['store_source']}"
     rows = [["store", data["dir"]], ["size", used]]
+    d = data["disk"]
+    if d is not None:
+        rows.append(
+            [
+                "on disk",
+                f"{format_size(d['total'])} of {format_size(b['store'])} ({100 * d['total'] / b['store']:.1f}%): "
+                f"entries {format_size(d['entries'])}, index {format_size(d['index'])}, "
+                f"held by live processes {format_size(d['held'])}",
+            ]
+        )
     if b["env"] is not None and b["env"] != b["store"]:
         rows.append(
             ["", f"this shell's KCACHE_MAX_SIZE={format_size(b['env'])} wins for processes started here"]

@@ -605,6 +605,9 @@ class TieredCache:
     def evict(self, target: int | None = None) -> tuple[int, int]:
         return self.disk.evict(target)
 
+    def footprint(self) -> dict[str, int]:
+        return self.disk.footprint()
+
     def reconcile(self, force: bool = False) -> int:
         return self.disk.reconcile(force)
 

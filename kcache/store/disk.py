@@ -70,7 +70,7 @@ from .opening import Folders, open_folders
 from .records import Record, entry_id
 from .safety import UnsafeStore
 from .served import Served, clean_dead
-from .trash import sweep
+from .trash import folder_bytes, sweep
 
 
 class DiskTier:
@@ -594,6 +594,22 @@ class DiskTier:
             self._trash_left = bool(os.listdir(trfd))
         except OSError:
             pass
+
+    def footprint(self) -> dict[str, int]:
+        """The store's folder on disk as ``du`` counts it (see :mod:`.footprint`), in bytes:
+        ``entries`` (the committed entries, as their shared count says, or walked when there is
+        none), ``held`` (what live processes hold: removed entries' folders they were handed,
+        their private links and scratch files, entries being written), ``index``, ``other``
+        (folders, lock files) and ``total``, which the bound is on."""
+        from .footprint import measure
+
+        fp = measure(self.folders)
+        entries = self.evictor.usage.peek()
+        if entries is None:  # a store no writer has counted yet: walked (a command's time)
+            entries = sum(folder_bytes(sfd, name) for sfd, name in self.evictor._folders())
+        out = {"entries": entries, "held": fp.held, "index": fp.index, "other": fp.other + fp.shards}
+        out["total"] = sum(out.values())
+        return out
 
     def evict(self, target: int | None = None) -> tuple[int, int]:
         """Remove least recently used entries until the store's folder takes at most 90% of the

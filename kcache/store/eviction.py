@@ -256,6 +256,26 @@ class Usage:
         r = self.read()
         return r[0] if r is not None and r[1] else None
 
+    def peek(self) -> int | None:
+        """The count as the file says now, for a reading command (no lock, nothing made or
+        written: a store opened read-only); None when there is none, or not counted yet."""
+        lfd = self._folders.fd("locks")
+        if lfd is None:
+            return None
+        try:
+            fd = os.open(USAGE_NAME, os.O_RDONLY | fs.O_NOFOLLOW | fs.O_CLOEXEC, dir_fd=lfd)
+        except OSError:
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            total, counted, _ = self._get(fd)
+            return total if counted else None
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
     def settle(self, counted: int, before: int | None) -> int | None:
         """After a recount that found ``counted`` bytes on disk, which began when
         :meth:`added` said ``before``: the number becomes ``counted`` plus every byte added
