@@ -1,9 +1,12 @@
 """Files a process hands to a library, and its scratch folder: private, held, never changing.
 
 A hit's bytes are verified in memory. A library that wants files (Triton opens a kernel's
-members and dlopens launchers) gets :attr:`Hit.paths`, which stay as they are for the life of
-the process; eviction, ``kcache clear`` or a swapped folder cannot change or remove them. Two
-ways, the first where it can be used:
+members and dlopens launchers) gets :attr:`Hit.paths`, which stay as they are for as long as
+the paths handed out live (every one is a :class:`~.leases.HeldPath`: Triton keeps them in each
+``CompiledKernel``; see :mod:`.leases`); eviction, ``kcache clear`` or a swapped folder cannot
+change or remove them. Once the last has gone, what kept them is let go: a held folder's flock
+(its descriptor's number then names a removed, empty folder: never another one), a hit's private
+links. Two ways, the first where it can be used:
 
 - **The entry's own folder, held.** The folder whose members were just verified is kept open
   (a descriptor numbered above the ones a process starts with, a number this process does not
@@ -11,8 +14,8 @@ ways, the first where it can be used:
   file is made: a first hit costs what a FileCacheManager hit costs (making seven links and a
   folder cost 0.3-0.5 ms more on an ext4 with ``discard``). A removal (eviction, ``clear``, a
   replacement) renames an entry's folder into ``trash/`` first and deletes its files only when
-  nobody holds it (an exclusive flock); a folder still held stays in ``trash/``, counted in the
-  store's size, until its holders have gone. The hold is taken after the verification, and kept
+  nobody holds it (an exclusive flock); a folder still held stays in ``trash/``, counted against
+  the store's bound (see :mod:`.footprint`), until its holders have let go. The hold is taken after the verification, and kept
   only if the folder is still the entry's at that moment (else a removal may already be
   deleting it: the second way). Not on a network filesystem (a lock there may be per node), nor
   past :data:`MAX_PINS` (descriptors are not free).
@@ -23,7 +26,7 @@ ways, the first where it can be used:
   at the entry's path) or a copy of the verified bytes: it holds exactly what was checked.
 
 Every private folder is held (a shared flock on its descriptor, see :func:`.fs.hold`) for the
-life of its process: ``clean_tmp`` removes only folders nobody holds, so a live process's files
+life of its process (a hit's links in it, only while its paths live): ``clean_tmp`` removes only folders nobody holds, so a live process's files
 are never taken, and a dead one's (killed, or ended by ``os._exit`` as pool workers are) go at
 the next clean-up, which every process that opens the store also runs, off its first hit's path
 (at its flush thread's first turn, or at its close). A folder removed anyway (by hand) is
