@@ -2,7 +2,7 @@
 
 A :class:`Hit` carries the record and every member's verified bytes; :attr:`Hit.paths` gives
 real files holding those bytes, made by :class:`~.served.Served` (held entry folders or private
-links that cannot change for the life of the process).
+links that cannot change while the paths handed out live: see :mod:`.leases`).
 
 :class:`HitMemo`: a process that looks the same kernel up again (Triton asks for a kernel's group
 at every new specialisation) is given the hit it verified before, with no file read again, as
@@ -35,7 +35,7 @@ class ServeFailed(Exception):
 class Hit:
     """A verified entry. :meth:`read` gives a member's verified bytes; :attr:`paths` gives real
     files holding them, with the members' own names (Triton reads a file's type from its suffix),
-    that stay as they are for the life of this process."""
+    that stay as they are for as long as the paths (or this hit) live: see :mod:`.leases`."""
 
     __slots__ = (
         "record",
