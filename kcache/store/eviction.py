@@ -343,8 +343,9 @@ class Evictor:
 
     @property
     def overhead(self) -> int:
-        """Bytes on disk outside the committed entries, as last measured (see :meth:`measure`)."""
-        return self.outside.total
+        """Bytes on disk outside the committed entries, as last measured (see :meth:`measure`),
+        but the entries being written (counted as they land)."""
+        return self.outside.beside_entries
 
     def measure(self) -> Footprint:
         """Walk what is outside the committed entries (:func:`.footprint.measure`): at every flush
@@ -438,7 +439,7 @@ class Evictor:
             return False
         if not r[1]:
             return True
-        return r[0] + self.measure().total > self.bound()
+        return r[0] + self.measure().beside_entries > self.bound()
 
     def run(
         self, target: int | None = None, *, lock_wait: float = 0.0, deadline: float | None = None
@@ -451,7 +452,7 @@ class Evictor:
         if st.readonly or st.closed:
             return 0, 0
         if target is None:  # what the bound leaves for the committed entries
-            target = max(0, int(self.bound() * T.EVICT_TO) - self.measure().total)
+            target = max(0, int(self.bound() * T.EVICT_TO) - self.measure().beside_entries)
         lfd = st.fd("locks")
         if lfd is None:
             return 0, 0
@@ -511,7 +512,7 @@ class Evictor:
         """A process ending with the store past its bound brings it under (bounded time)."""
         self.usage.flush(min(1.0, T.EXIT_EVICT_S / 2))  # bytes a busy count carried, not lost
         total = self.usage.total()
-        if total is None or total + self.measure().total <= self.bound():
+        if total is None or total + self.measure().beside_entries <= self.bound():
             return
         deadline = time.monotonic() + T.EXIT_EVICT_S
         self.run(lock_wait=min(1.0, T.EXIT_EVICT_S / 2), deadline=deadline)

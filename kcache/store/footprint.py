@@ -26,6 +26,7 @@ import os
 import stat
 from typing import TYPE_CHECKING, NamedTuple
 
+from ..kinds import valid_id
 from . import fs
 
 if TYPE_CHECKING:
@@ -45,14 +46,22 @@ def disk(st: os.stat_result) -> int:
 class Footprint(NamedTuple):
     """Bytes on disk outside the committed entries (see the module doc)."""
 
-    held: int  # tmp/ and trash/: entries being written, removed ones still held, private folders
+    held: int  # tmp/ and trash/: removed entries still held, private folders, entries being written
     index: int  # the index and its -wal, -shm and -journal (when it is in the store)
     other: int  # the root's own files and folders, locks/
     shards: int  # the shard folders of entries/ (0: not measured)
+    in_flight: int = 0  # of ``held``: entries being written (counted as committed when they land)
 
     @property
     def total(self) -> int:
         return self.held + self.index + self.other + self.shards
+
+    @property
+    def beside_entries(self) -> int:
+        """What eviction leaves room for: all but the entries being written, which the shared
+        count takes in as they land (counting them here too made every turn evict a few
+        entries' worth more than it needed while writers wrote)."""
+        return self.total - self.in_flight
 
 
 def folder_disk(parent: int, name: str) -> int:
@@ -80,7 +89,7 @@ def folder_disk(parent: int, name: str) -> int:
 def measure(folders: Folders, shards: bool = True) -> Footprint:
     """The store's bytes on disk but its committed entries' (see the module doc). ``shards``:
     also stat every shard folder (up to 256); else they are left out (0)."""
-    held = _held(folders)
+    held, in_flight = _held(folders)
     index = 0
     ifd = folders.fd("index")
     if ifd is not None and folders.index_dir == folders.root / "index":  # not node-local elsewhere
@@ -103,7 +112,7 @@ def measure(folders: Folders, shards: bool = True) -> Footprint:
                     st = os.stat(name, dir_fd=efd, follow_symlinks=False)
                     if stat.S_ISDIR(st.st_mode):
                         in_shards += disk(st)
-    return Footprint(held, index, other, in_shards)
+    return Footprint(held, index, other, in_shards, in_flight)
 
 
 def _flat(dfd: int, *, own: bool) -> int:
@@ -120,19 +129,27 @@ def _flat(dfd: int, *, own: bool) -> int:
         return 0
 
 
-def _held(folders: Folders) -> int:
+def _held(folders: Folders) -> tuple[int, int]:
     """``tmp/`` and ``trash/``, each inode once; a file of ``tmp/`` with names elsewhere only
-    when all of them were seen here (see the module doc)."""
+    when all of them were seen here (see the module doc). Returns (that, the part of it that
+    is entries being written: ``tmp/<id>.<pid>.<random>/``)."""
     seen: dict[tuple[int, int], list[int]] = {}  # inode -> [blocks, links, names seen]
     total = 0
     for sub in ("trash", "tmp"):
         fd = folders.fd(sub)
         if fd is not None:  # (the folder itself is the root's: counted in other)
             total += _walk(fd, seen, sub == "trash", 0)
+    in_flight = 0
+    tfd = folders.fd("tmp")
+    if tfd is not None:
+        with contextlib.suppress(OSError):
+            for name in os.listdir(tfd):
+                if valid_id(name.partition(".")[0]):  # tmp/<id>.<pid>.<random>/: being written
+                    in_flight += folder_disk(tfd, name)
     for blocks, links, names in seen.values():
         if names >= links:
             total += blocks
-    return total
+    return total, min(in_flight, total)
 
 
 def _walk(dfd: int, seen: dict[tuple[int, int], list[int]], whole: bool, depth: int) -> int:
