@@ -252,14 +252,23 @@ def _store_stats(store: Store) -> dict[str, Any]:
     from .boundary import failed
     from .maintenance.stats import store_stats
     from .store.errors import DISK_FULL, disk_full
+    from .store.index import IndexTooNew
 
     try:
         store.flush(force=True)
         return store_stats(store)
     except Exception as e:  # the edge: raised under KCACHE_STRICT=1, else the entries answer
-        # A full disk was said already (the compiles met it first): the same warning, not another.
+        # A cause the store says too (a full disk the compiles met first, an index of a newer
+        # kcache): the same warning, not another.
+        cause = (
+            "index-newer"
+            if isinstance(e, IndexTooNew)
+            else DISK_FULL
+            if disk_full(e, str(store.root))
+            else None
+        )
         failed("stats", "kcache.stats() reading the store's index", e, then="counting its entries instead",
-               cause=DISK_FULL if disk_full(e, str(store.root)) else None)  # fmt: skip
+               cause=cause)  # fmt: skip
         why = f"{type(e).__name__}: {e}"
     try:
         from .maintenance.lifecycle import close_store, open_store

@@ -28,7 +28,7 @@ from .clock import Clock
 from .entries import Entries
 from .errors import StoreError, disk_full, filesystem_full, warn_full
 from .housekeeping import iter_entry_ids
-from .index import DB_NAME, Index, IndexTooNew, is_corrupt_db
+from .index import DB_NAME, CorruptIndex, Index, IndexTooNew, is_corrupt_db
 from .records import Record
 
 _OLD_INDEX_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")  # the diskcache index of kcache 0.1
@@ -254,7 +254,7 @@ class Catalogue:
     def _reading_index(self, ifd: int | None) -> Index:
         """The index a store opened read-only reads (``kcache stats``, ``inspect``, ``explain``):
         the database as it is; when there is none (a new store, a disk that was full when it was
-        to be made) or it cannot be read (corrupt, empty, half made when inodes ran out, a folder
+        to be made), it is a newer kcache's, or it cannot be read (corrupt, empty, half made when inodes ran out, a folder
         where its journal goes), the entry folders, read into a private in-memory index: the
         command answers from what the store holds (its counters aside), with one warning when
         the index is damaged, and changes nothing. The next process that writes the store
@@ -268,8 +268,10 @@ class Catalogue:
                     why = f"{', '.join(sorted(bad))}: not a file of ours"
                 elif DB_NAME in _db_files(ifd):
                     return self._open_index_readonly(ifd)
-            except IndexTooNew:
-                raise
+            except IndexTooNew as e:  # a newer kcache's: read as absent, never rewritten
+                warn_once(
+                    "index-newer", f"{e}: stats and eviction are off in this process (entries are used)"
+                )
             except Exception as e:  # broad: whatever the database is, the entries answer instead
                 why = f"{type(e).__name__}: {e}"
         if why is not None and ifd is not None and filesystem_full(ifd):
@@ -293,6 +295,12 @@ class Catalogue:
     def _open_index_readonly(self, ifd: int | None) -> Index:
         if ifd is None:
             return Index.open_readonly(None)
+        bad = _not_ours(ifd, self.folders.owners)
+        if bad:
+            # A folder at -wal: SQLite's read-only open fails ("unable to open database file")
+            # where the writable one would remove it first. Damage, as `verify` reports it and
+            # `--fix` repairs it (the rebuild removes whatever is there).
+            raise CorruptIndex(f"not a file of ours at {', '.join(sorted(bad))}")
         try:
             st = os.stat(DB_NAME, dir_fd=ifd, follow_symlinks=False)
         except FileNotFoundError:
