@@ -38,7 +38,7 @@ from . import quarantine as _quarantine
 from . import tunables as T
 from .api import Components, Files
 from .disk import DiskTier
-from .errors import disk_full, warn_full
+from .errors import warn_failed
 from .hit import Hit
 from .index import Index
 from .locks import Lock
@@ -466,7 +466,7 @@ class TieredCache:
             if lk.acquire(LOCK_TIMEOUT_S, poll=finished):
                 return lk, None
         except OSError as e:
-            self._lock_failed(e)
+            warn_failed(self.disk.root, e, None, "lock-error", f"cannot lock in {self.disk.locks}: {e}")
             return None, None
         if found:
             return None, found[0]
@@ -498,14 +498,6 @@ class TieredCache:
             if self._flights.get((flight.kind, flight.key)) is flight:
                 del self._flights[(flight.kind, flight.key)]
 
-    def _lock_failed(self, e: OSError) -> None:
-        """One warning: a full filesystem (no inode for the lock file) is the store's one
-        full-disk warning, not one more."""
-        if disk_full(e, self.disk.folders.fd("locks")):
-            warn_full(self.disk.root, e)
-        else:
-            warn_once("lock-error", f"cannot lock in {self.disk.locks}: {e}")
-
     def lock(self, kind: str, key: str, timeout: float) -> Lock | None:
         """The cross-process lock for (kind, key), held (exclusive access for a read-modify-write,
         such as a manifest); None after ``timeout`` seconds, on a read-only store or when the lock
@@ -522,7 +514,7 @@ class TieredCache:
                 f"waited {timeout:.0f}s for another process compiling the same kernel; compiling here",
             )
         except OSError as e:
-            self._lock_failed(e)
+            warn_failed(self.disk.root, e, None, "lock-error", f"cannot lock in {self.disk.locks}: {e}")
         return None
 
     # ------------------------------------------------------------------ the Admin face (the disk tier's)

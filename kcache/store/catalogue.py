@@ -26,7 +26,7 @@ from . import fs
 from . import tunables as T
 from .clock import Clock
 from .entries import Entries
-from .errors import StoreError, disk_full, filesystem_full, warn_full
+from .errors import StoreError, filesystem_full, warn_failed, warn_full
 from .housekeeping import iter_entry_ids
 from .index import DB_NAME, CorruptIndex, Index, IndexTooNew, is_corrupt_db
 from .records import Record
@@ -254,10 +254,10 @@ class Catalogue:
     def _reading_index(self, ifd: int | None) -> Index:
         """The index a store opened read-only reads (``kcache stats``, ``inspect``, ``explain``):
         the database as it is; when there is none (a new store, a disk that was full when it was
-        to be made), it is a newer kcache's, or it cannot be read (corrupt, empty, half made when inodes ran out, a folder
-        where its journal goes), the entry folders, read into a private in-memory index: the
-        command answers from what the store holds (its counters aside), with one warning when
-        the index is damaged, and changes nothing. The next process that writes the store
+        to be made), it is a newer kcache's, or it cannot be read (corrupt, empty, half made when
+        inodes ran out, a folder where its journal goes), the entry folders, read into a private
+        in-memory index: the command answers from what the store holds (its counters aside),
+        with one warning when the index is damaged, and changes nothing. The next process that writes the store
         replaces the database (:meth:`_open_index`); ``kcache verify`` reads the database itself
         (:meth:`index_readonly`) and reports it."""
         why = None
@@ -365,13 +365,8 @@ class Catalogue:
                 idx.insert_many(batch)
         except Exception as e:  # broad: a rebuild is best effort (sqlite3, the disk, a hostile record)
             # A full disk is one warning for the store, whichever part meets it first.
-            if disk_full(e, self.folders.fd("index")):
-                warn_full(self.folders.root_name, e)
-            else:
-                warn_once(
-                    f"index:{type(e).__name__}",
-                    f"could not fill the new index from the entries ({e}); `kcache verify --fix` does",
-                )
+            why = f"could not fill the new index from the entries ({e}); `kcache verify --fix` does"
+            warn_failed(self.folders.root_name, e, self.folders.fd("index"), f"index:{type(e).__name__}", why)
 
     def call(self, fn: Callable[[Index], Any]) -> Any:
         """``fn(index)``, or None when the index cannot be used now (never raises). One
@@ -412,13 +407,8 @@ class Catalogue:
             self._index_off_until = time.monotonic() + T.INDEX_BACKOFF_S
             # A full disk (SQLITE_FULL; or no inode left for the log: "unable to open database
             # file") is said once for the store, with its entries' and locks' failures.
-            if disk_full(e, self.folders.fd("index")):
-                warn_full(self.folders.root_name, e)
-            else:
-                warn_once(
-                    f"index:{type(e).__name__}",
-                    f"the store's index is unavailable ({type(e).__name__}: {e}); continuing without it",
-                )
+            why = f"the store's index is unavailable ({type(e).__name__}: {e}); continuing without it"
+            warn_failed(self.folders.root_name, e, self.folders.fd("index"), f"index:{type(e).__name__}", why)
             if is_corrupt_db(e):
                 with self._index_lock, self._lock:
                     if self._index is not None and self._index_pid == os.getpid():

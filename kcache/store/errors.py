@@ -67,3 +67,14 @@ def warn_full(root: object, e: BaseException) -> None:
         f"the store at {root} is on a full filesystem ({type(e).__name__}: {e}); kernels are compiled "
         "but not cached until space (or inodes) is freed",
     )
+
+
+def warn_failed(root: object, e: BaseException, where: int | str | None, topic: str, message: str) -> None:
+    """One warning for a failure of one part of the store: the store's full-disk warning when the
+    filesystem is full (:func:`disk_full`), else ``message`` once under ``topic``."""
+    from ..log import warn_once
+
+    if disk_full(e, where):
+        warn_full(root, e)
+    else:
+        warn_once(topic, message)
