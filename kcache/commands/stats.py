@@ -35,8 +35,8 @@ def stats_run(args: argparse.Namespace) -> int:
         data = stats(store)
         # The folder as du (and a disk quota) counts it, which the bound is on; "held": what
         # live processes hold beside the store's entries (a missing store: nothing).
-        footprint = getattr(store, "footprint", None)
-        data["disk"] = footprint() if footprint is not None else None
+        disk = getattr(store, "disk", None)  # (the local tier; a missing store has none)
+        data["disk"] = disk.footprint() if disk is not None else None
     finally:
         close_store(store)
     data["bound"] = bound_of(settings)

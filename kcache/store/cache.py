@@ -38,6 +38,7 @@ from . import quarantine as _quarantine
 from . import tunables as T
 from .api import Components, Files
 from .disk import DiskTier
+from .errors import warn_failed
 from .hit import Hit
 from .index import Index
 from .locks import Lock
@@ -465,7 +466,7 @@ class TieredCache:
             if lk.acquire(LOCK_TIMEOUT_S, poll=finished):
                 return lk, None
         except OSError as e:
-            warn_once("lock-error", f"cannot lock in {self.disk.locks}: {e}")
+            warn_failed(self.disk.root, e, None, "lock-error", f"cannot lock in {self.disk.locks}: {e}")
             return None, None
         if found:
             return None, found[0]
@@ -513,7 +514,7 @@ class TieredCache:
                 f"waited {timeout:.0f}s for another process compiling the same kernel; compiling here",
             )
         except OSError as e:
-            warn_once("lock-error", f"cannot lock in {self.disk.locks}: {e}")
+            warn_failed(self.disk.root, e, None, "lock-error", f"cannot lock in {self.disk.locks}: {e}")
         return None
 
     # ------------------------------------------------------------------ the Admin face (the disk tier's)
@@ -604,9 +605,6 @@ class TieredCache:
 
     def evict(self, target: int | None = None) -> tuple[int, int]:
         return self.disk.evict(target)
-
-    def footprint(self) -> dict[str, int]:
-        return self.disk.footprint()
 
     def reconcile(self, force: bool = False) -> int:
         return self.disk.reconcile(force)

@@ -46,7 +46,6 @@ import atexit
 import contextlib
 import errno
 import os
-import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -61,8 +60,9 @@ from .catalogue import Catalogue
 from .clock import Clock
 from .conf import read_at as read_conf
 from .entries import Entries
-from .errors import CorruptEntry, RefusedEntry, StoreError
+from .errors import CorruptEntry, RefusedEntry, StoreError, warn_failed
 from .eviction import Evictor
+from .footprint import report
 from .hit import Hit, HitMemo, ServeFailed
 from .index import Index
 from .locks import Lock
@@ -70,7 +70,7 @@ from .opening import Folders, open_folders
 from .records import Record, entry_id
 from .safety import UnsafeStore
 from .served import Served, clean_dead
-from .trash import folder_bytes, sweep
+from .trash import Trash, folder_bytes
 
 
 class DiskTier:
@@ -117,11 +117,7 @@ class DiskTier:
         self.catalogue.on_turn = self._flush_turn
         self.served.wake = self.catalogue.wake  # the holds' table of descriptors grown there
         self.catalogue.after_reconcile = self.evictor.recount
-        self._trash_left = False  # removals left folders in trash/ (see trash.sweep)
-        self._trash_swept = -1e9  # monotonic: when held folders in trash/ were last tried
-        self._trash_held: set[str] = set()  # folders in trash/ found held: tried with those
-        self._soon = 0  # entries puts evicted since the last whole sweep (their files wait for it)
-        self._soon_bytes = 0  # ... and their bytes on disk
+        self.trash_state = Trash(folders)  # what removals left in trash/ (see trash.Trash)
         self._usage_started = False  # a new store's count made (see _first_put)
         self._dead_cleaned = False  # dead processes' private folders removed (see clean_dead_folders)
         forks.register(self)
@@ -223,7 +219,7 @@ class DiskTier:
         # .clock); a new store's size count is made at its first put; dead processes' private
         # folders go at the flush thread's first turn, or at close (clean_dead_folders).
         if not folders.readonly and not folders.network_fs:
-            tier._trash_left = True  # what removals left there: the flush thread's first turn
+            tier.trash_state.left = True  # what removals left there: the flush thread's first turn
         atexit.register(tier.close)  # read-only too: its private folders go at exit
         return tier
 
@@ -250,16 +246,15 @@ class DiskTier:
         """Flush what is batched, close the index and every descriptor. Idempotent."""
         if self.closed:
             return
-        # First what this process holds goes (the entry folders it held, its private folders),
-        # and with it what that kept in trash/ if nobody else holds it: then the exit eviction
-        # measures what stays on disk once it has gone.
+        # What this process holds goes first (and what it kept in trash/, unless others hold
+        # it): the exit eviction then measures what stays on disk once it has gone.
         self.memo.clear()
         with contextlib.suppress(Exception):
             self.served.close()  # lets go of the entry folders this process held
         with contextlib.suppress(Exception):
             self.clean_dead_folders()  # if the flush thread never had a turn
         if not self.readonly:
-            self._trash_swept = -1e9
+            self.trash_state.retry_held()
             with contextlib.suppress(Exception):
                 self.sweep_trash(0.5, closing=True)
             try:  # the bound holds after the last writer ends, not only at the next one's put
@@ -436,11 +431,8 @@ class DiskTier:
             self.counts.add(kind, errors=1)
             return None, False
         except (OSError, ValueError) as e:
-            full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-            warn_once(
-                "disk-full" if full else f"write:{type(e).__name__}",
-                f"cannot write to the store at {self.root} ({e}); kernels are compiled but not cached",
-            )
+            why = f"cannot write to the store at {self.root} ({e}); kernels are compiled but not cached"
+            warn_failed(self.root, e, None, f"write:{type(e).__name__}", why)  # a full disk: one for all
             self.counts.add(kind, errors=1)
             return None, False
         if not committed:
@@ -482,7 +474,7 @@ class DiskTier:
         later if a holder kept its folder."""
         self.evictor.usage.add(-freed)
         if left:
-            self._trash_left = True
+            self.trash_state.left = True
         self.catalogue.forget(ident)
 
     def _remove_for_eviction(self, ident: str) -> int | None:
@@ -493,12 +485,11 @@ class DiskTier:
         and its files are deleted at the flush thread's next turn; unless that thread is behind
         (:data:`~.tunables.SOON_MAX` entries, or :data:`~.tunables.SOON_SHARE` of the bound in
         bytes still on disk), then here, as by the thread."""
-        if self._soon >= T.SOON_MAX or self._soon_bytes > T.SOON_SHARE * self.max_size:
+        if self.trash_state.behind(self.max_size):
             return self.entries.remove(ident, later=True)
         got = self.entries.remove(ident, later=True, empty=False)
         if got is not None:
-            self._soon += 1
-            self._soon_bytes += got
+            self.trash_state.note_soon(got)
         return got
 
     def remove(self, ids: list[str], *, index: bool = True) -> int:
@@ -552,64 +543,35 @@ class DiskTier:
 
     # ------------------------------------------------------------------ eviction
     def _flush_turn(self) -> None:
-        """The flush thread's turn, before it writes the index: the holds whose paths have all
-        gone let go (and the removed entries' folders they kept, deleted); (at the first) the
-        store's clock and dead processes' private folders; what removals left in trash/; then
-        eviction when the store is past its bound (woken by the put that took it there), and
-        what it left in trash/. First, when the held folders asked for it, the process's table
-        of descriptors grown (see :mod:`.served`)."""
+        """The flush thread's turn, before it writes the index: the process's table of
+        descriptors grown if the holds asked (see :mod:`.served`); holds whose paths have all
+        gone let go; (at the first) the clock and dead processes' folders; trash/ swept; then
+        eviction when past the bound (the put that passed it woke this), and trash/ again."""
         self.served.grow_table()
         self.served.drain()  # holds whose paths have all gone (see .leases)
         if self.served.let_go_removed:  # ... of a removed entry: its folder in trash/ can go now
             self.served.let_go_removed = False
-            self._trash_left, self._trash_swept = True, -1e9
+            self.trash_state.retry_held()
         self.clock.synced()
         self.clean_dead_folders()
-        if self._trash_left:
+        if self.trash_state.left:
             self.sweep_trash()  # first: what it frees is not evicted for
         if self.evictor.due():
             self.evictor.run()
-            if self._trash_left:
+            if self.trash_state.left:
                 self.sweep_trash()
 
     def sweep_trash(self, budget_s: float | None = None, *, closing: bool = False) -> None:
-        """What removals left in ``trash/``: empty folders (evictions leave them for later), the
-        files of entries that puts evicted, and, at most every :data:`~.tunables.HELD_SWEEP_S`,
-        folders that a process held and no longer does. Never raises."""
-        trfd = self.folders.fd("trash")
-        if trfd is None or self.readonly or (self.closed and not closing):
-            return
-        now = time.monotonic()
-        held = now - self._trash_swept >= T.HELD_SWEEP_S
-        if held:
-            self._trash_swept = now
-        try:
-            soon, soon_bytes = self._soon, self._soon_bytes
-            _, whole = sweep(
-                trfd, T.FLUSH_EVERY_S / 2 if budget_s is None else budget_s, held=held, skip=self._trash_held
-            )
-            if whole:  # those the puts evicted meanwhile still wait
-                self._soon = max(0, self._soon - soon)
-                self._soon_bytes = max(0, self._soon_bytes - soon_bytes)
-            self._trash_left = bool(os.listdir(trfd))
-        except OSError:
-            pass
+        """What removals left in ``trash/`` (see :meth:`.trash.Trash.sweep`). Never raises."""
+        self.trash_state.sweep(budget_s, closing=closing)
 
     def footprint(self) -> dict[str, int]:
-        """The store's folder on disk as ``du`` counts it (see :mod:`.footprint`), in bytes:
-        ``entries`` (the committed entries, as their shared count says, or walked when there is
-        none), ``held`` (what live processes hold: removed entries' folders they were handed,
-        their private links and scratch files, entries being written), ``index``, ``other``
-        (folders, lock files) and ``total``, which the bound is on."""
-        from .footprint import measure
-
-        fp = measure(self.folders)
-        entries = self.evictor.usage.peek()
-        if entries is None:  # a store no writer has counted yet: walked (a command's time)
-            entries = sum(folder_bytes(sfd, name) for sfd, name in self.evictor._folders())
-        out = {"entries": entries, "held": fp.held, "index": fp.index, "other": fp.other + fp.shards}
-        out["total"] = sum(out.values())
-        return out
+        """The store's folder on disk as ``du`` counts it, in bytes (see :func:`.footprint.report`;
+        the entries as their shared count says, walked when there is none yet)."""
+        count = self.evictor.usage.peek()
+        if count is None:
+            count = sum(folder_bytes(sfd, name) for sfd, name in self.evictor._folders())
+        return report(self.folders, count)
 
     def evict(self, target: int | None = None) -> tuple[int, int]:
         """Remove least recently used entries until the store's folder takes at most 90% of the

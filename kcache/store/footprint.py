@@ -115,6 +115,17 @@ def measure(folders: Folders, shards: bool = True) -> Footprint:
     return Footprint(held, index, other, in_shards, in_flight)
 
 
+def report(folders: Folders, entries: int) -> dict[str, int]:
+    """``kcache stats``'s figures, in bytes: ``entries`` (the committed entries, given), ``held``
+    (what live processes hold: removed entries' folders they were handed, their private links and
+    scratch files, entries being written), ``index``, ``other`` (folders, lock files) and
+    ``total``, which the bound is on."""
+    fp = measure(folders)
+    out = {"entries": entries, "held": fp.held, "index": fp.index, "other": fp.other + fp.shards}
+    out["total"] = sum(out.values())
+    return out
+
+
 def _flat(dfd: int, *, own: bool) -> int:
     """The blocks of what a folder holds, one level (a subfolder: its own only); ``own``: and
     the folder's own."""

@@ -14,12 +14,17 @@ import fcntl
 import os
 import stat
 import time
+from typing import TYPE_CHECKING
 
 from . import fs
+from . import tunables as T
 from .footprint import disk
 from .footprint import folder_disk as folder_bytes
 
-__all__ = ["drop_trash", "empty_folder", "folder_bytes", "sweep"]
+if TYPE_CHECKING:
+    from .opening import Folders
+
+__all__ = ["Trash", "drop_trash", "empty_folder", "folder_bytes", "sweep"]
 
 
 def empty_folder(parent: int, name: str) -> tuple[int, bool]:
@@ -123,3 +128,54 @@ def sweep(
     if skip:
         skip.intersection_update(names)  # gone meanwhile: forgotten
     return n, True
+
+
+class Trash:
+    """One process's view of ``trash/``: whether its removals left something there (``left``),
+    when folders found held were last tried, and the entries its puts evicted whose files wait
+    for the flush thread's sweep (bounded: :meth:`behind`)."""
+
+    def __init__(self, folders: Folders) -> None:
+        self.folders = folders
+        self.left = False  # removals left folders in trash/ (see sweep)
+        self._swept = -1e9  # monotonic: when held folders in trash/ were last tried
+        self._held: set[str] = set()  # folders in trash/ found held: tried with those
+        self._soon = 0  # entries puts evicted since the last whole sweep (their files wait for it)
+        self._soon_bytes = 0  # ... and their bytes on disk
+
+    def retry_held(self) -> None:
+        """Try the held folders at the next :meth:`sweep` (a hold was let go)."""
+        self.left, self._swept = True, -1e9
+
+    def behind(self, bound: int) -> bool:
+        """The flush thread is behind the puts that evict: :data:`~.tunables.SOON_MAX` entries, or
+        :data:`~.tunables.SOON_SHARE` of the bound in bytes still on disk, wait for it."""
+        return self._soon >= T.SOON_MAX or self._soon_bytes > T.SOON_SHARE * bound
+
+    def note_soon(self, freed: int) -> None:
+        self._soon += 1
+        self._soon_bytes += freed
+
+    def sweep(self, budget_s: float | None = None, *, closing: bool = False) -> None:
+        """What removals left in ``trash/``: empty folders (evictions leave them for later), the
+        files of entries that puts evicted, and, at most every :data:`~.tunables.HELD_SWEEP_S`,
+        folders that a process held and no longer does. Never raises."""
+        f = self.folders
+        trfd = f.fd("trash")
+        if trfd is None or f.readonly or (f.closed and not closing):
+            return
+        now = time.monotonic()
+        held = now - self._swept >= T.HELD_SWEEP_S
+        if held:
+            self._swept = now
+        try:
+            soon, soon_bytes = self._soon, self._soon_bytes
+            _, whole = sweep(
+                trfd, T.FLUSH_EVERY_S / 2 if budget_s is None else budget_s, held=held, skip=self._held
+            )
+            if whole:  # those the puts evicted meanwhile still wait
+                self._soon = max(0, self._soon - soon)
+                self._soon_bytes = max(0, self._soon_bytes - soon_bytes)
+            self.left = bool(os.listdir(trfd))
+        except OSError:
+            pass
