@@ -473,6 +473,7 @@ class DiskTier:
         handed is theirs, gone when they are), its row is not written, and trash/ is swept
         later if a holder kept its folder."""
         self.evictor.usage.add(-freed)
+        self.served.removed(ident)  # an idle hold of it now costs disk: let go
         if left:
             self.trash_state.left = True
         self.catalogue.forget(ident)
@@ -549,6 +550,7 @@ class DiskTier:
         eviction when past the bound (the put that passed it woke this), and trash/ again."""
         self.served.grow_table()
         self.served.drain()  # holds whose paths have all gone (see .leases)
+        self.served.removed()  # idle holds of entries other processes removed
         if self.served.let_go_removed:  # ... of a removed entry: its folder in trash/ can go now
             self.served.let_go_removed = False
             self.trash_state.retry_held()

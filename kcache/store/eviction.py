@@ -279,10 +279,14 @@ class Evictor:
         """A process ending with the store past its bound brings it under (bounded time)."""
         self.usage.flush(min(1.0, T.EXIT_EVICT_S / 2))  # bytes a busy count carried, not lost
         total = self.usage.total()
-        if total is None or total + self.measure().beside_entries <= self.bound():
+        room = self.bound() - self.measure().beside_entries  # what the bound leaves the entries
+        if total is None or total <= room:
             return
         deadline = time.monotonic() + T.EXIT_EVICT_S
-        self.run(lock_wait=min(1.0, T.EXIT_EVICT_S / 2), deadline=deadline)
+        # Down to the bound, not below: what other live processes hold and write now is in the
+        # measure, and goes with them (each exit that took its own 10% made the store's last
+        # writers leave it at half its bound).
+        self.run(max(0, room), lock_wait=min(1.0, T.EXIT_EVICT_S / 2), deadline=deadline)
         while time.monotonic() < deadline:
             total = self.usage.total()
             bound = self.bound() - self.overhead

@@ -19,13 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from . import fs
 from . import tunables as T
-from .leases import Lease, hold_paths, plain, ticket_of
 from .records import RECORD_NAME, Record
 
 if TYPE_CHECKING:
     from .clock import Clock
     from .opening import Folders
-    from .served import Served
+    from .served import Hold, Served
 
 
 class ServeFailed(Exception):
@@ -112,15 +111,15 @@ MEMO_MAX = 4096  # verified hits remembered per store and process
 
 class _Held:
     """What the memo keeps of a verified hit whose entry folder this process holds: its paths as
-    plain strings and the hold's lease, which the memo does not keep (see :mod:`.leases`): once
-    the last path handed out has gone, the hold is let go and the memo's entry is of no use."""
+    plain strings and the hold, which the memo does not keep by itself (see :mod:`.leases`): a
+    hold whose entry was removed is let go once the paths handed out have gone, and the memo's
+    entry is of no use then."""
 
-    __slots__ = ("record", "paths", "pin", "rsig", "inos", "record_path", "lease")
+    __slots__ = ("record", "pin", "rsig", "inos", "record_path", "hold")
 
-    def __init__(self, hit: Hit, rsig: tuple[int, ...], lease: Lease) -> None:
+    def __init__(self, hit: Hit, rsig: tuple[int, ...], hold: Hold) -> None:
         rec = hit.record
-        self.record, self.paths, self.pin, self.rsig = rec, plain(hit._paths or {}), hit._pin, rsig
-        self.lease = lease
+        self.record, self.pin, self.rsig, self.hold = rec, hit._pin, rsig, hold
         self.inos = dict(hit.inos)
         rid = rec.id
         self.record_path = f"{rid[:2]}/{rid}/{RECORD_NAME}"
@@ -160,10 +159,10 @@ class HitMemo:
 
     def put(self, kind: str, key: str, hit: Hit) -> None:
         """Remember a verified hit whose entry folder this process holds (its ``rsig`` set)."""
-        t = ticket_of(hit._paths)
-        if hit._pin is None or hit.rsig is None or t is None:
+        hold = self._served.hold_of(hit.record.id, hit._pin) if hit._pin is not None else None
+        if hold is None or hit.rsig is None:
             return
-        held = _Held(hit, hit.rsig, t.lease)
+        held = _Held(hit, hit.rsig, hold)
         with self._lock:
             memo = self._memo
             memo.pop((kind, key), None)
@@ -181,13 +180,8 @@ class HitMemo:
         m = self._memo.get((kind, key))
         if m is None:
             return None
-        t = m.lease.ticket()  # held while this hit is made: the hold cannot be let go meanwhile
         efd = self._folders.fd("entries")
-        if efd is None or t is None:
-            if t is None:  # let go (every path handed out has gone): a full lookup holds it again
-                with self._lock:
-                    if self._memo.get((kind, key)) is m:
-                        del self._memo[(kind, key)]
+        if efd is None:
             return None
         try:
             st = os.stat(m.record_path, dir_fd=efd, follow_symlinks=False)
@@ -197,8 +191,14 @@ class HitMemo:
             with self._lock:
                 self._memo.pop((kind, key), None)
             return None
+        paths = self._served.reissue(m.hold)  # (its ticket kept by them while this hit lives)
+        if paths is None:  # let go meanwhile (its entry removed): a full lookup
+            with self._lock:
+                if self._memo.get((kind, key)) is m:
+                    del self._memo[(kind, key)]
+            return None
         hit = Hit(m.record, _HeldBlobs(m.pin, m.record), self._served, st.st_mtime, m.inos)
-        hit._paths, hit._pin = hold_paths(m.paths, t), m.pin
+        hit._paths, hit._pin = paths, m.pin
         return hit
 
     def clear(self) -> None:

@@ -11,11 +11,13 @@ name it through what it was given, so that is what is tracked:
   files (a held folder's descriptor, a private folder);
 - when the last object that refers to the ticket goes (the dict Triton keeps in a
   ``CompiledKernel``, a :class:`~.hit.Hit`, a path the program kept), Python frees it and the
-  lease is let go: told to its ``sink`` from a weakref callback, which only queues it, so that no
-  lock is ever waited for at whatever point the collector runs;
-- a lease is never taken up again once its ticket has gone (``Lease.ticket()`` is None from
-  then on: a weakref is cleared before its callback runs), so a path is never handed out again
-  from files being let go.
+  lease's ``sink`` is told, from a weakref callback, which only queues it, so that no lock is
+  ever waited for at whatever point the collector runs; its owner lets go of the files then (a
+  held folder whose entry is still committed, which costs no disk, is kept idle until its entry
+  is removed: see :mod:`.served`);
+- a ticket is never live again once it has gone (``Lease.ticket()`` is None from then on: a
+  weakref is cleared before its callback runs); files kept idle are handed out again under a
+  new lease.
 
 Triton keeps the group's dict in each ``CompiledKernel`` (``metadata_group``), and reads it there
 again only through its load hooks at a kernel's first launch (Proton's instrumentation parses
@@ -85,15 +87,3 @@ def hold_paths(paths: dict[str, str], ticket: Ticket) -> dict[str, str]:
         hp._t = ticket  # type: ignore[attr-defined]  # (a str subclass has no slots of its own)
         out[name] = hp
     return out
-
-
-def ticket_of(paths: dict[str, str] | None) -> Ticket | None:
-    """The ticket the paths of one hand-out keep alive, or None (plain paths)."""
-    for p in (paths or {}).values():
-        return getattr(p, "_t", None)
-    return None
-
-
-def plain(paths: dict[str, str]) -> dict[str, str]:
-    """The same paths as plain strings (kept without keeping the files: the memo's copy)."""
-    return {name: str(p) for name, p in paths.items()}

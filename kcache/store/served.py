@@ -4,9 +4,10 @@ A hit's bytes are verified in memory. A library that wants files (Triton opens a
 members and dlopens launchers) gets :attr:`Hit.paths`, which stay as they are for as long as
 the paths handed out live (every one is a :class:`~.leases.HeldPath`: Triton keeps them in each
 ``CompiledKernel``; see :mod:`.leases`); eviction, ``kcache clear`` or a swapped folder cannot
-change or remove them. Once the last has gone, what kept them is let go: a held folder's flock
-(its descriptor's number then names a removed, empty folder: never another one), a hit's private
-links. Two ways, the first where it can be used:
+change or remove them. Once the last has gone, what kept them is let go: a hit's private links,
+and a held folder's flock once its entry is removed (until then it costs no disk and is kept,
+idle, for the next lookup; its descriptor's number then names a removed, empty folder: never
+another one). Two ways, the first where it can be used:
 
 - **The entry's own folder, held.** The folder whose members were just verified is kept open
   (a descriptor numbered above the ones a process starts with, a number this process does not
@@ -50,7 +51,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import fs
-from .leases import Lease, hold_paths
+from .leases import Lease, Ticket, hold_paths
 
 if TYPE_CHECKING:
     from .opening import Folders
@@ -119,6 +120,19 @@ class PrivateFolder:
                 os.close(self.parent)
 
 
+class Hold:
+    """An entry folder this process holds (see the module doc): its descriptor, the paths of its
+    members, their (device, inode) as verified, and the lease the paths handed out keep (a new
+    one each time it is taken up again after its last paths went)."""
+
+    __slots__ = ("pin", "rid", "paths", "inos", "lease", "released")
+
+    def __init__(self, pin: int, rid: str, paths: dict[str, str], inos: dict[str, tuple[int, int]]) -> None:
+        self.pin, self.rid, self.paths, self.inos = pin, rid, paths, inos
+        self.lease: Lease | None = None
+        self.released = False
+
+
 class Served:
     """The private folders of one store in one process, and the files served from them."""
 
@@ -132,9 +146,11 @@ class Served:
         self._n = 0
         self._tmp_ok: bool | None = None
         self._pins: list[int] = []  # held entry folders (descriptors)
-        #: entry id -> (its held folder's descriptor, the paths of its members, their (device,
-        #: inode) as verified, the lease the paths handed out keep)
-        self._holds: dict[str, tuple[int, dict[str, str], dict[str, tuple[int, int]], Lease]] = {}
+        #: entry id -> the folder of it this process holds
+        self._holds: dict[str, Hold] = {}
+        #: ids of holds no path handed out needs any more, kept while their entry is committed
+        #: (it costs no disk then: see _let_go_pin)
+        self._idle: set[str] = set()
         #: Leases whose last path has gone (see :mod:`.leases`), let go under ``_lock``.
         self._gone: deque[Lease] = deque()
         self._dead: int | None = None  # a removed empty folder: what a let-go number names
@@ -159,7 +175,10 @@ class Served:
         for f in [*self._folders.values(), *self._retired]:
             f.close(remove=False)
         self._folders, self._cache, self._retired, self._pid = {}, {}, [], os.getpid()
-        self._holds = {}  # (a child's holds are its own: one that closes what it inherited may)
+        self._holds, self._idle = (
+            {},
+            set(),
+        )  # (a child's holds are its own: one that closes what it inherited may)
         self._gone = deque()  # (the parent's leases let go in the child only close its copies)
 
     def folder(self, role: str) -> PrivateFolder:
@@ -271,29 +290,83 @@ class Served:
             with contextlib.suppress(Exception):
                 lease.release()
 
-    def _let_go_pin(self, pin: int, rid: str) -> None:
-        """Let go of a held entry folder (under _lock): its flock goes, so that a removal may
-        delete it, and its number keeps naming a removed, empty folder (never another one: a
-        path kept past its object finds nothing, as it would after close)."""
-        held = self._holds.get(rid)
-        if held is not None and held[0] == pin:
-            del self._holds[rid]
+    def _ticket(self, hold: Hold) -> Ticket:
+        """A live ticket of ``hold`` (under _lock): its lease's, or a new lease's when the last
+        paths of the one before have gone (an idle hold taken up again)."""
+        lease = hold.lease
+        t = lease.ticket() if lease is not None else None
+        if t is None:
+            hold.lease = lease = Lease(functools.partial(self._let_go_pin, hold), self._on_gone)
+            t = lease.start()
+            self._idle.discard(hold.rid)
+        return t
+
+    def hold_of(self, rid: str, pin: int | None) -> Hold | None:
+        """The hold of entry ``rid`` through descriptor ``pin``, if this process has it."""
+        hold = self._holds.get(rid)
+        return hold if hold is not None and hold.pin == pin and not hold.released else None
+
+    def reissue(self, hold: Hold) -> dict[str, str] | None:
+        """The paths of a hold this process still has, handed out again (the memo's), or None
+        when it was let go meanwhile."""
+        with self._lock:
+            if hold.released or self._holds.get(hold.rid) is not hold or self._closed:
+                return None
+            return hold_paths(hold.paths, self._ticket(hold))
+
+    def _let_go_pin(self, hold: Hold) -> None:
+        """The last paths of ``hold`` have gone (under _lock). While its entry is still committed
+        it costs no disk: kept, idle (a later lookup takes it up again, reading nothing: the
+        memo). Once its entry is removed, let go (see :meth:`_release`)."""
+        lease = hold.lease
+        if hold.released or (lease is not None and lease.ticket() is not None):
+            return  # taken up again since (a new lease's paths live)
+        if self._removed(hold):
+            self._release(hold)
+        else:
+            self._idle.add(hold.rid)
+
+    def _removed(self, hold: Hold) -> bool:
         efd = self._store.fd("entries")
+        rid = hold.rid
         try:
-            removed = efd is None or not os.path.samestat(
-                os.stat(f"{rid[:2]}/{rid}", dir_fd=efd, follow_symlinks=False), os.fstat(pin)
+            return efd is None or not os.path.samestat(
+                os.stat(f"{rid[:2]}/{rid}", dir_fd=efd, follow_symlinks=False), os.fstat(hold.pin)
             )
         except OSError:
-            removed = True
+            return True
+
+    def _release(self, hold: Hold) -> None:
+        """Let go of a held entry folder (under _lock) whose entry was removed: its flock goes, so
+        that its files can be deleted, and its number keeps naming a removed, empty folder (never
+        another one: a path kept past its object finds nothing, as it would after close)."""
+        hold.released = True
+        if self._holds.get(hold.rid) is hold:
+            del self._holds[hold.rid]
+        self._idle.discard(hold.rid)
         dead = self._dead_folder()
         if dead is not None:
-            os.dup2(dead, pin, inheritable=False)  # closes the folder's open file: its flock goes
+            os.dup2(dead, hold.pin, inheritable=False)  # closes the folder's open file: its flock goes
         else:
             with contextlib.suppress(ValueError):
-                self._pins.remove(pin)
-            os.close(pin)
-        if removed:
-            self.let_go_removed = True  # in trash/: the flush thread's sweep deletes it now
+                self._pins.remove(hold.pin)
+            os.close(hold.pin)
+        self.let_go_removed = True  # in trash/: the flush thread's sweep deletes it now
+
+    def removed(self, rid: str | None = None) -> None:
+        """Entries were removed: the idle holds of them are let go (``rid``: this one, removed by
+        this process; None: any, looked at by the flush thread's turn). Never raises."""
+        if not self._idle or (rid is not None and rid not in self._idle):
+            return
+        with self._lock:
+            for r in [rid] if rid is not None else list(self._idle):
+                hold = self._holds.get(r)
+                if hold is None:
+                    self._idle.discard(r)
+                    continue
+                with contextlib.suppress(OSError):
+                    if self._removed(hold):
+                        self._release(hold)
 
     def _let_go_links(self, folder: PrivateFolder, sub: str, key: tuple[Any, ...]) -> None:
         """Delete a hit's private links (under _lock), in this process's own folder only."""
@@ -345,14 +418,13 @@ class Served:
         efd = store.fd("entries")
         rid = hit.record.id
         held = self._holds.get(rid)
-        t = held[3].ticket() if held is not None else None
-        if held is not None and t is not None and hit.inos == held[2]:
+        if held is not None and hit.inos == held.inos:
             # Held already (a lookup the memo could not answer: its last use was due, say), and
             # this hit's members are the very files of the held folder (their inodes, which no
             # other file can take while the folder is held, and an entry's files are never
             # written): the same hold. Any other hit of the id (of a folder removed since, made
             # without files) goes the way below, which checks its own members.
-            return held[0], hold_paths(held[1], t)
+            return held.pin, hold_paths(held.paths, self._ticket(held))
         if efd is None or store.readonly or not self._pins_allowed():
             return None
         own = None
@@ -392,9 +464,8 @@ class Served:
         self._pins.append(pin)
         base = f"/proc/self/fd/{pin}/"
         paths = {f.name: base + f.name for f in hit.record.files}
-        lease = Lease(functools.partial(self._let_go_pin, pin, rid), self._on_gone)
-        self._holds[rid] = (pin, paths, dict(hit.inos), lease)
-        return pin, hold_paths(paths, lease.start())
+        hold = self._holds[rid] = Hold(pin, rid, paths, dict(hit.inos))
+        return pin, hold_paths(paths, self._ticket(hold))
 
     def _pins_allowed(self) -> bool:
         # Only where a lock says whether its holder lives: not on a network filesystem, nor where
@@ -504,6 +575,7 @@ class Served:
                 with contextlib.suppress(OSError):
                     os.close(pin)  # lets go of the hold (a forked child: of its copy only)
             self._folders, self._cache, self._retired, self._pins, self._holds = {}, {}, [], [], {}
+            self._idle = set()
             self._dead = None
 
 
