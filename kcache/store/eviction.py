@@ -132,7 +132,10 @@ class Evictor:
         if total is None:  # not counted yet (a new store): the flush thread counts it
             self.catalogue.wake()
             return
-        total += self.overhead  # as last measured by the flush thread
+        # Past the bound with what was beside the entries at the flush thread's last turn, the
+        # entries being written included (the folder's peak is what this guards; eviction's own
+        # target leaves them out, see Footprint.beside_entries).
+        total += self.outside.total
         bound = self.bound()
         if total <= bound:
             return
@@ -169,32 +172,44 @@ class Evictor:
         efd = self.folders.fd("entries")
         if efd is None:
             return []
-        if time.monotonic() - self._shards_at > 10.0 or not self._shards:
-            with contextlib.suppress(OSError):
-                self._shards = [s for s in os.listdir(efd) if len(s) == 2 and set(s) <= _HEX]
-                self._shards_at = time.monotonic()
-        shards = list(self._shards)
-        random.shuffle(shards)
-        shards.sort(key=lambda x: x not in self._full)
         out: list[tuple[float, str]] = []
+        seen: set[str] = set()
         per = max(2, n // 8)
-        for shard in shards[:64]:
-            try:
-                sfd = os.open(shard, fs.O_DIR, dir_fd=efd)
-            except OSError:
-                continue
-            try:
-                names = [x for x in os.listdir(sfd) if x != exclude and valid_id(x) and x[:2] == shard]
-                for name in random.sample(names, min(len(names), per)):
-                    with contextlib.suppress(OSError):
-                        st = os.stat(f"{name}/{RECORD_NAME}", dir_fd=sfd, follow_symlinks=False)
-                        out.append((st.st_mtime, name))
-            except OSError:
-                pass
-            finally:
-                os.close(sfd)
-            if len(out) >= n:
-                break
+        for again in (False, True):
+            age = time.monotonic() - self._shards_at
+            if again and age < 0.5:
+                break  # listed just now: what there is, is all there is
+            if again or age > 10.0 or not self._shards:
+                # (again: the list came up short; shards come and go as writers fill a new store
+                # and eviction removes the ones it empties, faster than every 10 s)
+                with contextlib.suppress(OSError):
+                    self._shards = [s for s in os.listdir(efd) if len(s) == 2 and set(s) <= _HEX]
+                    self._shards_at = time.monotonic()
+            shards = list(self._shards)
+            random.shuffle(shards)
+            shards.sort(key=lambda x: x not in self._full)
+            for shard in shards[:64]:
+                try:
+                    sfd = os.open(shard, fs.O_DIR, dir_fd=efd)
+                except OSError:
+                    continue
+                try:
+                    names = [
+                        x
+                        for x in os.listdir(sfd)
+                        if x != exclude and x not in seen and valid_id(x) and x[:2] == shard
+                    ]
+                    for name in random.sample(names, min(len(names), per)):
+                        with contextlib.suppress(OSError):
+                            st = os.stat(f"{name}/{RECORD_NAME}", dir_fd=sfd, follow_symlinks=False)
+                            out.append((st.st_mtime, name))
+                            seen.add(name)
+                except OSError:
+                    pass
+                finally:
+                    os.close(sfd)
+                if len(out) >= n:
+                    return out
         return out
 
     # ------------------------------------------------------------------ the flush thread
