@@ -490,7 +490,9 @@ def test_bad_values_exit_2(store_dir, clean_env, tmp_path):
     r = kc(dict(clean_env, KCACHE_MAX_SIZE="banana"), "stats", "--dir", str(store_dir))
     assert r.returncode == 2 and "KCACHE_MAX_SIZE" in r.stderr
     one_line_error(r)
-    # a bad KCACHE_DIR that --dir overrides is no problem
+    # a bad KCACHE_DIR that --dir overrides is no problem (the folder exists: a missing one that
+    # --dir names is an error of its own, tests/test_newcomer.py)
+    store_dir.mkdir(mode=0o700)
     r = kc(dict(clean_env, KCACHE_DIR=str(a_file)), "stats", "--dir", str(store_dir))
     assert r.returncode == 0, r.stderr
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ from .base import (
     kind_arg,
     open_for,
     prefix_arg,
+    print_error,
     print_json,
     summary_text,
     table,
@@ -92,8 +92,7 @@ def inspect_run(args: argparse.Namespace) -> int:
         print_json(found)
         return 1 if missing else 0
     if missing:
-        what = f"no entry id, key or name matches {(args.name or args.pattern)!r}"
-        print(f"kcache: {what}" + (f" among {args.kind} entries" if args.kind else ""), file=sys.stderr)
+        print_error(_no_match(args.name or args.pattern, args.kind, "id, key"))
         return 1
     if records:
         for i, d in enumerate(found):
@@ -135,6 +134,10 @@ def inspect_run(args: argparse.Namespace) -> int:
         )
     print(table(["kind", "id", "key", "size", "created", "last used", "hits", "summary"], rows, right=(3, 6)))
     return 0
+
+
+def _no_match(pattern: str, kind: str | None, ids: str) -> str:
+    return f"no entry {ids} or name matches {pattern!r}" + (f" among {kind} entries" if kind else "")
 
 
 def _print_record(d: dict[str, Any], format_size: Callable[[float], str]) -> None:
@@ -256,9 +259,15 @@ def clear_run(args: argparse.Namespace) -> int:
             )
     finally:
         close_store(store)
+    # A name or id that matches nothing is most often a typo: a failure, as for `inspect` (a
+    # --kind, --older-than or --stale that selects nothing is a store with nothing to remove).
+    unmatched = bool(name) and not res["count"]
     if wants_json(args):
         print_json(res)
-        return 0
+        return 1 if unmatched else 0
+    if unmatched:
+        print_error(_no_match(name, args.kind, "id"))
+        return 1
     n, size = res["count"], format_size(res["bytes"])
     if args.dry_run:
         print(f"would remove {n} entr{'y' if n == 1 else 'ies'}, {size} (dry run: nothing changed)")

@@ -47,7 +47,8 @@ def stats_run(args: argparse.Namespace) -> int:
     b = data["bound"]
     used = f"{format_size(data['bytes'])} of {format_size(b['store'])}"
     used += f" ({100 * data['bytes'] / b['store']:.1f}%), bound from {b['store_source']}"
-    rows = [["store", data["dir"]], ["size", used]]
+    where = data["dir"] if os.path.isdir(data["dir"]) else f"{data['dir']} (nothing cached here yet)"
+    rows = [["store", where], ["size", used]]
     if b["env"] is not None and b["env"] != b["store"]:
         rows.append(
             ["", f"this shell's KCACHE_MAX_SIZE={format_size(b['env'])} wins for processes started here"]
