@@ -152,6 +152,14 @@ def format_size(n: float) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 entry``, ``2 entries``, ``1 file``, ``3 files``: a count and its noun, agreed."""
+    if n == 1:
+        return f"1 {noun}"
+    many = plural or (noun[:-1] + "ies" if noun.endswith("y") and noun[-2:-1] not in "aeiou" else noun + "s")
+    return f"{n:,} {many}"
+
+
 def _flag(text: str) -> bool:
     t = text.strip().lower()
     if t in ("1", "true", "yes", "on"):

@@ -170,7 +170,7 @@ def test_readme_install_then_every_example_page(fresh: dict[str, object]) -> Non
             _run_block(_commands(b), checkout, env, f"{rel} block {i}") for i, b in enumerate(blocks)
         )
     # beyond the page's own words: the second prewarm built nothing at all
-    runs = re.findall(r"\((\d+) kernel compiles, (\d+) launcher builds(, (\d+) driver utilities built)?",
+    runs = re.findall(r"\((\d+) kernel compiles?, (\d+) launcher builds?(, (\d+) driver utilit(?:y|ies) built)?",
                       outputs["prewarm"])  # fmt: skip
     assert len(runs) == 2 and runs[1][:2] == ("0", "0") and runs[1][2] == "", runs
     assert '"fxgraph_cache_miss"' not in outputs["torch_compile"]

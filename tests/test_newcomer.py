@@ -108,3 +108,142 @@ def test_config_says_at_the_top_that_a_bad_value_is_ignored(tmp_path, clean_env)
     data = json.loads(kc(dict(clean_env, KCACHE_MAX_SIZE="12XB"), "config", "--json").stdout)
     row = next(r for r in data["settings"] if r["name"] == "max_size")
     assert row["bad"] is True and "ignored" in row["source"]
+
+
+# ------------------------------------------------------------------ point 5: numbers that add up
+def test_a_prewarm_finding_an_entry_is_not_a_hit_in_stats_nor_in_the_entry(tmp_path, clean_env):
+    # A repeated prewarm added 7 hits to `kcache stats` while `inspect` showed 0 hits on every
+    # entry: a prewarm's lookups are checks of what the store holds, not uses. Its own summary
+    # still counts them (this process's totals).
+    root = tmp_path / "store"
+    fill(root)
+    s = Store.open(root)
+    undo = s.protect(3600.0)  # what `kcache prewarm` does in its processes
+    assert s.get("triton", "KEY1") is not None and s.get("triton", "NOKEY") is None
+    undo()
+    assert s.counts.process_totals()["triton"]["hits"] == 1
+    s.close()
+    data = json.loads(kc(clean_env, "stats", "--json", "--dir", str(root)).stdout)
+    assert data["by_kind"]["triton"]["hits"] == 1  # fill()'s own hit of KEY0, nothing more
+    assert data["by_kind"]["triton"]["misses"] == 0
+    assert data["by_kind"]["triton"]["saved_s"] == 0.5
+    rows = json.loads(kc(clean_env, "inspect", "--json", "--dir", str(root)).stdout)
+    assert sum(r["hits"] for r in rows) == data["hits"] == 1
+
+
+def test_stats_says_what_saved_time_without_hits_and_hits_without_saved_time_are(tmp_path, clean_env):
+    # After the quickstart `triton-meta` showed 0 hits and 0.5 s saved; after a served model
+    # `inductor-cpp` showed 6 hits and 0.0 s saved. The table now shows no hit columns for
+    # machine-local answers, and a line under it says what each number is.
+    from kcache import counters, memo
+
+    root = tmp_path / "store"
+    s = Store.open(root)
+    memo.keep(s, "probe-key", "answer", b"42", {"file": "libtriton.so"}, 0.75)
+    assert memo.recall(s, "probe-key", "answer") == b"42"
+    s.put("inductor-cpp", "CPPKEY", {"k.so": b"\x7fELF"}, compile_s=2.0)
+    counters.graph_lookup(10.0)  # a served graph whose recorded time covers its kernels
+    try:
+        assert s.get("inductor-cpp", "CPPKEY") is not None
+    finally:
+        counters.graph_lookup(None)
+    s.close()
+    data = json.loads(kc(clean_env, "stats", "--json", "--dir", str(root)).stdout)
+    meta, cpp = data["by_kind"]["triton-meta"], data["by_kind"]["inductor-cpp"]
+    assert meta["uses"] == 1 and meta["hits"] == 0 and meta["saved_s"] == 0.75
+    assert cpp["hits"] == 1 and cpp["saved_s"] == 0.0 and cpp["covered_s"] == 2.0
+    out = kc(clean_env, "stats", "--dir", str(root)).stdout
+    row = next(ln for ln in out.splitlines() if ln.startswith("triton-meta "))
+    assert row.split()[4:7] == ["-", "-", "-"], row  # kind, entries, size (2 words), hits, misses, rate
+    assert "triton-meta: answers about this machine" in out and "used 1 time," in out, out
+    assert "inductor-cpp: 2.0 s more saved by its hits is counted once, with the torch.compile graphs" in out
+
+
+# ------------------------------------------------------------------ what ccache and pip users reach for
+def test_stats_say_when_the_counters_were_updated_and_zeroed(tmp_path, clean_env):
+    import time
+
+    root = tmp_path / "store"
+    t0 = time.time()
+    fill(root)
+    data = json.loads(kc(clean_env, "stats", "--json", "--dir", str(root)).stdout)
+    assert data["zeroed_at"] is None and t0 - 5 <= data["updated_at"] <= time.time() + 5
+    out = kc(clean_env, "stats", "--dir", str(root)).stdout
+    assert "zeroed       never" in out and "updated      2" in out, out
+    r = kc(clean_env, "stats", "--zero", "--json", "--dir", str(root))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(kc(clean_env, "stats", "--json", "--dir", str(root)).stdout)
+    assert t0 - 5 <= data["zeroed_at"] <= time.time() + 5 and data["hits"] == 0
+
+
+def test_pip_cache_names_are_aliases_that_help_shows(tmp_path, clean_env):
+    root = tmp_path / "store"
+    fill(root)
+    top = kc(clean_env, "--help").stdout
+    for shown in ("stats (info)", "inspect (list)", "clear (remove)", "trim (cleanup)"):
+        assert shown in top, top
+    listed = kc(clean_env, "list", "kern", "--json", "--dir", str(root))
+    assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 2
+    assert json.loads(kc(clean_env, "info", "--json", "--dir", str(root)).stdout)["entries"] == 2
+    r = kc(clean_env, "remove", "kern0", "--dir", str(root))
+    assert r.returncode == 0 and "removed 1 entry," in r.stdout, r.stderr
+
+
+# ------------------------------------------------------------------ point 10: small output, docs
+def test_clear_older_than_names_what_goes_and_says_its_age_in_a_unit_that_reads(tmp_path, clean_env):
+    # `clear --older-than` left the name empty (`name: null`) and said "unused for 0.0d" for 26
+    # minutes; "1 files" in inspect.
+    root = tmp_path / "store"
+    ids = fill(root, n=1)
+    old = time_ago = 26 * 60
+    rec = root / "entries" / ids[0][:2] / ids[0]
+    for p in [rec, *rec.rglob("*")]:
+        os.utime(p, (p.stat().st_atime - time_ago, p.stat().st_mtime - time_ago))
+    import sqlite3
+
+    with sqlite3.connect(root / "index" / "kcache.sqlite") as db:
+        db.execute("UPDATE entries SET last_used = last_used - ?, created = created - ?", (old, old))
+    r = kc(clean_env, "clear", "--older-than", "10m", "--dry-run", "--json", "--dir", str(root))
+    (e,) = json.loads(r.stdout)["entries"]
+    assert e["name"] == "kern0" and e["why"] == "unused for 26m", e
+    text = kc(clean_env, "clear", "--older-than", "10m", "--dry-run", "--dir", str(root)).stdout
+    assert "would remove 1 entry," in text and "kern0" in text, text
+    full = kc(clean_env, "inspect", ids[0][:12], "--dir", str(root)).stdout
+    assert " in 2 files" in full
+    one = Store.open(tmp_path / "one")
+    one.put("triton", "ONE", {"k.cubin": b"x"})
+    one.close()
+    full = kc(clean_env, "inspect", "--dir", str(tmp_path / "one"), "--json").stdout
+    out = kc(clean_env, "inspect", json.loads(full)[0]["id"][:12], "--dir", str(tmp_path / "one")).stdout
+    assert " in 1 file\n" in out, out
+
+
+def test_prewarm_help_and_errors_speak_as_every_other_command(tmp_path, clean_env):
+    # prewarm's help ended "not here.."; its errors began `kcache prewarm: error:`.
+    r = kc(clean_env, "prewarm", "--help")
+    assert r.returncode == 0 and ".." not in r.stdout.replace("...", ""), r.stdout
+    r = kc(clean_env, "prewarm", str(tmp_path / "no-such-spec.toml"), "--dir", str(tmp_path / "s"))
+    line = one_line_error(r, 2)
+    assert "prewarm: error" not in line
+    r = kc(clean_env, "prewarm", "--jobs")
+    one_line_error(r, 2)
+
+
+def test_every_kind_and_every_stats_field_is_documented() -> None:
+    # `quarantined` (stats) and `inductor-other` (kinds) were documented nowhere.
+    from kcache.kinds import KNOWN
+
+    repo = Path(__file__).resolve().parents[1]
+    usage = (repo / "docs" / "usage.md").read_text()
+    missing = [k for k in sorted(KNOWN) if f"`{k}`" not in usage]
+    assert not missing, f"kinds not in docs/usage.md: {missing}"
+    from kcache import config
+    from kcache.maintenance import EmptyStore, stats
+
+    data = stats(EmptyStore(config.load(env={}, dir="/nonexistent-kcache-docs")))
+    data["by_kind"] = {}
+    section = usage.split("### `kcache stats", 1)[1].split("\n### ", 1)[0]
+    fields = [f for f in data if f'"{f}"' not in section]
+    assert not fields, f"stats --json fields not in docs/usage.md's stats section: {fields}"
+    for f in ("quarantined", "covered_s", "uses", "updated_at", "zeroed_at"):
+        assert f in section, f

@@ -65,6 +65,9 @@ def fmt_seconds(s: float) -> str:
     return f"{s / 3600:.1f} h"
 
 
+counted = _config.counted  # "1 entry", "2 entries": the one helper, for the commands too
+
+
 def fmt_rate(r: float | None) -> str:
     return "-" if r is None else f"{100 * r:.1f}%"
 

@@ -9,6 +9,7 @@ from typing import Any
 from .base import (
     CommandError,
     UsageError,
+    counted,
     fmt_value,
     jobs_arg,
     kind_arg,
@@ -139,9 +140,13 @@ def import_run(args: argparse.Namespace) -> int:
         print_json(res)
     elif args.triton_cache:
         print(
-            f"adopted from {res['source']}: {res['kernels']} kernels ({res['kernels_present']} already "
-            f"present), {res['aux']} launchers, {res['autotune']} autotune results"
-            + (f"; {res['other_triton']} kernels of another Triton left out" if res["other_triton"] else "")
+            f"adopted from {res['source']}: {counted(res['kernels'], 'kernel')} ({res['kernels_present']} "
+            f"already present), {counted(res['aux'], 'launcher')}, {counted(res['autotune'], 'autotune result')}"
+            + (
+                f"; {counted(res['other_triton'], 'kernel')} of another Triton left out"
+                if res["other_triton"]
+                else ""
+            )
         )
         _skipped_lines(res, args.verbose)
     else:
@@ -176,5 +181,6 @@ def _import_problem(res: dict[str, Any], args: argparse.Namespace) -> str | None
 
     why = reasons(res["skipped"]) if res["skipped"] else "it holds no kernel of a Triton cache"
     if res["other_triton"]:
-        why += f"; {res['other_triton']} kernels were built by another Triton than this one"
+        n = res["other_triton"]
+        why += f"; {counted(n, 'kernel')} {'was' if n == 1 else 'were'} built by another Triton than this one"
     return f"nothing adopted from {res['source']}: {why}"

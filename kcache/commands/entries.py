@@ -10,6 +10,7 @@ from .base import (
     UsageError,
     age_arg,
     count_arg,
+    counted,
     fmt_seconds,
     fmt_time,
     fmt_value,
@@ -150,7 +151,7 @@ def _print_record(d: dict[str, Any], format_size: Callable[[float], str]) -> Non
         ["key", d["key"]],
         ["path", d["path"]],
         ["status", d["status"]],
-        ["size", f"{format_size(d['size'])} in {len(d['files'])} files"],
+        ["size", f"{format_size(d['size'])} in {counted(len(d['files']), 'file')}"],
         ["created", fmt_time(d["created"])],
         ["last used", fmt_time(d["last_used"])],
         ["hits", d["hits"] if d["hits"] is not None else "- (not in the index)"],
@@ -270,7 +271,7 @@ def clear_run(args: argparse.Namespace) -> int:
         return 1
     n, size = res["count"], format_size(res["bytes"])
     if args.dry_run:
-        print(f"would remove {n} entr{'y' if n == 1 else 'ies'}, {size} (dry run: nothing changed)")
+        print(f"would remove {counted(n, 'entry')}, {size} (dry run: nothing changed)")
         if res["entries"]:
             rows = [
                 [
@@ -285,9 +286,9 @@ def clear_run(args: argparse.Namespace) -> int:
             ]
             print(table(["kind", "id", "name", "size", "last used", "why"], rows, right=(3,)))
         return 0
-    msg = f"removed {n} entr{'y' if n == 1 else 'ies'}, {size}"
+    msg = f"removed {counted(n, 'entry')}, {size}"
     if res["leftovers"]:
-        msg += f"; cleaned {res['leftovers']} leftovers from tmp/ and trash/"
+        msg += f"; cleaned {counted(res['leftovers'], 'leftover')} from tmp/ and trash/"
     print(msg)
     if not res["index_updated"]:
         print(
@@ -322,7 +323,7 @@ def verify_run(args: argparse.Namespace) -> int:
         return 0 if res["ok"] else 1
     n = len(res["problems"])
     print(
-        f"checked {res['entries']} entries in {res['dir']}: "
+        f"checked {counted(res['entries'], 'entry')} in {res['dir']}: "
         + (f"{n} problem{'s' * (n != 1)}" if n else "ok")
     )
     if n:

@@ -8,6 +8,7 @@ import argparse
 from .base import (
     CommandError,
     count_arg,
+    counted,
     fmt_time,
     fmt_value,
     kind_arg,
@@ -55,7 +56,7 @@ def _explain_against(args: argparse.Namespace) -> int:
         head = "misses"
     else:
         print(
-            f"{o['path']} ({o['type']}) holds {o['entries']} entries: {res['present']} are here, "
+            f"{o['path']} ({o['type']}) holds {counted(o['entries'], 'entry')}: {res['present']} are here, "
             f"{res['lacking']} are not"
         )
         head = "entries"

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..config import counted
 from ..log import logger
 from .env import WORKER_ENV, applied_env, current_invalidating_env, env_key, env_set
 from .executors import EXECUTORS, KindExecutor
@@ -194,7 +195,7 @@ def _planned(items: Sequence[Item], arch: int | None) -> list[ItemResult]:
             why = f"skipped: {it.entry.kind} entries run their model: they need the GPU"
         elif it.entry.what == "autotune":
             n = len(getattr(_tuner_of(it.entry.obj), "configs", []) or [])
-            why = f"{n} configs" + (" (timings need the GPU)" if arch is not None else "")
+            why = counted(n, "config") + (" (timings need the GPU)" if arch is not None else "")
         out.append(ItemResult(it.id, it.entry.label, it.label, it.entry.kind, "planned", why))
     return out
 

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..config import counted
+
 STATUSES = ("prepared", "cached", "failed", "skipped", "planned")
 
 
@@ -123,16 +125,20 @@ class Summary:
         where = f" for {self.target}" if self.target else ""
         lines = [f"kcache prewarm {self.spec}{where}" + (f" -> {self.store}" if self.store else "")]
         if self.mode == "dry-run":
-            lines.append(f"  dry run: {len(self.items)} items would be prepared")
+            lines.append(f"  dry run: {counted(len(self.items), 'item')} would be prepared")
             for i in self.items:
                 lines.append(f"    {i.label}" + (f"  [{i.reason}]" if i.reason else ""))
             return "\n".join(lines)
         lines.append(
-            f"  {t['items']} items: {t['prepared']} prepared, {t['cached']} already cached, "
-            f"{t['failed']} failed, {t['skipped']} skipped  ({t['kernel_compiles']} kernel compiles, "
-            f"{t['launcher_builds']} launcher builds"
-            + (f", {t['utils_builds']} driver utilities built" if t["utils_builds"] else "")
-            + (f", {t['autotune_results']} autotune results" if t["autotune_results"] else "")
+            f"  {counted(t['items'], 'item')}: {t['prepared']} prepared, {t['cached']} already cached, "
+            f"{t['failed']} failed, {t['skipped']} skipped  ({counted(t['kernel_compiles'], 'kernel compile')}, "
+            f"{counted(t['launcher_builds'], 'launcher build')}"
+            + (
+                f", {counted(t['utils_builds'], 'driver utility', 'driver utilities')} built"
+                if t["utils_builds"]
+                else ""
+            )
+            + (f", {counted(t['autotune_results'], 'autotune result')}" if t["autotune_results"] else "")
             + f"; {self.seconds:.1f} s)"
         )
         failed = [i for i in self.items if i.status == "failed"]

@@ -265,15 +265,27 @@ class TieredCache:
         rec = hit.record
         # credit(): nested entries (a graph's kernels) are credited once, not each.
         saved = _counters.credit(rec.kind, rec.compile_s)
+        if not self.disk.hits_are_use:
+            # Prewarming: finding an entry is a check of what the store holds, not a use. Its
+            # own summary counts it (this process's totals); the store's hits and "saved" do
+            # not, as the entry's own hit count does not (they added up to 7 hits that no entry
+            # showed, issue 36).
+            self.counts.add_here(rec.kind, hits=1, saved_s=saved, **more)
+            return
+        covered = _counters.covered(rec.kind, rec.compile_s, saved)
+        if covered:  # what a served graph's time already counted: stats says so, not just "0.0 s"
+            more = {**more, "covered_s": covered}
         if more:
             self.counts.add(rec.kind, hits=1, saved_s=saved, **more)
         else:
             self.counts.hit(rec.kind, saved)
-        if self.disk.hits_are_use:
-            self.disk.note_use(rec)
+        self.disk.note_use(rec)
 
     def _count_miss(self, kind: str, key: str, components: Components) -> None:
-        self.counts.add(kind, misses=1)
+        if not self.disk.hits_are_use:  # prewarming: see _count_hit (a miss there becomes a put)
+            self.counts.add_here(kind, misses=1)
+        else:
+            self.counts.add(kind, misses=1)
         if components is not None and not self.readonly:
             try:
                 comps = dict(components() if callable(components) else components)
