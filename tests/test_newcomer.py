@@ -247,3 +247,108 @@ def test_every_kind_and_every_stats_field_is_documented() -> None:
     assert not fields, f"stats --json fields not in docs/usage.md's stats section: {fields}"
     for f in ("quarantined", "covered_s", "uses", "updated_at", "zeroed_at"):
         assert f in section, f
+
+
+# ------------------------------------------------------------------ KCACHE_RECACHE, KCACHE_LOGFILE
+QUICKSTART = Path(__file__).resolve().parents[1] / "docs" / "examples" / "quickstart.py"
+
+
+def test_recache_compiles_again_and_overwrites_what_a_lookup_would_serve(tmp_path, clean_env):
+    # ccache's CCACHE_RECACHE: the store's lookups miss whatever it holds, and what is compiled
+    # again replaces the stored entry. Real Triton compiles, through the quickstart.
+    root = tmp_path / "store"
+    env = dict(clean_env, KCACHE="1", KCACHE_DIR=str(root))
+    first = subprocess.run(
+        [sys.executable, str(QUICKSTART)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert first.returncode == 0 and "hit (from kcache)" in first.stdout, first.stdout + first.stderr
+    before = json.loads(kc(clean_env, "inspect", "--kind", "triton", "--json", "--dir", str(root)).stdout)
+    r = subprocess.run(
+        [sys.executable, str(QUICKSTART)],
+        env=dict(env, KCACHE_RECACHE="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("compiled and stored") == 2 and "hit (from kcache)" not in r.stdout, r.stdout
+    after = json.loads(kc(clean_env, "inspect", "--kind", "triton", "--json", "--dir", str(root)).stdout)
+    assert [e["id"] for e in after] == [e["id"] for e in before]  # the same kernel, one entry
+    assert after[0]["created"] > before[0]["created"]  # made again: the stored one was replaced
+    data = json.loads(kc(clean_env, "stats", "--json", "--dir", str(root)).stdout)
+    assert data["by_kind"]["triton"]["recached"] == 2 and data["recached"] == 2
+    assert "recached     2" in kc(clean_env, "stats", "--dir", str(root)).stdout
+    # and without it, the next process is served the new entry
+    third = subprocess.run(
+        [sys.executable, str(QUICKSTART)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert third.stdout.count("hit (from kcache)") == 2, third.stdout + third.stderr
+
+
+def test_recache_in_the_store_serves_no_integration_and_replaces_on_put(tmp_path):
+    from kcache import config
+
+    root = tmp_path / "store"
+    fill(root, n=1)
+    s = Store.from_settings(config.load(env={"KCACHE_RECACHE": "1"}, dir=str(root)), drain_global=True)
+    try:
+        assert s.recache
+        assert s.get("triton", "KEY0") is None  # what every integration's lookup goes through
+        flight = s.single_flight("triton", "KEY0")
+        assert flight.hit is None and not flight.held
+        hit = s.put("triton", "KEY0", {"k.cubin": b"new"}, compile_s=0.25)
+        assert hit is not None and hit.read("k.cubin") == b"new"
+    finally:
+        s.close()
+    s = Store.open(root)
+    try:
+        got = s.get("triton", "KEY0")
+        assert got is not None and got.read("k.cubin") == b"new" and got.record.compile_s == 0.25
+    finally:
+        s.close()
+    # a maintenance command's store never recaches (an import must not overwrite what is there)
+    m = Store.from_settings(config.load(env={"KCACHE_RECACHE": "1"}, dir=str(root)), write=False)
+    try:
+        assert not m.recache and m.get("triton", "KEY0") is not None
+    finally:
+        m.close()
+
+
+def test_logfile_gets_kcache_log_lines_of_every_process(tmp_path, clean_env):
+    # ccache's CCACHE_LOGFILE: kcache's log lines also go to a file, with the time and the pid
+    # (the quickstart runs two processes that append to it).
+    bad = tmp_path / "open-store"
+    bad.mkdir(mode=0o777)
+    bad.chmod(0o777)  # a store others can write: every process warns and compiles without it
+    log = tmp_path / "logs" / "kcache.log"
+    log.parent.mkdir()
+    env = dict(clean_env, KCACHE="1", KCACHE_DIR=str(bad), KCACHE_LOGFILE=str(log))
+    r = subprocess.run(
+        [sys.executable, str(QUICKSTART)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stderr
+    assert "caching is off" in r.stderr  # stderr still has it
+    lines = log.read_text().splitlines()
+    assert len(lines) == 2 and all("kcache[" in ln and "WARNING: caching is off" in ln for ln in lines), lines
+    assert len({ln.split("kcache[", 1)[1].split("]", 1)[0] for ln in lines}) == 2  # two processes
+    assert log.stat().st_mode & 0o777 == 0o600
+    # a log file that cannot be written: one warning, and the program goes on
+    env["KCACHE_LOGFILE"] = str(tmp_path / "no" / "such" / "folder" / "k.log")
+    r = subprocess.run(
+        [sys.executable, str(QUICKSTART)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0 and r.stderr.count("cannot write the log file") == 2, r.stderr
+
+
+def test_config_shows_recache_and_logfile(tmp_path, clean_env):
+    env = dict(clean_env, KCACHE_RECACHE="1", KCACHE_LOGFILE=str(tmp_path / "k.log"))
+    data = json.loads(kc(env, "config", "--json").stdout)
+    rows = {r["env"]: r for r in data["settings"]}
+    assert (
+        rows["KCACHE_RECACHE"]["value"] is True and rows["KCACHE_RECACHE"]["source"] == "env KCACHE_RECACHE"
+    )
+    assert rows["KCACHE_LOGFILE"]["value"] == str(tmp_path / "k.log")
+    text = kc(env, "config").stdout
+    assert "KCACHE_RECACHE" in text and "KCACHE_LOGFILE" in text
+    bad = kc(dict(clean_env, KCACHE_RECACHE="maybe"), "config")
+    assert "KCACHE_RECACHE='maybe'" in bad.stdout.splitlines()[1]

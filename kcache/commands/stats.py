@@ -68,6 +68,7 @@ def stats_run(args: argparse.Namespace) -> int:
                 ["evictions", data["evictions"]],
                 ["errors", data["errors"]],
                 ["quarantined", data["quarantined"]],
+                *([["recached", data["recached"]]] if data["recached"] else []),
                 ["updated", _when(data["updated_at"])],
                 ["zeroed", _when(data["zeroed_at"])],
             ],

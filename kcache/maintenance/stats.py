@@ -31,6 +31,7 @@ def store_stats(store: Admin) -> dict[str, Any]:
             # hits whose compile time a served torch.compile graph already counted (not saved twice)
             "covered_s": round(c.get("covered_s", 0.0), 3),
             "uses": int(c.get("uses", 0)),  # machine-local answers used (not hits; their time is saved)
+            "recached": int(c.get("recached", 0)),  # lookups KCACHE_RECACHE=1 turned into misses
         }
         remote = _remote_counts(c)
         if remote:
@@ -51,6 +52,7 @@ def store_stats(store: Admin) -> dict[str, Any]:
         "evictions": int(counters.get("store", {}).get("evictions", 0)),
         "errors": sum(v["errors"] for v in by_kind.values()),
         "quarantined": sum(v["quarantined"] for v in by_kind.values()),
+        "recached": sum(v["recached"] for v in by_kind.values()),
         "saved_s": round(sum(v["saved_s"] for v in by_kind.values()), 3),
         "by_kind": by_kind,
         "remote": _remote_totals(by_kind),

@@ -106,6 +106,9 @@ class TieredCache:
         self.counts = disk.counts
         self.tiers: list[Any] = []  # Tier, in order (a Redis server or cluster today)
         self._tier_settings: Any = None  # what attach_remote was given; the tier is made on first need
+        #: KCACHE_RECACHE=1 (ccache's CCACHE_RECACHE): every counted lookup misses, and a put
+        #: replaces the entry it finds; a program's own store only (see from_settings).
+        self.recache = False
         self._lock = threading.Lock()
         # Flights this process holds: (kind, key) -> Flight (see single_flight).
         self._flights: dict[tuple[str, str], Flight] = {}
@@ -147,6 +150,9 @@ class TieredCache:
             create=create,
             **kwargs,
         )
+        # A program's store (the one kcache.active_store opens): KCACHE_RECACHE applies to what it
+        # compiles; a maintenance command's or an import's store never recaches.
+        cache.recache = bool(getattr(settings, "recache", False)) and bool(kwargs.get("drain_global", False))
         if (kwargs.get("drain_global", False) if remote is None else remote) and (
             getattr(settings, "remote", None) or getattr(settings, "remote_problems", None)
         ):
@@ -244,7 +250,13 @@ class TieredCache:
         write. A miss is counted and, with ``components`` (or a callable that gives them),
         remembered for ``kcache explain``. With shared tiers (and ``remote``), a local miss asks
         them (see the module doc). ``files``: the caller will use :attr:`Hit.paths`; they are
-        made now (a hit whose files cannot be made is a miss)."""
+        made now (a hit whose files cannot be made is a miss).
+
+        With :attr:`recache` (``KCACHE_RECACHE=1``), a counted lookup is a miss whatever the
+        store holds (counted as ``recached`` too): the caller compiles, and its put overwrites."""
+        if count and self.recache:
+            self._count_miss(kind, key, components, recached=1)
+            return None
         hit = self._lookup(kind, key, touch=count and self.disk.hits_are_use, remote=remote, files=files)
         if count:
             if hit is not None:
@@ -281,11 +293,11 @@ class TieredCache:
             self.counts.hit(rec.kind, saved)
         self.disk.note_use(rec)
 
-    def _count_miss(self, kind: str, key: str, components: Components) -> None:
+    def _count_miss(self, kind: str, key: str, components: Components, **more: float) -> None:
         if not self.disk.hits_are_use:  # prewarming: see _count_hit (a miss there becomes a put)
-            self.counts.add_here(kind, misses=1)
+            self.counts.add_here(kind, misses=1, **more)
         else:
-            self.counts.add(kind, misses=1)
+            self.counts.add(kind, misses=1, **more)
         if components is not None and not self.readonly:
             try:
                 comps = dict(components() if callable(components) else components)
@@ -342,7 +354,10 @@ class TieredCache:
         committed first: entries are immutable, first writer wins), or None if it could not be
         written (read-only, full, broken: one warning). Never raises for a failure of the store.
         ``protect_s``: see :meth:`DiskTier.put`. Each shared tier is handed the committed entry
-        (queued: the caller does not wait)."""
+        (queued: the caller does not wait). With :attr:`recache`, an entry already there is
+        replaced (as :meth:`replace`): what was compiled again is what is kept."""
+        if self.recache and not self.readonly:
+            self.disk.replace_folder(kind, key)
         hit, committed = self.disk.put(
             kind, key, files, components=components, summary=summary, compile_s=compile_s, protect_s=protect_s
         )
@@ -412,6 +427,9 @@ class TieredCache:
         it again, without the lock). ``owner`` (Triton's cache manager): a thread makes one entry
         at a time, so this thread's flights of another owner that were never released are failed
         makes, released now."""
+        if self.recache:  # KCACHE_RECACHE: compile, whatever is stored (see get); no waiting
+            self._count_miss(kind, key, components, recached=1)
+            return Flight(self, kind, key, None)
         hit = self._lookup(kind, key, touch=self.disk.hits_are_use, remote=True, files=files)
         if hit is not None:
             self._count_hit(hit)
