@@ -352,3 +352,19 @@ def test_config_shows_recache_and_logfile(tmp_path, clean_env):
     assert "KCACHE_RECACHE" in text and "KCACHE_LOGFILE" in text
     bad = kc(dict(clean_env, KCACHE_RECACHE="maybe"), "config")
     assert "KCACHE_RECACHE='maybe'" in bad.stdout.splitlines()[1]
+
+
+# ------------------------------------------------------------------ point 4: a target Triton cannot build
+def test_prewarm_refuses_a_target_this_triton_cannot_compile_before_any_work(tmp_path, clean_env):
+    # `prewarm --target cuda:999` passed the checks and --dry-run; the real run printed ~14 KB
+    # of PTX and aborted. Now one line, exit 2, before anything is imported, compiled or made.
+    spec = Path(__file__).resolve().parents[1] / "docs" / "examples" / "prewarm" / "spec.toml"
+    store = tmp_path / "store"
+    for extra in (["--dry-run"], []):
+        r = kc(clean_env, "prewarm", str(spec), "--target", "cuda:999", "--dir", str(store), *extra)
+        line = one_line_error(r, 2)
+        assert "cuda:999" in line and "cannot compile for sm_999" in line and "cuda:90" in line, line
+        assert r.stdout == "" and not store.exists()
+    from kcache.prewarm.targets import target_problem
+
+    assert target_problem(90) is None and target_problem(80) is None

@@ -307,6 +307,11 @@ def _check_request(sp: Spec, target: str | None, jobs: Any) -> tuple[int | None,
             arch = parse_target(target)
         except ValueError as e:
             raise UsageError(f"--target: {e}") from None
+        from .targets import target_problem
+
+        why = target_problem(arch)  # cuda:999 went on to kilobytes of PTX and a crash per kernel
+        if why:
+            raise UsageError(why)
         target = f"cuda:{arch}"
     if not isinstance(jobs, int) or jobs < 1:
         raise UsageError(f"--jobs: must be a positive integer, got {jobs!r}")
