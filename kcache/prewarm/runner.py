@@ -361,6 +361,7 @@ def _run_inline(
         ex.setup()
         summary.build, summary.host_code, summary.utils_builds = ex.build, ex.host_code, ex.utils_builds
         for it in items:
+            prog.start(it.label)
             r = ex.run(it)
             summary.items.append(r)
             prog.update(r)
