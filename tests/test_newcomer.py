@@ -421,3 +421,57 @@ def test_prewarm_progress_shows_at_once_names_the_item_and_is_erased(tmp_path, c
     assert any("1/1 ok 1" in d for d in draws), draws
     assert text.endswith("\r") and not text.rsplit("\r", 2)[-2].strip(), repr(text[-200:])  # erased
     assert "1 item: 1 prepared" in out, out
+
+
+# ------------------------------------------------------------------ point 6: bundles and trust
+def _bundle_of(tmp_path: Path, env: dict[str, str], triton_version: str | None = None) -> Path:
+    root = tmp_path / "src"
+    s = Store.open(root)
+    for i in range(2):
+        comps = {"kernel": f"k{i}", "triton_version": triton_version or fingerprint.current("triton_version")}
+        s.put("triton", f"B{i}", {"k.cubin": bytes([i]) * 50}, components=comps, summary={"name": f"k{i}"})
+    s.close()
+    out = tmp_path / "b.kcb"
+    r = kc(env, "export", str(out), "--dir", str(root))
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_import_says_when_a_bundle_is_not_authenticated(tmp_path, clean_env):
+    # An unsigned bundle imported quietly with KCACHE_SECRET set; a signed bundle imported
+    # without the secret did not say its signature went unchecked.
+    secret = dict(clean_env, KCACHE_SECRET="team-secret")
+    unsigned = _bundle_of(tmp_path / "u", clean_env)
+    r = kc(secret, "import", str(unsigned), "--dir", str(tmp_path / "a"))
+    assert r.returncode == 0 and "the bundle is not signed, though KCACHE_SECRET is set" in r.stdout, r.stdout
+    data = json.loads(kc(secret, "import", str(unsigned), "--json", "--dir", str(tmp_path / "a2")).stdout)
+    assert data["trust"] == "unsigned"
+    signed = _bundle_of(tmp_path / "s", secret)
+    r = kc(clean_env, "import", str(signed), "--dir", str(tmp_path / "b"))
+    assert r.returncode == 0 and "its signature was not checked" in r.stdout, r.stdout
+    data = json.loads(kc(clean_env, "import", str(signed), "--json", "--dir", str(tmp_path / "b2")).stdout)
+    assert data["trust"] == "unchecked"
+    r = kc(secret, "import", str(signed), "--dir", str(tmp_path / "c"))
+    assert r.returncode == 0 and "(signature checked)" in r.stdout and "authenticated" not in r.stdout, (
+        r.stdout
+    )
+    # a plain unsigned import with no secret anywhere: nothing to warn about
+    r = kc(clean_env, "import", str(unsigned), "--dir", str(tmp_path / "d"))
+    assert r.returncode == 0 and "signed" not in r.stdout and "never" not in r.stdout, r.stdout
+
+
+def test_import_says_what_can_never_be_served_here(tmp_path, clean_env):
+    # A Triton 3.6 bundle imported into a 3.9 store with no word that it can never hit.
+    old = _bundle_of(tmp_path, clean_env, triton_version="3.0.0")
+    here = fingerprint.current("triton_version")
+    r = kc(clean_env, "import", str(old), "--dir", str(tmp_path / "store"))
+    assert r.returncode == 0, r.stderr
+    assert (
+        f"2 entries of it can never be served on this machine: built with triton_version 3.0.0 (here {here})"
+        in r.stdout
+    )
+    data = json.loads(kc(clean_env, "import", str(old), "--json", "--dir", str(tmp_path / "store2")).stdout)
+    assert data["never_served"] == {
+        "entries": 2,
+        "differ": [{"name": "triton_version", "bundle": "3.0.0", "here": here, "entries": 2}],
+    }
