@@ -475,3 +475,19 @@ def test_import_says_what_can_never_be_served_here(tmp_path, clean_env):
         "entries": 2,
         "differ": [{"name": "triton_version", "bundle": "3.0.0", "here": here, "entries": 2}],
     }
+
+
+# ------------------------------------------------------------------ point 8: Triton's variables
+def test_explain_says_that_a_triton_variable_changes_every_key(tmp_path, clean_env):
+    # Triton 3.9 warns that TRITON_DEFAULT_FP_FUSION is unset; setting it, even to its default,
+    # changes every kernel's key: the store seems empty. explain names the variable and says so.
+    root = tmp_path / "store"
+    s = Store.open(root)
+    base = {"kernel": "add", "triton_version": fingerprint.current("triton_version")}
+    assert s.put("triton", "UNSET", {"k.cubin": b"x"}, components=base) is not None
+    wanted = dict(base, **{"env.TRITON_DEFAULT_FP_FUSION": "true"})
+    assert s.get("triton", "SETKEY", components=wanted) is None
+    s.close()
+    out = kc(clean_env, "explain", "--dir", str(root)).stdout
+    assert "env.TRITON_DEFAULT_FP_FUSION: (absent) -> true" in out, out
+    assert "TRITON_DEFAULT_FP_FUSION: Triton puts this variable in every kernel's key" in out, out

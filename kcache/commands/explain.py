@@ -119,7 +119,20 @@ def explain_run(args: argparse.Namespace) -> int:
                 print(
                     f"      {fmt_value(d['name'], 50)}: {fmt_value(d['stored'], 50)} -> {fmt_value(d['wanted'], 50)}"
                 )
+        envs = sorted(
+            {d["name"][4:] for n in m["nearest"] for d in n["differ"] if d["name"].startswith("env.")}
+        )
+        if envs:
+            print(f"  {_ENV_HINT.format(', '.join(fmt_value(e, 40) for e in envs))}")
     return 0
+
+
+# Following Triton's own advice (3.9 warns that TRITON_DEFAULT_FP_FUSION is unset) changes every
+# kernel's key, even set to the default's value: the store then seems empty (issue 36, point 8).
+_ENV_HINT = (
+    "{}: Triton puts this variable in every kernel's key, set or not (set to its default value is "
+    "another key too): set it alike in every process that shares the store, and in a prewarm spec's [env]"
+)
 
 
 def fingerprint_args(p: argparse.ArgumentParser) -> None:
