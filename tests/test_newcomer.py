@@ -370,57 +370,7 @@ def test_prewarm_refuses_a_target_this_triton_cannot_compile_before_any_work(tmp
     assert target_problem(90) is None and target_problem(80) is None
 
 
-# ------------------------------------------------------------------ point 7: progress
-SPEC_ONE = """version = 1
-[env]
-[[triton]]
-kernel = "kernels:add_kernel"
-sizes = [{ N = 1024 }]
-grid = ["=cdiv(N, BLOCK_SIZE)"]
-[triton.args]
-x_ptr = { tensor = "float32", shape = ["=N"] }
-y_ptr = { tensor = "float32", shape = ["=N"] }
-out_ptr = { tensor = "float32", shape = ["=N"] }
-n_elements = "=N"
-BLOCK_SIZE = 1024
-"""
-
-
-def test_prewarm_progress_shows_at_once_names_the_item_and_is_erased(tmp_path, clean_env):
-    # A 22 s prewarm showed nothing for ~15 s (the bar came with the first result) and the bar
-    # stayed on screen, though docs/usage.md says progress lines are erased.
-    import pty
-
-    spec = tmp_path / "spec.toml"
-    spec.write_text(SPEC_ONE)
-    kernels = Path(__file__).resolve().parents[1] / "docs" / "examples" / "prewarm"
-    argv = ["prewarm", str(spec), "--target", "cuda:90", "--path", str(kernels), "--dir", str(tmp_path / "s")]
-    master, slave = pty.openpty()
-    try:
-        p = subprocess.Popen([sys.executable, "-m", "kcache", *argv], env=clean_env, stdout=subprocess.PIPE,
-                             stderr=slave, text=True)  # fmt: skip
-        os.close(slave)
-        term = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            term += chunk
-        out = p.stdout.read() if p.stdout else ""
-        assert p.wait(timeout=300) == 0, (out, term[-2000:])
-    finally:
-        os.close(master)
-    text = term.decode("utf-8", "replace")
-    draws = [d for d in text.split("\r") if d.strip()]
-    assert draws and "0/1" in draws[0] and "starting" in draws[0], draws[:3]  # drawn before any result
-    running = [d for d in draws if d.startswith("[") and "0/1" in d and "triton[0]" in d]
-    assert running and " s)" in running[-1], draws  # the item under way, with its seconds
-    assert any("1/1 ok 1" in d for d in draws), draws
-    assert text.endswith("\r") and not text.rsplit("\r", 2)[-2].strip(), repr(text[-200:])  # erased
-    assert "1 item: 1 prepared" in out, out
+# point 7 (prewarm's progress): tests/test_prewarm_triton.py::test_progress_bar_on_a_terminal_never_with_json
 
 
 # ------------------------------------------------------------------ point 6: bundles and trust
