@@ -177,5 +177,10 @@ def test_readme_install_then_every_example_page(fresh: dict[str, object]) -> Non
     runs = re.findall(r"\((\d+) kernel compiles?, (\d+) launcher builds?(, (\d+) driver utilit(?:y|ies) built)?",
                       outputs["prewarm"])  # fmt: skip
     assert len(runs) == 2 and runs[1][:2] == ("0", "0") and runs[1][2] == "", runs
+    # the torch.compile page: both items prepared on the CPU, both shapes served from the store
+    assert "2 items: 2 prepared, 0 already cached, 0 failed" in outputs["torch_compile"], outputs[
+        "torch_compile"
+    ]
+    assert '"fxgraph_cache": {"fxgraph_cache_hit": 2}}' in outputs["torch_compile"], outputs["torch_compile"]
     assert '"fxgraph_cache_miss"' not in outputs["torch_compile"]
     assert "TinyEncoder.forward" in outputs["torch_compile"]

@@ -441,3 +441,27 @@ def test_explain_says_that_a_triton_variable_changes_every_key(tmp_path, clean_e
     out = kc(clean_env, "explain", "--dir", str(root)).stdout
     assert "env.TRITON_DEFAULT_FP_FUSION: (absent) -> true" in out, out
     assert "TRITON_DEFAULT_FP_FUSION: Triton puts this variable in every kernel's key" in out, out
+
+
+# ------------------------------------------------------------------ points 2 and 9: where a newcomer reads
+def test_the_redis_extra_is_named_where_the_shared_tier_is_set_up() -> None:
+    # Following docs/remote.md after the README's install only turned the shared tier off with a
+    # warning: the redis extra was named in none of the three places a newcomer reads.
+    repo = Path(__file__).resolve().parents[1]
+    readme = (repo / "README.md").read_text()
+    usage = (repo / "docs" / "usage.md").read_text()
+    quick = (repo / "docs" / "remote.md").read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    for where, text in (("README.md", readme), ("docs/usage.md", usage), ("remote.md's quick start", quick)):
+        assert 'pip install -e ".[redis]"' in text, where
+    # and the README says what a newcomer needs before its two commands and what .ci/run costs
+    section = readme.split("## Two commands on a fresh machine", 1)[1].split("\n## ", 1)[0]
+    for words in (
+        "python3 -m venv",
+        ".venv-ci-newest",
+        "3.6 GB",
+        "apt-get",
+        "minutes",
+        "triton-meta",
+        "Extras",
+    ):
+        assert words in section, words
