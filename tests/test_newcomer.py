@@ -71,6 +71,16 @@ def test_a_named_folder_that_does_not_exist_is_an_error_not_an_empty_store(argv,
     assert not (tmp_path / "no").exists()
 
 
+def test_explain_against_reads_a_missing_store_as_a_new_node(tmp_path, clean_env):
+    # `explain --against OTHER` from a node where nothing was cached yet is the question it
+    # answers (why would this node miss what the other has): a missing store is empty there.
+    other = tmp_path / "other"
+    fill(other)
+    r = kc(clean_env, "explain", "--against", str(other), "--json", "--dir", str(tmp_path / "new-node"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["lacking"] == 2 and not (tmp_path / "new-node").exists()
+
+
 def test_the_default_folder_not_made_yet_still_reads_as_an_empty_store(tmp_path, clean_env):
     # A fresh machine's `kcache stats` (nothing cached yet, the default folder) is no mistake.
     r = kc(clean_env, "stats")

@@ -93,17 +93,19 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence
     return "\n".join(lines)
 
 
-def open_for(args: argparse.Namespace, *, write: bool = False) -> Admin:
+def open_for(args: argparse.Namespace, *, write: bool = False, missing_ok: bool = False) -> Admin:
     """The store of ``--dir`` (or the settings): read-only unless ``write``; never created.
 
     A folder that ``--dir`` or ``KCACHE_DIR`` names and that does not exist is a failure
     (CommandError): it is most often a mistyped path, and reading it as an empty store (exit 0,
     "0 entries", "removed 0 entries") hid that. The default folder not existing yet is a
-    machine where nothing was cached yet: it still reads as an empty store."""
+    machine where nothing was cached yet: it still reads as an empty store; so does any missing
+    folder with ``missing_ok`` (``explain --against``: a new node's empty store is the question)."""
     from ..maintenance import open_store
 
     settings = load_settings(args)
-    check_named_store(settings)
+    if not missing_ok:
+        check_named_store(settings)
     return open_store(settings, write=write)
 
 

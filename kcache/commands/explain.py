@@ -42,7 +42,7 @@ def _explain_against(args: argparse.Namespace) -> int:
     from ..maintenance.against import UNEXPLAINED, explain_against
 
     settings = load_settings(args)
-    store = open_for(args)
+    store = open_for(args, missing_ok=True)  # a new node, nothing cached yet: what would it miss?
     try:
         res = explain_against(store, args.against, key_tag=settings.key_tag)
     finally:
