@@ -208,13 +208,12 @@ class Hooks:
 
 
 class Integration:
-    """What an integration declares to the facade, which names it by string only
-    (:data:`kcache.integrations.REGISTRY`) and imports it when one of its triggers is imported.
+    """An integration's code, as the facade attaches it. What must be known before it is
+    imported (its switch, the modules whose import attaches it, its kinds) it declares in its
+    package's ``declare.py``, which names this object by string (:mod:`kcache.registry`); it is
+    imported when one of its triggers is.
 
-    - ``name``: its name in the registry; ``switch``: the :func:`kcache.enable` argument that
-      turns it on (``triton``, ``nvfuser``, ``torch``; the name by default);
-    - ``triggers``: the modules whose import attaches it;
-    - ``kinds``: the kinds of entries it keeps;
+    - ``name``: its name in the registry;
     - ``attach(get_cache) -> detach``: called once per :func:`kcache.enable` (before anything
       else of it runs, even with its switch off: the integration's own objects may be used
       directly): it keeps the getter of the active cache, and ``detach`` undoes all it did;
@@ -224,26 +223,20 @@ class Integration:
       entry of that kind, or None (what ``kcache verify`` is handed).
     """
 
-    __slots__ = ("attach", "checks", "kinds", "name", "on_import", "switch", "triggers")
+    __slots__ = ("attach", "checks", "name", "on_import")
 
     def __init__(
         self,
         name: str,
         *,
-        triggers: tuple[str, ...],
-        kinds: tuple[str, ...],
         attach: Callable[[Callable[[], Any]], Callable[[], None]],
         on_import: Callable[[Any], None],
-        switch: str | None = None,
         checks: Callable[[], dict[str, Callable[[Any], str | None]]] | None = None,
     ) -> None:
         self.name = name
-        self.switch = switch or name
-        self.triggers = triggers
-        self.kinds = kinds
         self.attach = attach
         self.on_import = on_import
         self.checks = checks
 
     def __repr__(self) -> str:
-        return f"Integration({self.name!r}, switch={self.switch!r}, triggers={len(self.triggers)})"
+        return f"Integration({self.name!r})"

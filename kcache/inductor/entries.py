@@ -10,9 +10,10 @@ import sys
 import time
 from typing import Any
 
-from .. import kinds as _kinds
 from ..boundary import fail_open
+from ..kinds import get as _kind
 from ..log import logger, warn_once
+from . import declare as _kinds
 from .attached import cache as active_cache
 
 MEMBER = "value"  # the one file of an inductor entry: the bytes Inductor gave
@@ -95,7 +96,7 @@ def _compile_s(data: bytes) -> float:
 # ------------------------------------------------------------------------------------ get/put
 def _store() -> Any:
     store = active_cache()
-    if store is not None and not store.trust_host_code and _kinds.get(_kinds.INDUCTOR_FX).pickled:
+    if store is not None and not store.trust_host_code and _kind(_kinds.INDUCTOR_FX).pickled:
         # A store opened with KCACHE_ALLOW_INSECURE: torch unpickles what it is given, so
         # nothing pickled is taken from (or put into) it. Autotune JSON would be safe, but one
         # rule for the whole integration is easier to reason about.

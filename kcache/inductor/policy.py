@@ -47,10 +47,10 @@ import os
 import sys
 from typing import Any
 
-from .. import kinds as _kinds
 from ..boundary import failed, guarded
 from ..forksafe import module_lock
 from ..patch import is_ours
+from . import declare as _kinds
 from .attached import patches
 
 _lock = module_lock(__name__, "_lock")

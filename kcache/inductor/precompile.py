@@ -43,9 +43,9 @@ import re
 import sys
 from typing import Any
 
-from .. import kinds as _kinds
 from ..boundary import failed, guarded, raised_strict
 from ..log import logger, warn_once
+from . import declare as _kinds
 
 KIND = _kinds.INDUCTOR_PRECOMPILE
 _SOURCE_ID = re.compile(r"[0-9A-Za-z_.-]{1,200}")

@@ -211,7 +211,7 @@ def servable(store: Any, hit: Any, blob: bytes) -> bool:
 def checks(member: str) -> dict[str, Callable[[Any], str | None]]:
     """kind -> ``check(hit)`` for ``kcache verify``: why torch could not safely use this
     verified autotune result (its file ``member``), or None."""
-    from .. import kinds
+    from . import declare as kinds
 
     def autotune(hit: Any) -> str | None:
         why = problem(hit.read(member)) if member in hit.names else f"no {member}"

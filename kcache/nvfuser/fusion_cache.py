@@ -34,11 +34,10 @@ from typing import Any
 
 from kcache import counters
 from kcache.nvfuser import descriptors as _d
+from kcache.nvfuser.declare import NVFUSER_FUSION as COUNTER_KIND  # counter kind in ``kcache stats``
 
 __all__ = ["FusionCache", "flush_all"]
 
-#: counter kind in ``kcache stats``
-COUNTER_KIND = "nvfuser-fusion"
 #: the memo path pushes counts to kcache.counters when its tick is a multiple of this plus one
 _PUSH_EVERY = 4095
 

@@ -25,8 +25,8 @@ from types import ModuleType
 from typing import Any
 
 from ..log import logger, warn_once
+from .declare import NVFUSER_LEGACY as KIND
 
-KIND = "nvfuser-legacy"
 MEMBER = "fusion_cache.fb"
 MAX_FUSIONS = 16384  # the binding's default for FusionCache.get
 

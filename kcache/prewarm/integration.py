@@ -1,4 +1,4 @@
-"""Prewarm's part in a program that uses kcache (registered in :mod:`kcache.integrations`): when
+"""Prewarm's part in a program that uses kcache (named in :mod:`.declare`, which :mod:`kcache.registry` reads): when
 Triton is imported, warn once if the store was prewarmed with another Triton build
 (:func:`.meta.check_store_build`), or, with ``KCACHE_RECORD`` set, record the kernels the program
 compiles into a spec (:func:`.record.attach`). Imports nothing heavy.
@@ -10,7 +10,6 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from ..kinds import TRITON_META
 from ..log import logger
 from ..patch import CacheSlot, Integration
 
@@ -59,9 +58,6 @@ def _on_triton(_mod: ModuleType) -> None:
 
 INTEGRATION = Integration(
     "prewarm",
-    switch="triton",
-    triggers=("triton",),
-    kinds=(TRITON_META,),
     attach=_attach,
     on_import=_on_triton,
 )

@@ -22,14 +22,15 @@ import msgpack
 
 from ... import kinds as _kinds
 from ...log import logger, warn_once
+from ..declare import NVFUSER, NVFUSER_MANIFEST
 from .fingerprint import SCHEMA, Fingerprint
 from .folder import Kernel
 
 if TYPE_CHECKING:
     from ...store import Store
 
-KIND = _kinds.NVFUSER
-MANIFEST_KIND = _kinds.NVFUSER_MANIFEST
+KIND = NVFUSER
+MANIFEST_KIND = NVFUSER_MANIFEST
 LOCK_TIMEOUT_S = 20.0
 
 
