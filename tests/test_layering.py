@@ -277,12 +277,17 @@ def test_an_integration_is_named_only_in_its_package_and_the_registry() -> None:
 
 def test_the_search_for_integration_names_sees_a_planted_one(tmp_path: Path, monkeypatch) -> None:
     """The check itself: a module of the ground layer that names Triton's version component, or
-    imports the torch integration, is found."""
-    planted = PKG / "zz_planted_for_test.py"
-    planted.write_text('X = "triton_version"\n\n\ndef f() -> None:\n    from kcache.inductor import entries  # noqa\n')
-    try:
-        found = integration_names_outside()
-    finally:
-        planted.unlink()
-    assert any("zz_planted_for_test.py:1: names 'triton_version'" in f for f in found), found
-    assert any("zz_planted_for_test.py: imports kcache/inductor/entries.py" in f for f in found), found
+    imports the torch integration, is found (in a copy of the package: the tree is not touched)."""
+    import shutil
+    import sys
+
+    shutil.copytree(PKG, tmp_path / "kcache", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "kcache" / "zz_planted.py").write_text(
+        'X = "triton_version"\n\n\ndef f() -> None:\n    from kcache.inductor import entries  # noqa\n'
+    )
+    here = sys.modules[__name__]
+    monkeypatch.setattr(here, "ROOT", tmp_path)
+    monkeypatch.setattr(here, "PKG", tmp_path / "kcache")
+    found = integration_names_outside()
+    assert any("zz_planted.py:1: names 'triton_version'" in f for f in found), found
+    assert any("zz_planted.py: imports kcache/inductor/entries.py" in f for f in found), found
