@@ -52,7 +52,20 @@ def current(name: str) -> str | None:
     try:
         fn = _computers.get(name) or _declared(name)
         value = fn() if fn is not None else None
-    except Exception:  # broad: a probe (ctypes, a subprocess, an import) that fails: its part unknown
+    except Exception as e:  # broad: sorted: a probe that fails is expected, a bug is not
+        import subprocess
+
+        from .boundary import expected
+
+        # What a probe expects: a library or file it cannot load or read (ctypes, an import), a
+        # tool that fails or hangs (subprocess), output it cannot parse. Its part is unknown.
+        expected(
+            e,
+            (OSError, ImportError, subprocess.SubprocessError, ValueError),
+            "fingerprint",
+            f"kcache's probe of {name}",
+            then="that part of the key is unknown",
+        )
         value = None
     with _lock:
         _values[name] = value

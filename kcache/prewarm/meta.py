@@ -40,7 +40,12 @@ def libtriton_path() -> str | None:
         from ..triton.keymemo import _libtriton_path
 
         return _libtriton_path(cache_mod)
-    except Exception:  # broad: importing Triton runs its code (a broken install raises anything)
+    except Exception as e:  # broad: importing Triton runs its code; a broken install is expected
+        from ..boundary import expected
+
+        expected(
+            e, (ImportError, OSError), "prewarm-libtriton", "kcache's lookup of libtriton", then="not checked"
+        )
         return None
 
 

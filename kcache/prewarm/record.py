@@ -518,8 +518,10 @@ def chain_hooks(recorder: Recorder) -> Callable[[], None]:
             def hook(**kw: Any) -> Any:
                 try:
                     (rec.capture if before else rec.commit)(kw)
-                except Exception as e:  # recording never breaks the program
-                    logger.debug("KCACHE_RECORD hook: %s", e)
+                except Exception as e:  # the edge (Triton calls it): recording never breaks the program
+                    from ..boundary import failed
+
+                    failed("record-hook", "KCACHE_RECORD's recording of a kernel", e, then="not recorded")
                 return user(**kw) if user is not None else None
 
             return hook

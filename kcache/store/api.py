@@ -16,11 +16,18 @@ wants it, at run time):
 :class:`Cache` and :class:`Admin`; code outside the store is typed against the face it uses, so
 that a change inside the store stops at its edge.
 
-Failure contract: :class:`Cache` methods never raise for a failure the store expects (a corrupt
-or foreign entry, a full or read-only disk, a server that does not answer): they miss or skip,
-count it and warn once. Anything else (a bug) propagates to the library-facing edge
-(:mod:`kcache.boundary`), which fails open, or raises under ``KCACHE_STRICT=1``. A :class:`Tier`
-returns None for a miss and raises for a failure; the composed cache counts it as a miss.
+Failure contract, one rule at every level. What the store expects of the world (a full,
+read-only or vanished disk, a corrupt or foreign entry, a locked or corrupt index: the
+exceptions of :data:`kcache.store.errors.EXPECTED`; a shared tier that does not answer) is never
+raised to a caller: :class:`Cache` and :class:`Admin` methods miss or skip, count it and warn
+once. Anything else is a bug: it propagates to the library-facing edge
+(:mod:`kcache.boundary`), which fails open, or raises under ``KCACHE_STRICT=1``; where the store
+must go on instead (its flush thread, a close, eviction after a put), the catch sorts what it met
+by the boundary's rule (:func:`kcache.store.errors.expected`): an expected failure is the miss it
+is, a bug is raised under ``KCACHE_STRICT=1`` and otherwise warned once and counted as an error.
+A :class:`Tier` returns None for a miss and counts its own failures; for a failure it may raise
+only the tier machinery's typed "unavailable" error (:mod:`kcache.store.tiers`), which the
+composed cache counts as a miss. Anything else a tier raises is a bug, by the same rule.
 """
 
 from __future__ import annotations
@@ -46,8 +53,9 @@ Entry = tuple["Record", dict[str, bytes]]
 
 
 class Tier(Protocol):
-    """A backend behind the local store (see :mod:`kcache.store.tiers`). Each method handles its
-    own failures (counted under ``remote_*``, one warning) and never raises into the cache."""
+    """A backend behind the local store (see :mod:`kcache.store.tiers`). Each method counts its
+    own failures (``remote_*``, one warning); it raises only as the module's failure contract
+    says (a typed "unavailable": a miss)."""
 
     def fetch_entry(self, kind: str, key: str, ident: str) -> Entry | None:
         """The entry for ``ident``, checked (signature, record, every member's checksum), or

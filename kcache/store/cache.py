@@ -38,6 +38,7 @@ from . import quarantine as _quarantine
 from . import tunables as T
 from .api import Components, Files
 from .disk import DiskTier
+from .errors import expected
 from .hit import Hit
 from .index import Index
 from .locks import Lock
@@ -189,8 +190,9 @@ class TieredCache:
         for flight in held:
             try:
                 flight.release()
-            except Exception as e:  # broad: closing goes on whatever a release met
-                logger.debug("flight release at close: %s", e)
+            except Exception as e:  # broad: closing goes on whatever a release met (a bug reported)
+                if expected(e, "close", "kcache's release of a single flight at close"):
+                    logger.debug("flight release at close: %s", e)
         for tier in self.tiers:
             try:
                 tier.close()
@@ -277,7 +279,9 @@ class TieredCache:
         if components is not None and not self.readonly:
             try:
                 comps = dict(components() if callable(components) else components)
-            except Exception:  # broad: components are for explain only; a lookup never fails for them
+            except Exception as e:  # broad: an integration's code; for explain only, a lookup goes on
+                # nothing is expected of it: what it raises is a bug (raised under KCACHE_STRICT=1)
+                expected(e, "components", f"kcache's key components of a {kind} entry", then="not logged")
                 comps = {}
             self.disk.note_miss(kind, key, comps)
 
@@ -358,7 +362,8 @@ class TieredCache:
         try:
             self.disk.remove([self.entry_id(kind, key)])
         except Exception as e:  # broad: forgetting is best effort, the caller redoes the work
-            logger.debug("could not remove %s %s: %s", kind, key, e)
+            if expected(e, "forget", "kcache's removal of an entry the library could not use"):
+                logger.debug("could not remove %s %s: %s", kind, key, e)
 
     def quarantine(self, rec: Record, why: str) -> None:
         """Take the entry ``rec`` out of service: its use raised (see :mod:`.quarantine`)."""
@@ -371,8 +376,9 @@ class TieredCache:
                     self.disk.remove([rec.id])
             for tier in self.tiers:
                 tier.mark_bad(rec.kind, rec.id)
-        except Exception as e:  # broad: best effort, the caller compiles either way
-            logger.debug("quarantine of %s: %s", rec.id, e)
+        except Exception as e:  # broad: best effort, the caller compiles either way (a bug reported)
+            if expected(e, "quarantine", "kcache's quarantine of an entry", then="the library compiles"):
+                logger.debug("quarantine of %s: %s", rec.id, e)
 
     def scratch_dir(self) -> str:
         return self.disk.scratch_dir()

@@ -14,6 +14,7 @@ import contextlib
 import os
 import sqlite3
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable, Container, Iterator
@@ -25,7 +26,7 @@ from . import fs
 from . import tunables as T
 from .clock import Clock
 from .entries import Entries
-from .errors import StoreError
+from .errors import StoreError, expected
 from .housekeeping import iter_entry_ids
 from .index import DB_NAME, Index, IndexTooNew, is_corrupt_db
 from .records import Record
@@ -293,6 +294,8 @@ class Catalogue:
             if batch:
                 idx.insert_many(batch)
         except Exception as e:  # broad: a rebuild is best effort (sqlite3, the disk, a hostile record)
+            if not expected(e, "index-fill", "kcache's filling of a new index"):
+                return
             # Said under the topic the index's other failures use: a full disk (ENOSPC, or
             # EFBIG that SQLite reports as an I/O error) is one warning, not one per step.
             topic = "disk-full" if "full" in str(e).lower() else f"index:{type(e).__name__}"
@@ -318,6 +321,8 @@ class Catalogue:
             self._index_off_until = float("inf")
             return None
         except Exception as e:  # broad: the index is optional (stats, eviction): sorted below, never fatal
+            if not expected(e, "index", "kcache's use of its index", then="continuing without it"):
+                return None  # a bug: reported (raised under KCACHE_STRICT=1)
             msg = str(e).lower()
             if isinstance(e, sqlite3.OperationalError) and ("locked" in msg or "busy" in msg):
                 # Other processes are writing (many ranks at once): expected, not worth a
@@ -372,7 +377,7 @@ class Catalogue:
                     try:
                         t = threading.Thread(target=self._flush_loop, name="kcache-flush", daemon=True)
                         t.start()
-                    except Exception as e:  # no threads left (a pids limit), or at shutdown
+                    except RuntimeError as e:  # no threads left (a pids limit), or at shutdown
                         # Tried again at the next put or lookup; until then rows wait in memory
                         # (and are written at close).
                         self._flusher_pid = None
@@ -397,8 +402,9 @@ class Catalogue:
                 if time.monotonic() >= self._next_reconcile:
                     self._next_reconcile = time.monotonic() + T.RECONCILE_CHECK_S
                     self.reconcile()
-            except Exception:  # flush never raises; a thread must not die loudly either
-                pass
+            except Exception as e:  # broad: the flush thread goes on (its parts sort their own failures)
+                if not sys.is_finalizing():  # a bug: reported once (under KCACHE_STRICT=1 it ends the thread)
+                    expected(e, "flush", "kcache's flush thread")
 
     def reconcile(self, force: bool = False) -> int:
         """Add a row for each entry on disk that has none, and return how many were added.
@@ -430,15 +436,17 @@ class Catalogue:
         try:
             batch.extend(self._records_on_disk(skip=known))
         except Exception as e:  # broad: as a rebuild (sqlite3, the disk, a hostile record)
-            logger.debug("reconcile: %s", e)
+            if expected(e, "reconcile", "kcache's reconcile of its index"):
+                logger.debug("reconcile: %s", e)
         if batch and self.call(lambda idx: idx.insert_many(batch) or True) is None:
             return 0
         if batch:
             logger.info("added %d index rows for entries written by processes that ended early", len(batch))
         try:
             self.after_reconcile()
-        except Exception as e:  # a recount is best effort: the next reconcile tries again
-            logger.debug("recount: %s", e)
+        except Exception as e:  # broad: a recount is best effort: the next reconcile tries again
+            if expected(e, "recount", "kcache's recount of the store's bytes"):
+                logger.debug("recount: %s", e)
         return len(batch)
 
     def flush(self, force: bool = False) -> None:
