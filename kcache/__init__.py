@@ -158,7 +158,8 @@ def active_store() -> Store | None:
 def _on_demand(**switches: bool) -> bool:
     """A library built one of kcache's objects itself (see :func:`kcache._imports.turn_on`): turn kcache on
     with the environment's settings unless it is on."""
-    return is_enabled() or enable(**switches)
+    kwargs: dict[str, Any] = dict(switches)  # switches only (enable's other arguments stay unset)
+    return is_enabled() or enable(**kwargs)
 
 
 def disable() -> None:

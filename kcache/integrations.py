@@ -57,7 +57,7 @@ def attach(
     told to build, a program's own calls). When one of its triggers is imported, its switch is on
     and ``usable()`` (the settings are good), it is imported and its ``on_import`` patches the
     library."""
-    from ._imports import forget, when_imported
+    from ._imports import when_imported
 
     detach: dict[str, Callable[[], None]] = {}  # name -> what undoes its attach, this enable
 
@@ -75,7 +75,7 @@ def attach(
             attached(name, getattr(mod, attr))
 
         when_imported(module, on_module)
-        undo.append(lambda module=module, fn=on_module: forget(module, fn))
+        undo.append(_forgetting(module, on_module))
         if not switches.get(declared.switch, True):
             continue
 
@@ -85,7 +85,14 @@ def attach(
 
         for trigger in declared.triggers:
             when_imported(trigger, on_trigger)
-            undo.append(lambda trigger=trigger, fn=on_trigger: forget(trigger, fn))
+            undo.append(_forgetting(trigger, on_trigger))
+
+
+def _forgetting(module: str, fn: Callable[[ModuleType], None]) -> Callable[[], None]:
+    """What undoes ``when_imported(module, fn)``."""
+    from ._imports import forget
+
+    return lambda: forget(module, fn)
 
 
 def push_counts() -> None:

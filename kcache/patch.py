@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .log import logger
 
@@ -53,6 +53,11 @@ def _mark(replacement: Any, orig: Any) -> None:
             # A builtin or a slotted object: the patch is still undone by identity, only
             # :func:`original` cannot see through it.
             pass
+
+
+def replacing(value: Any) -> Callable[[Any], Any]:
+    """A ``make`` for :meth:`Patches.wrap` that puts ``value`` in place, whatever was there."""
+    return lambda _current: value
 
 
 class Patches:
@@ -142,18 +147,25 @@ class Patches:
         return len(self._done)
 
 
-class CacheSlot:
+#: What a slot holds: the face of the store an integration is typed against (``CacheSlot[Cache]``,
+#: :class:`kcache.store.api.Cache`); this module, below the store, names no face itself.
+C = TypeVar("C")
+
+
+class CacheSlot(Generic[C]):
     """Where an integration keeps the getter of the active cache it was given at attach (see
     :class:`Integration`): calling the slot gives the cache in use now, or None (kcache off, not
     attached). A getter rather than the cache: enabling, disabling and switching stores reach
-    every integration without attaching again."""
+    every integration without attaching again. Declared with the face its integration uses
+    (``cache: CacheSlot[Cache] = CacheSlot()``): the type checker then holds every use of the
+    cache to that face."""
 
     __slots__ = ("_get",)
 
     def __init__(self) -> None:
-        self._get: Callable[[], Any] | None = None
+        self._get: Callable[[], C | None] | None = None
 
-    def bind(self, get_cache: Callable[[], Any]) -> Callable[[], None]:
+    def bind(self, get_cache: Callable[[], C | None]) -> Callable[[], None]:
         """Use ``get_cache`` from now on; returns the function that lets go of it (only if it is
         still the one bound)."""
         self._get = get_cache
@@ -168,7 +180,7 @@ class CacheSlot:
     def bound(self) -> bool:
         return self._get is not None
 
-    def __call__(self) -> Any:
+    def __call__(self) -> C | None:
         get = self._get
         return get() if get is not None else None
 
@@ -183,7 +195,7 @@ class Hooks:
 
     def __init__(
         self,
-        slot: CacheSlot | Callable[[], CacheSlot],
+        slot: CacheSlot[Any] | Callable[[], CacheSlot[Any]],
         install: Callable[[Any], None],
         uninstall: Callable[[], None],
     ) -> None:

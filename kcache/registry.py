@@ -79,10 +79,11 @@ class Declared:
     )
 
     def __init__(self, name: str, package: str, mod: ModuleType) -> None:
-        def get(attr: str, kind: type, default: Any = None) -> Any:
+        def get(attr: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
             value = getattr(mod, attr, default)
             if not isinstance(value, kind):
-                raise TypeError(f"{package}.declare.{attr}: {type(value).__name__}, not {kind.__name__}")
+                want = kind[0] if isinstance(kind, tuple) else kind
+                raise TypeError(f"{package}.declare.{attr}: {type(value).__name__}, not {want.__name__}")
             return value
 
         self.name, self.package = name, package

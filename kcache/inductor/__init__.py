@@ -53,7 +53,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..log import logger, warn_once
-from ..patch import Hooks, Integration
+from ..patch import Hooks, Integration, replacing
 from . import declare as _kinds
 from .attached import backend_is_ours as backend_is_ours
 from .attached import cache as active_cache
@@ -183,7 +183,7 @@ def _install_backends(rc: Any) -> None:
         ):
             continue
         backend = functools.partial(backend_cls, KIND_BY_CLASS[cls_name])
-        _ours_cls[cls_name] = patches.wrap(cls, "backend_override_cls", lambda _, b=backend: b, raw=True)
+        _ours_cls[cls_name] = patches.wrap(cls, "backend_override_cls", replacing(backend), raw=True)
 
 
 def uninstall() -> None:
@@ -204,7 +204,7 @@ def uninstall() -> None:
 
 @functools.lru_cache(maxsize=1)
 def _backend_class(base: type) -> type:
-    class KcacheBackend(base):  # type: ignore[misc, valid-type]
+    class KcacheBackend(base):
         """Inductor's remote cache backend, on kcache's store (never raises)."""
 
         def __init__(self, kind: str) -> None:

@@ -49,7 +49,7 @@ from typing import Any
 
 from ..boundary import failed, guarded
 from ..forksafe import module_lock
-from ..patch import is_ours
+from ..patch import is_ours, replacing
 from . import declare as _kinds
 from .attached import patches
 
@@ -379,7 +379,7 @@ def rebind(mod: Any = None) -> None:
             continue
         for fn_name, (own, decide) in list(_decisions.items()):
             if m.__dict__.get(fn_name) is own:
-                patches.wrap(m, fn_name, lambda _, decide=decide: decide)
+                patches.wrap(m, fn_name, replacing(decide))
             elif m.__dict__.get(fn_name) is decide:  # imported by name after the wrap
                 patches.adopt(m, fn_name, own)
 

@@ -62,8 +62,8 @@ def load_other(path: str) -> Other:
         raise MaintenanceError(f"{path}: {e.strerror or e}") from None
     if head == b"{":
         try:
-            with open(p, encoding="utf-8") as f:
-                doc = json.load(f)
+            with open(p, encoding="utf-8") as text:
+                doc = json.load(text)
         except (OSError, ValueError) as e:
             raise MaintenanceError(f"{path}: not a fingerprint file ({e})") from None
         parts = read_document(doc)

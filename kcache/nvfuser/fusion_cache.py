@@ -223,8 +223,9 @@ class FusionCache:
                 self._arm(e, args)
             next(self._hitc)
             return e[1]
-        e = self._memo.get(ex)
-        if e is not None:
+        found = self._memo.get(ex)
+        if found is not None:
+            e = found
             # The most recent entry needs no tick: it was stamped when it became the most recent
             # and no other entry has been used since.
             e[4][1] = t = next(self._hitc)
@@ -249,7 +250,7 @@ class FusionCache:
         is kept in ``e[5]``), 0 none possible (not all arguments are torch tensors, no torch,
         guards off or unusable).
         """
-        make = _tensor_guards_cls() if self._use_guards else False
+        make: Any = _tensor_guards_cls() if self._use_guards else False
         g: Any = 0
         if make:
             try:

@@ -111,8 +111,7 @@ class LegacyFusionCache:
             return False
         lk = store.lock(KIND, self.key, timeout=20.0)
         try:
-            with contextlib.suppress(Exception):
-                store.remove([store.entry_id(KIND, self.key)])
+            store.forget(KIND, self.key)
             hit = store.put(
                 KIND,
                 self.key,

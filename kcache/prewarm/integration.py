@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..log import logger
 from ..patch import CacheSlot, Integration
 
-_cache = CacheSlot()
+if TYPE_CHECKING:
+    from ..store.api import Cache
+
+_cache: CacheSlot[Cache] = CacheSlot()
 _undo: list[Callable[[], None]] = []
 
 

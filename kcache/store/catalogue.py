@@ -68,7 +68,7 @@ class Catalogue:
         #: Called at each of the flush thread's turns, before the index is written (eviction,
         #: clean-up), and after a reconcile (recount): set by the disk tier.
         self.on_turn: Callable[[], None] = lambda: None
-        self.after_reconcile: Callable[[], None] = lambda: None
+        self.after_reconcile: Callable[[], object] = lambda: None
         self._lock = threading.RLock()  # the buffers below
         self._index_lock = threading.RLock()  # one SQLite connection: one thread at a time
         self._index: Index | None = None
@@ -438,7 +438,12 @@ class Catalogue:
         except Exception as e:  # broad: as a rebuild (sqlite3, the disk, a hostile record)
             if expected(e, "reconcile", "kcache's reconcile of its index"):
                 logger.debug("reconcile: %s", e)
-        if batch and self.call(lambda idx: idx.insert_many(batch) or True) is None:
+
+        def insert(idx: Index) -> bool:
+            idx.insert_many(batch)
+            return True
+
+        if batch and self.call(insert) is None:
             return 0
         if batch:
             logger.info("added %d index rows for entries written by processes that ended early", len(batch))
@@ -480,7 +485,7 @@ class Catalogue:
         clock.refresh()
         off = clock.offset if before is None else before
         touches = {k: (t + off, n) for k, (t, n) in touches.items()}
-        misses = [(t + off, *rest) for t, *rest in misses]
+        misses = [(t + off, kind, key, comps) for t, kind, key, comps in misses]
 
         def write(idx: Index) -> bool:
             with idx.transaction():

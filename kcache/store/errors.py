@@ -7,7 +7,6 @@ import sqlite3
 
 from ..boundary import expected as _sort
 from .fs import UnsafePath
-from .hit import ServeFailed
 from .index import CorruptIndex, IndexTooNew
 from .records import CorruptRecord
 from .safety import UnsafeStore
@@ -25,6 +24,10 @@ class CorruptEntry(Exception):
     def __init__(self, msg: str, ident: tuple[int, ...] | None = None) -> None:
         super().__init__(msg)
         self.ident = ident
+
+
+class ServeFailed(Exception):
+    """A verified hit whose files could not be made (a full disk everywhere, a closed store)."""
 
 
 class RefusedEntry(Exception):

@@ -57,13 +57,13 @@ def triton_env_lister() -> Callable[[], dict[str, Any]] | None:
     try:
         from triton._C.libtriton import get_cache_invalidating_env_vars
 
-        return get_cache_invalidating_env_vars  # type: ignore[no-any-return]
+        return get_cache_invalidating_env_vars
     except Exception:  # no Triton, or one that cannot load its library: nothing in the key
         pass
     try:
-        from triton.runtime.cache import get_cache_invalidating_env_vars  # type: ignore[attr-defined]
+        from triton.runtime.cache import get_cache_invalidating_env_vars
 
-        return get_cache_invalidating_env_vars  # type: ignore[no-any-return]
+        return get_cache_invalidating_env_vars
     except Exception:  # as above
         return None
 
