@@ -215,3 +215,29 @@ def test_the_type_checker_refuses_an_integration_calling_a_verb_outside_its_face
     assert status == 1, out + err
     lines = [ln for ln in out.splitlines() if "error:" in ln]
     assert len(lines) == 1 and '"Cache" has no attribute "index"' in lines[0], out
+
+
+def test_the_verbs_the_cache_face_gained_do_what_it_says(tmp_path: Path) -> None:
+    """has, keys, lock, quarantine, closed: what Inductor and nvFuser use instead of Admin verbs."""
+    s = Store.open(tmp_path / "store")
+    try:
+        for i in range(3):
+            assert s.put("nvfuser", f"fp1/k{i}", {"kernel.cu": b"x" * (i + 1)}) is not None
+        assert s.put("nvfuser", "fp2/k0", {"kernel.cu": b"y"}) is not None
+        assert s.has("nvfuser", "fp1/k0") and not s.has("nvfuser", "fp1/absent")
+        s.flush(force=True)  # the catalogue lists what its flush wrote
+        assert sorted(s.keys("nvfuser", "fp1/")) == ["fp1/k0", "fp1/k1", "fp1/k2"]
+        assert s.keys("triton") == []
+        held = s.lock("nvfuser-manifest", "fp1", timeout=1.0)
+        assert held is not None
+        held.release()
+        hit = s.get("nvfuser", "fp1/k1")
+        assert hit is not None
+        s.quarantine(hit.record, "the library could not use it")
+        assert s.get("nvfuser", "fp1/k1") is None and not s.has("nvfuser", "fp1/k1")
+        s.forget("nvfuser", "fp1/k2")
+        assert not s.has("nvfuser", "fp1/k2")
+        assert not s.closed
+    finally:
+        s.close()
+    assert s.closed

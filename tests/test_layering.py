@@ -234,14 +234,13 @@ def _strings(path: Path) -> list[tuple[int, str]]:
     ]
 
 
-def _own_names(declared: object) -> set[str]:
+def _own_names(d: registry.Declared) -> set[str]:
     """What only an integration's package may name: its package and code, its kinds (but one
     named as its library is, such as ``triton``: a library's name is everyone's), its components
     and its parts of the machine's identity (a prefix such as ``env.`` is a mechanism, not a name)."""
-    d: object = declared
-    names = {d.package, d.integration.partition(":")[0]}  # type: ignore[attr-defined]
-    names |= {k for k in d.kinds if k not in d.triggers}  # type: ignore[attr-defined]
-    names |= set(d.components) | {w for w in d.words if not w.endswith(".")}  # type: ignore[attr-defined]
+    names = {d.package, d.integration.partition(":")[0]}
+    names |= {k for k in d.kinds if k not in d.triggers}
+    names |= set(d.components) | {w for w in d.words if not w.endswith(".")}
     return names
 
 

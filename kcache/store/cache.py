@@ -263,24 +263,9 @@ class TieredCache:
         return rec is not None
 
     def keys(self, kind: str, prefix: str = "") -> list[str]:
-        """The keys of the entries of ``kind`` that start with ``prefix``, newest first, as the
-        catalogue lists them (a connection that never writes: it works on a full disk and while
-        another process holds the index). Best effort: an entry is listed about a second after
-        its put; an index that cannot be read lists nothing (one warning). Never raises for a
-        failure of the store."""
-        out: list[str] = []
-        try:
-            idx = self.disk.index_readonly()
-            try:
-                for row in idx.rows(kind=kind, order="store_time DESC"):
-                    if row.record is not None and row.record.key.startswith(prefix):
-                        out.append(row.record.key)
-            finally:
-                idx.close()
-        except Exception as e:  # broad: sorted (sqlite3 and a corrupt database raise many kinds)
-            if expected(e, "keys", "kcache's listing of entries", then="listing none"):
-                warn_once("index-list", f"cannot list entries from the store's index: {e}")
-        return out
+        """The keys of ``kind``'s entries that start with ``prefix``, newest first, as the
+        catalogue lists them (see :meth:`Catalogue.keys`). Never raises for a failure of the store."""
+        return self.disk.catalogue.keys(kind, prefix)
 
     def _lookup(self, kind: str, key: str, *, touch: bool, remote: bool, files: bool) -> Hit | None:
         hit = self.disk.get(kind, key, touch=touch, files=files)

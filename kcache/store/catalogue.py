@@ -272,6 +272,25 @@ class Catalogue:
             _unlink_db(ifd)
             return Index.open(path, timeout=self.index_timeout)
 
+    def keys(self, kind: str, prefix: str = "") -> list[str]:
+        """The keys of the entries of ``kind`` that start with ``prefix``, newest first, from a
+        connection that never writes (it works on a full disk and while another process holds
+        the index). Best effort: an entry is listed about a second after its put; an index that
+        cannot be read lists nothing (one warning). Never raises for a failure of the store."""
+        out: list[str] = []
+        try:
+            idx = self.index_readonly()
+            try:
+                for row in idx.rows(kind=kind, order="store_time DESC"):
+                    if row.record is not None and row.record.key.startswith(prefix):
+                        out.append(row.record.key)
+            finally:
+                idx.close()
+        except Exception as e:  # broad: sorted (sqlite3 and a corrupt database raise many kinds)
+            if expected(e, "keys", "kcache's listing of entries", then="listing none"):
+                warn_once("index-list", f"cannot list entries from the store's index: {e}")
+        return out
+
     def _records_on_disk(self, skip: Container[str] = ()) -> Iterator[tuple[Record, float | None]]:
         """(record, its mtime: the entry's last use) of every intact entry whose id is not in
         ``skip``, read from the entry folders."""
