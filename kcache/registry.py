@@ -37,7 +37,6 @@ What a ``declare.py`` holds (module attributes; :class:`Declared` checks their t
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
@@ -118,17 +117,29 @@ def _read(package: str) -> ModuleType:
     literals and functions, so the package's own ``from .declare import ...`` loading it again
     gives the same values)."""
     name = f"{package}.declare"
-    mod = sys.modules.get(name)
-    if mod is not None:
-        return mod
+    imported = sys.modules.get(name)
+    if imported is not None:
+        return imported
     parts = package.split(".")
     if parts[0] != "kcache":
+        import importlib
+
         return importlib.import_module(name)  # not kcache's own: an ordinary import
     path = os.path.join(_HERE, *parts[1:], "declare.py")
-    spec = importlib.util.spec_from_file_location(name, path)
+    # importlib.machinery's own loader (bytecode cached as for any import), taken from the frozen
+    # module it re-exports: importing importlib (its warnings) or importlib.util (contextlib)
+    # would cost every KCACHE=1 process 1 to 6 ms at start-up.
+    external: Any = sys.modules.get("_frozen_importlib_external")
+    bootstrap: Any = sys.modules.get("_frozen_importlib")
+    if external is None or bootstrap is None:  # not CPython
+        import importlib.machinery
+        import importlib.util
+
+        external, bootstrap = importlib.machinery, importlib.util
+    spec = external.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"no declaration at {path}")
-    mod = importlib.util.module_from_spec(spec)
+    mod: ModuleType = bootstrap.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
@@ -158,6 +169,8 @@ def switches() -> list[str]:
 
 def resolve(ref: str) -> Any:
     """What ``"module:attribute"`` names (imports the module)."""
+    import importlib
+
     module, _, attr = ref.partition(":")
     return getattr(importlib.import_module(module), attr)
 
