@@ -60,6 +60,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "kcache/registry.py",
             "kcache/patch.py",
             "kcache/boundary.py",
+            "kcache/userfile.py",  # the one checked open for files a user names
             "kcache/safefs/*",
         ),
     ),
