@@ -31,14 +31,13 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import counters as _counters
 from ..log import logger, warn_once
-from . import forks
+from . import counting, forks
 from . import quarantine as _quarantine
 from . import tunables as T
 from .api import Components, Files
 from .disk import DiskTier
-from .errors import warn_failed
+from .errors import expected, warn_failed
 from .hit import Hit
 from .index import Index
 from .locks import Lock
@@ -107,9 +106,7 @@ class TieredCache:
         self.counts = disk.counts
         self.tiers: list[Any] = []  # Tier, in order (a Redis server or cluster today)
         self._tier_settings: Any = None  # what attach_remote was given; the tier is made on first need
-        #: KCACHE_RECACHE=1 (ccache's CCACHE_RECACHE): every counted lookup misses, and a put
-        #: replaces the entry it finds; a program's own store only (see from_settings).
-        self.recache = False
+        self.recache = False  # KCACHE_RECACHE=1: counted lookups miss, puts replace (see get, put)
         self._lock = threading.Lock()
         # Flights this process holds: (kind, key) -> Flight (see single_flight).
         self._flights: dict[tuple[str, str], Flight] = {}
@@ -151,8 +148,7 @@ class TieredCache:
             create=create,
             **kwargs,
         )
-        # A program's store (the one kcache.active_store opens): KCACHE_RECACHE applies to what it
-        # compiles; a maintenance command's or an import's store never recaches.
+        # KCACHE_RECACHE: a program's store only (drain_global); commands and imports never recache
         cache.recache = bool(getattr(settings, "recache", False)) and bool(kwargs.get("drain_global", False))
         if (kwargs.get("drain_global", False) if remote is None else remote) and (
             getattr(settings, "remote", None) or getattr(settings, "remote_problems", None)
@@ -196,8 +192,9 @@ class TieredCache:
         for flight in held:
             try:
                 flight.release()
-            except Exception as e:  # broad: closing goes on whatever a release met
-                logger.debug("flight release at close: %s", e)
+            except Exception as e:  # broad: closing goes on whatever a release met (a bug reported)
+                if expected(e, "close", "kcache's release of a single flight at close"):
+                    logger.debug("flight release at close: %s", e)
         for tier in self.tiers:
             try:
                 tier.close()
@@ -251,10 +248,8 @@ class TieredCache:
         write. A miss is counted and, with ``components`` (or a callable that gives them),
         remembered for ``kcache explain``. With shared tiers (and ``remote``), a local miss asks
         them (see the module doc). ``files``: the caller will use :attr:`Hit.paths`; they are
-        made now (a hit whose files cannot be made is a miss).
-
-        With :attr:`recache` (``KCACHE_RECACHE=1``), a counted lookup is a miss whatever the
-        store holds (counted as ``recached`` too): the caller compiles, and its put overwrites."""
+        made now (a hit whose files cannot be made is a miss). With :attr:`recache`, a counted
+        lookup misses whatever is stored (counted ``recached``): the caller's put overwrites."""
         if count and self.recache:
             self._count_miss(kind, key, components, recached=1)
             return None
@@ -266,6 +261,18 @@ class TieredCache:
                 self._count_miss(kind, key, components)
         return hit
 
+    def has(self, kind: str, key: str) -> bool:
+        """Whether this machine's store holds an entry for (kind, key): its record read and
+        checked, not its members; no tier asked, nothing counted. Never raises for a failure of
+        the store (an unreadable record: False)."""
+        rec, _why = self.disk.read_record(self.entry_id(kind, key))
+        return rec is not None
+
+    def keys(self, kind: str, prefix: str = "") -> list[str]:
+        """The keys of ``kind``'s entries that start with ``prefix``, newest first, as the
+        catalogue lists them (see :meth:`Catalogue.keys`). Never raises for a failure of the store."""
+        return self.disk.catalogue.keys(kind, prefix)
+
     def _lookup(self, kind: str, key: str, *, touch: bool, remote: bool, files: bool) -> Hit | None:
         hit = self.disk.get(kind, key, touch=touch, files=files)
         if hit is not None and _quarantine.is_bad(hit.record):
@@ -274,37 +281,9 @@ class TieredCache:
             hit = self._from_tiers(kind, key, files)
         return hit
 
-    def _count_hit(self, hit: Hit, **more: float) -> None:
-        rec = hit.record
-        # credit(): nested entries (a graph's kernels) are credited once, not each.
-        saved = _counters.credit(rec.kind, rec.compile_s)
-        if not self.disk.hits_are_use:
-            # Prewarming: finding an entry is a check of what the store holds, not a use. Its
-            # own summary counts it (this process's totals); the store's hits and "saved" do
-            # not, as the entry's own hit count does not (they added up to 7 hits that no entry
-            # showed, issue 36).
-            self.counts.add_here(rec.kind, hits=1, saved_s=saved, **more)
-            return
-        covered = _counters.covered(rec.kind, rec.compile_s, saved)
-        if covered:  # what a served graph's time already counted: stats says so, not just "0.0 s"
-            more = {**more, "covered_s": covered}
-        if more:
-            self.counts.add(rec.kind, hits=1, saved_s=saved, **more)
-        else:
-            self.counts.hit(rec.kind, saved)
-        self.disk.note_use(rec)
-
-    def _count_miss(self, kind: str, key: str, components: Components, **more: float) -> None:
-        if not self.disk.hits_are_use:  # prewarming: see _count_hit (a miss there becomes a put)
-            self.counts.add_here(kind, misses=1, **more)
-        else:
-            self.counts.add(kind, misses=1, **more)
-        if components is not None and not self.readonly:
-            try:
-                comps = dict(components() if callable(components) else components)
-            except Exception:  # broad: components are for explain only; a lookup never fails for them
-                comps = {}
-            self.disk.note_miss(kind, key, comps)
+    # A lookup's counts (hits, misses, saved time, prewarm's checks): kcache/store/counting.py
+    _count_hit = counting.count_hit
+    _count_miss = counting.count_miss
 
     def _from_tiers(self, kind: str, key: str, files: bool) -> Hit | None:
         """A local miss asks each shared tier in turn; an entry found is backfilled."""
@@ -355,8 +334,7 @@ class TieredCache:
         committed first: entries are immutable, first writer wins), or None if it could not be
         written (read-only, full, broken: one warning). Never raises for a failure of the store.
         ``protect_s``: see :meth:`DiskTier.put`. Each shared tier is handed the committed entry
-        (queued: the caller does not wait). With :attr:`recache`, an entry already there is
-        replaced (as :meth:`replace`): what was compiled again is what is kept."""
+        (queued: the caller does not wait). With :attr:`recache`, it replaces the entry there."""
         if self.recache and not self.readonly:
             self.disk.replace_folder(kind, key)
         hit, committed = self.disk.put(
@@ -386,7 +364,8 @@ class TieredCache:
         try:
             self.disk.remove([self.entry_id(kind, key)])
         except Exception as e:  # broad: forgetting is best effort, the caller redoes the work
-            logger.debug("could not remove %s %s: %s", kind, key, e)
+            if expected(e, "forget", "kcache's removal of an entry the library could not use"):
+                logger.debug("could not remove %s %s: %s", kind, key, e)
 
     def quarantine(self, rec: Record, why: str) -> None:
         """Take the entry ``rec`` out of service: its use raised (see :mod:`.quarantine`)."""
@@ -399,8 +378,9 @@ class TieredCache:
                     self.disk.remove([rec.id])
             for tier in self.tiers:
                 tier.mark_bad(rec.kind, rec.id)
-        except Exception as e:  # broad: best effort, the caller compiles either way
-            logger.debug("quarantine of %s: %s", rec.id, e)
+        except Exception as e:  # broad: best effort, the caller compiles either way (a bug reported)
+            if expected(e, "quarantine", "kcache's quarantine of an entry", then="the library compiles"):
+                logger.debug("quarantine of %s: %s", rec.id, e)
 
     def scratch_dir(self) -> str:
         return self.disk.scratch_dir()
