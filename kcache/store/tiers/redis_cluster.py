@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from . import redis_io
+from .backend import Unavailable
+from .bounded import aside
 
 SCHEMES = ("redis+cluster", "rediss+cluster")
 DEFAULT_PORT = 6379
@@ -163,10 +165,25 @@ class ClusterClient:
                     # Making it asks one node for the slots and for its command table (COMMAND,
                     # 100-300 KB, which redis-py reads keys of commands from): more than one
                     # call's deadline and bytes, once per process and client.
-                    with redis_io.aside(max(self.timeout_s, MAKE_S), MAKE_BYTES):
-                        self._rc = self._make()
+                    with aside(max(self.timeout_s, MAKE_S), MAKE_BYTES):
+                        self._rc = self._build()
                 rc = self._rc
         return rc
+
+    def _build(self) -> Any:
+        """The client, or the reason its slot map was refused (:func:`.redis_io.slot_map_problem`)
+        raised as :class:`~.backend.Unavailable`: redis-py's own error says only that no node
+        answered."""
+        from redis.exceptions import RedisClusterException, RedisError
+
+        redis_io.take_refusal()
+        try:
+            return self._make()
+        except (RedisError, RedisClusterException, OSError) as e:
+            why = redis_io.take_refusal()
+            if why is not None:
+                raise Unavailable(why) from e
+            raise
 
     @property
     def ready(self) -> bool:
