@@ -141,7 +141,10 @@ def remote_run(args: argparse.Namespace) -> int:
     if settings.remote_problems:
         raise UsageError("bad setting: " + "; ".join(settings.remote_problems))
     if not settings.remote:
-        raise UsageError("no shared tier configured: set KCACHE_REMOTE=redis://host:port/db")
+        raise UsageError(
+            "no shared tier configured: set KCACHE_REMOTE=redis://host:port/db or "
+            "KCACHE_REMOTE=s3://bucket/prefix (docs/remote.md)"
+        )
     res = remote_report(settings, limit=args.limit)
     if wants_json(args):
         print_json(res)
