@@ -20,7 +20,10 @@ import re
 from typing import Any
 
 #: kcache's own backends, ``module:Class``, in the order their schemes are looked up.
-BACKENDS = ("kcache.store.tiers.redis:RedisBackend",)
+BACKENDS = (
+    "kcache.store.tiers.redis:RedisBackend",
+    "kcache.store.tiers.s3:S3Backend",
+)
 
 _CLASS_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")

@@ -83,11 +83,13 @@ class BoundedSocket:
     """A connected socket (plain, Unix or TLS) whose blocking operations honour :func:`bounded`.
     Everything else is the wrapped socket's."""
 
-    __slots__ = ("_sock", "_base")
+    __slots__ = ("_sock", "_base", "_readers", "_closing")
 
     def __init__(self, sock: Any) -> None:
         self._sock = sock
         self._base = sock.gettimeout()
+        self._readers = 0  # files of makefile() still open: close() waits for them, as a socket's
+        self._closing = False
 
     def settimeout(self, value: float | None) -> None:  # the library's per-read value; armed per op
         self._base = value
@@ -135,7 +137,21 @@ class BoundedSocket:
         response through ``sock.makefile("rb")``; the plain socket's would not be bounded)."""
         if "w" in mode:
             raise ValueError("a bounded socket's file is for reading")
+        self._readers += 1
         return io.BufferedReader(_Reader(self), buffering or io.DEFAULT_BUFFER_SIZE)
+
+    def close(self) -> None:
+        """Close the socket, once every file :meth:`makefile` made is closed (``http.client``
+        closes a connection it hands to a response that will read to the end: the socket must
+        live until the response is read, as a plain socket's does)."""
+        self._closing = True
+        if self._readers <= 0:
+            self._sock.close()
+
+    def _reader_closed(self) -> None:
+        self._readers -= 1
+        if self._closing and self._readers <= 0:
+            self._sock.close()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
@@ -151,3 +167,8 @@ class _Reader(io.RawIOBase):
 
     def readinto(self, b: Any) -> int:
         return self._s.recv_into(b)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._s._reader_closed()
+        super().close()
