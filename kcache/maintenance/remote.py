@@ -38,7 +38,13 @@ def remote_report(
         "reachable": False,
     }
     try:
-        out.update(backend.survey(limit=limit, budget_s=budget_s, timeout_s=max(cfg.timeout_s, timeout_s)))
+        backend.open()
+        try:
+            out.update(
+                backend.survey(limit=limit, budget_s=budget_s, timeout_s=max(cfg.timeout_s, timeout_s))
+            )
+        finally:
+            backend.close()
     except ImportError:
         how = f" (pip install 'kcache[{backend.extra}]')" if backend.extra else ""
         out["error"] = f"the {backend.name} backend's client library is not installed{how}"

@@ -260,5 +260,7 @@ class Backend:
     def survey(self, *, limit: int, budget_s: float, timeout_s: float) -> dict[str, Any]:
         """``kcache remote``: whether it answers, its nodes, and what kcache holds there (entries
         and bytes ``by_kind``, ``complete``), looking at most ``limit`` keys for at most
-        ``budget_s``. Failures are in the result (``reachable``, ``error``), never raised."""
+        ``budget_s``, each call within ``timeout_s``. Called after :meth:`open` (and
+        :meth:`close` after it). Failures are in the result (``reachable``, ``error``), never
+        raised."""
         return {"reachable": None, "error": f"the {self.name or 'backend'} backend reports nothing"}

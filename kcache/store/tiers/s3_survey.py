@@ -22,11 +22,12 @@ def survey(b: S3Backend, *, limit: int, budget_s: float, timeout_s: float) -> di
     from .s3 import ENTRY, LIST_PAGE
 
     out: dict[str, Any] = {"mode": "bucket", "reachable": False}
-    try:
-        b.open()
-    except (ValueError, TypeError) as e:
-        out["error"] = str(e)
-        return out
+    if b.endpoint == "":  # (kcache remote opens it first; open it for any other caller)
+        try:
+            b.open()
+        except (ValueError, TypeError) as e:
+            out["error"] = str(e)
+            return out
     out.update(bucket=b.bucket, root=b.root, endpoint=b.endpoint, region=b.region)
     by_kind: dict[str, dict[str, int]] = {}
     checked, token, complete = 0, None, False
