@@ -74,6 +74,8 @@ def _remember_url_secrets(url: str) -> None:
         user, colon, password = info.partition(":")
         remember_secret(password if colon else user)
         return
+    if "://" not in url:
+        return  # not a URL (package.module:Class): no host list, no port
     cut = len(rest)
     for sep in "/?#":
         i = rest.find(sep)

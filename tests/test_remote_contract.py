@@ -308,3 +308,28 @@ def test_kcache_remote_reports_what_the_backend_holds(target: Target, stores: St
     flushed(a)
     rep = remote_report(config.load({"KCACHE_REMOTE": target.url, "KCACHE_REMOTE_PREFIX": prefix}))
     assert rep["reachable"] and rep["entries"] == 3, rep
+
+
+@pytest.mark.parametrize(
+    "spec, why",
+    [
+        ("kc_no_such_module:Backend", "cannot import it"),
+        ("json:JSONDecoder", "is not a kcache.store.tiers.backend.Backend subclass"),
+    ],
+)
+def test_a_user_class_that_is_not_a_backend_turns_the_tier_off(
+    tmp_path: Path, spec: str, why: str, kcache_warnings: list[str]
+) -> None:
+    """``KCACHE_REMOTE=module:Class`` is checked for its form when the settings are read, and
+    imported when the tier is made: a module that is not there, or a class that is not a
+    backend, turns the shared tier off with one warning; local caching goes on."""
+    s = config.load({"KCACHE_REMOTE": spec})
+    assert s.remote_problems == [] and s.remote == spec
+    st = Store.open(tmp_path / "s")
+    try:
+        assert st.attach_remote(s) is False and st.tiers == []
+        assert st.put("triton", "K", group(100)) is not None and st.get("triton", "K") is not None
+    finally:
+        st.close()
+    assert any(why in m for m in kcache_warnings), kcache_warnings
+    assert config.load({"KCACHE_REMOTE": "not a:class:name"}).remote_problems

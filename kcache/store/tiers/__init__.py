@@ -32,26 +32,34 @@ def backend_for(settings: Settings, key_tag: str | None = None) -> Backend | Non
         return None
     if key_tag is not None:
         cfg.key_tag = key_tag
-    if remotes.is_class_name(cfg.url):
-        try:
-            cls: Any = remotes.load(cfg.url)
-        except (ImportError, AttributeError) as e:
-            warn_once(
-                "remote-class", f"KCACHE_REMOTE={cfg.url}: cannot import it ({e}); the shared tier is off"
-            )
-            return None
-        if not (isinstance(cls, type) and issubclass(cls, Backend)):
-            warn_once(
-                "remote-class",
-                f"KCACHE_REMOTE={cfg.url} is not a kcache.store.tiers.backend.Backend subclass; "
-                "the shared tier is off (docs/remote.md: your own backend)",
-            )
-            return None
-    else:
+    if not remotes.is_class_name(cfg.url):
         cls = remotes.for_url(cfg.url)
         if cls is None:
             return None
-    backend: Backend = cls(cfg)
+        if (
+            cls.default_timeout_s
+            and (getattr(settings, "sources", None) or {}).get("remote_timeout") == "default"
+        ):
+            cfg.timeout_s = cls.default_timeout_s  # (an object store's, not a memory server's)
+        made: Backend = cls(cfg)
+        return made
+    try:
+        user: Any = remotes.load(cfg.url)
+    except (ImportError, AttributeError) as e:
+        warn_once("remote-class", f"KCACHE_REMOTE={cfg.url}: cannot import it ({e}); the shared tier is off")
+        return None
+    if not (isinstance(user, type) and issubclass(user, Backend)):
+        warn_once(
+            "remote-class",
+            f"KCACHE_REMOTE={cfg.url} is not a kcache.store.tiers.backend.Backend subclass; "
+            "the shared tier is off (docs/remote.md: your own backend)",
+        )
+        return None
+    try:
+        backend: Backend = user(cfg)
+    except Exception as e:  # broad: a user's class is foreign code; its failure turns the tier off
+        warn_once("remote-class", f"KCACHE_REMOTE={cfg.url}: {type(e).__name__}: {e}; the shared tier is off")
+        return None
     return backend
 
 

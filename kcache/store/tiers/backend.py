@@ -178,6 +178,8 @@ class Backend:
     settings: ClassVar[tuple[Setting, ...]] = ()
     #: Whether it can make leases (single flight across machines).
     leases: ClassVar[bool] = False
+    #: Its calls' deadline when ``KCACHE_REMOTE_TIMEOUT`` is not set (None: the tier's, 100 ms).
+    default_timeout_s: ClassVar[float | None] = None
 
     def __init__(self, cfg: TierConfig) -> None:
         self.cfg = cfg

@@ -55,6 +55,10 @@ class S3Backend(Backend):
     url_forms = "s3://bucket/prefix (endpoint, region and credentials: the standard AWS configuration)"
     extra = "s3"
     leases = True
+    #: An object store answers in tens of milliseconds, a p99 in hundreds (and a first request
+    #: opens a TLS connection): 100 ms, Redis's deadline, would fail good calls. Five of these
+    #: are the budget (2.5 s of failed calls per 30 s, at most, for a bucket that hangs).
+    default_timeout_s = 0.5
 
     def __init__(self, cfg: TierConfig) -> None:
         super().__init__(cfg)
