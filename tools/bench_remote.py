@@ -143,7 +143,11 @@ class S3:
 
     def stop(self) -> None:
         self.proc.terminate()
-        self.proc.wait(timeout=10)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # (a moto server busy in a request ignores SIGTERM)
+            self.proc.kill()
+            self.proc.wait(timeout=10)
 
 
 Server = Redis | S3
@@ -284,7 +288,9 @@ def fresh_processes(redis: Server, tmp: Path, repeats: int) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ 3. at once
-def at_once(redis: Server | None, tmp: Path, procs: int, secret: str | None = None) -> dict[str, Any]:
+def at_once(
+    redis: Server | None, tmp: Path, procs: int, secret: str | None = None, timeout: str | None = None
+) -> dict[str, Any]:
     """``procs`` fresh processes, a store each, released at once on the same kernels; with
     ``redis`` they share it (and ``secret`` as KCACHE_SECRET). Besides the wall time: where it
     went, from each kernel's completion time in every process: the compiles on the critical path
@@ -299,6 +305,8 @@ def at_once(redis: Server | None, tmp: Path, procs: int, secret: str | None = No
         extra = {"KCACHE_REMOTE": redis.url, "KCACHE_REMOTE_PREFIX": prefix, **redis.env} if redis else {}
         if redis and secret:
             extra["KCACHE_SECRET"] = secret
+        if redis and timeout:
+            extra["KCACHE_REMOTE_TIMEOUT"] = timeout
         env = clean_env(tmp / f"m{i}", kcache_dir=tmp / f"m{i}" / "store", **extra)
         ps.append(start_kernels(env, tmp / f"m{i}" / "r.json", specs=names, barrier=barrier))
     release_barrier(barrier, ps)
@@ -345,6 +353,7 @@ def main() -> int:
     ap.add_argument("--backends", default="redis", help="redis, s3 or both (default: %(default)s)")
     ap.add_argument("--sizes", default="4096,102400", help="part 1's group sizes in bytes")
     ap.add_argument("--no-processes", action="store_true", help="skip part 2 (fresh processes)")
+    ap.add_argument("--s3-timeout", default=None, help="KCACHE_REMOTE_TIMEOUT of part 3's S3 processes")
     ap.add_argument(
         "--conditions",
         default="redis,redis-secret,no-redis,alone",
@@ -402,7 +411,11 @@ def main() -> int:
                 red = servers.get(kind) if kind in ("redis", "s3") else None
                 n = 1 if name == "alone" else a.procs
                 r = at_once(
-                    red, root / f"{name}-{rep}", n, "bench-secret" if name.endswith("-secret") else None
+                    red,
+                    root / f"{name}-{rep}",
+                    n,
+                    "bench-secret" if name.endswith("-secret") else None,
+                    a.s3_timeout if kind == "s3" else None,
                 )
                 rounds[name].append(r)
                 print(

@@ -21,7 +21,8 @@ The operations the machinery (:mod:`.shared`) asks for, on objects under
   one creator wins, the others get 412), renewed and released only with ``If-Match`` the ETag
   this process wrote, replaced (a holder that died) with ``If-Match`` the ETag seen. S3 has no
   expiry: a lease expires :data:`.lease.LOCK_TTL_S` after its last write, by the server's own
-  clock (``Date`` minus ``Last-Modified``, whole seconds), so clocks of machines never matter.
+  clock (``Date`` minus ``Last-Modified``, whole seconds: a second more for that), so clocks of
+  machines never matter.
 
 Every call is bounded as a whole (:mod:`.s3_http`): no retries (botocore's default is up to 5,
 with backoff), a deadline for the call however the server trickles, a byte bound. Statuses:
@@ -43,7 +44,10 @@ from .lease import LOCK_TTL_S, VALUE_MAX
 from .s3_http import Http, Response, TooLong, object_path
 
 ENTRY, LEASE = "e/", "l/"
-LIST_PAGE = 1000  # keys a ListObjectsV2 call asks for
+#: ``Date`` and ``Last-Modified`` are whole seconds: a lease's age may read up to a second more
+#: than it is, so it lives this much longer here (a holder's heartbeat, every 0.5 s, is never
+#: taken for an expired lease on a loaded machine).
+CLOCK_STEP_S = 1.0
 _BUCKET_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789.-")
 
 
@@ -138,6 +142,10 @@ class S3Backend(Backend):
             raise Unavailable(f"S3 answered {r.status} {_code(r)}")
         return r
 
+    @property
+    def entries_prefix(self) -> str:
+        return self.root + ENTRY
+
     def _key(self, kind: str, ident: str) -> str:
         return f"{self.root}{ENTRY}{kind}/{ident}"
 
@@ -190,7 +198,7 @@ class S3Backend(Backend):
                 else:
                     out.append(True)
                 if op.release:
-                    self._release(op.ident)
+                    self._release(op.ident, op.release)
             except Unavailable as e:
                 if i == 0:
                     raise  # the first call failed: the store does not answer (not one key)
@@ -217,7 +225,8 @@ class S3Backend(Backend):
         etag = r.headers.get("etag", "")
         with self._lock:
             self._seen[ident] = (r.body, etag)
-        ttl = int((LOCK_TTL_S - age) * 1000) if age is not None else int(LOCK_TTL_S * 1000)
+        life = LOCK_TTL_S + CLOCK_STEP_S
+        ttl = int((life - age) * 1000) if age is not None else int(LOCK_TTL_S * 1000)
         return (r.body or None), ttl
 
     def lease_take(self, kind: str, ident: str, value: bytes, ttl_ms: int) -> LeaseView:
@@ -235,6 +244,9 @@ class S3Backend(Backend):
         return LeaseView(taken, raw, ttl if raw is not None else GONE, self.size(kind, ident))
 
     def lease_look(self, kind: str, ident: str) -> LeaseView:
+        """The lease, and the entry's size: the entry is what a waiter waits for, and it lands
+        before its lease is released (a look of the lease alone saved a request, and cost every
+        waiter the lease's expiry whenever a heartbeat crossed the release; measured)."""
         raw, ttl = self._read_lease(ident)
         if raw is not None and ttl <= 0:
             raw, ttl = None, GONE  # expired: as good as gone (the next take replaces it)
@@ -269,11 +281,23 @@ class S3Backend(Backend):
             self._held[ident] = r.headers.get("etag", "")
         return True
 
-    def _release(self, ident: str) -> None:
+    def _release(self, ident: str, prefix: bytes) -> None:
+        """Delete this process's lease (``If-Match`` the ETag it last wrote). A heartbeat may
+        have rewritten it meanwhile (the keeper renews until the release is written): then the
+        lease is read again and deleted if it is still this holder's."""
         with self._lock:
             etag = self._held.pop(ident, None)
-        if etag:
-            self._req("DELETE", self._lease_key(ident), headers={"If-Match": etag})
+        if not etag:
+            return
+        r = self._req("DELETE", self._lease_key(ident), headers={"If-Match": etag})
+        if r.status != 412:
+            return
+        raw, _ttl = self._read_lease(ident)
+        with self._lock:
+            seen = self._seen.get(ident)
+            self._held.pop(ident, None)
+        if raw is not None and raw.startswith(prefix) and seen is not None and seen[1]:
+            self._req("DELETE", self._lease_key(ident), headers={"If-Match": seen[1]})
 
     # ------------------------------------------------------------------ reports
     def describe(self) -> dict[str, Any]:
@@ -286,7 +310,7 @@ class S3Backend(Backend):
 
     def list_page(self, token: str | None, max_keys: int) -> Response:
         """One ``ListObjectsV2`` page of the entries (``kcache remote``)."""
-        q = [("list-type", "2"), ("max-keys", str(max_keys)), ("prefix", self.root + ENTRY)]
+        q = [("list-type", "2"), ("max-keys", str(max_keys)), ("prefix", self.entries_prefix)]
         if token:
             q.append(("continuation-token", token))
         query = "&".join(f"{k}={quote(v, safe='-_.~')}" for k, v in sorted(q))

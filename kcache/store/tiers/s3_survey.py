@@ -6,21 +6,34 @@ from __future__ import annotations
 
 import time
 import xml.etree.ElementTree as ET
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .backend import Answered, Unavailable
 from .bounded import bounded
-
-if TYPE_CHECKING:
-    from .s3 import S3Backend
+from .s3_http import Response
 
 _NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+LIST_PAGE = 1000  # keys a ListObjectsV2 call asks for
 
 
-def survey(b: S3Backend, *, limit: int, budget_s: float, timeout_s: float) -> dict[str, Any]:
+class Bucket(Protocol):
+    """What the walk needs of the S3 backend (:class:`.s3.S3Backend`)."""
+
+    bucket: str
+    root: str
+    endpoint: str
+    region: str
+
+    @property
+    def entries_prefix(self) -> str: ...
+
+    def open(self) -> None: ...
+
+    def list_page(self, token: str | None, max_keys: int) -> Response: ...
+
+
+def survey(b: Bucket, *, limit: int, budget_s: float, timeout_s: float) -> dict[str, Any]:
     """The bucket and what kcache holds there (see the module); failures are in the result."""
-    from .s3 import ENTRY, LIST_PAGE
-
     out: dict[str, Any] = {"mode": "bucket", "reachable": False}
     if b.endpoint == "":  # (kcache remote opens it first; open it for any other caller)
         try:
@@ -47,7 +60,7 @@ def survey(b: S3Backend, *, limit: int, budget_s: float, timeout_s: float) -> di
             for item in root.iter(f"{_NS}Contents"):
                 key = item.findtext(f"{_NS}Key") or ""
                 size = int(item.findtext(f"{_NS}Size") or 0)
-                kind, _, ident = key[len(b.root) + len(ENTRY) :].partition("/")
+                kind, _, ident = key[len(b.entries_prefix) :].partition("/")
                 checked += 1
                 if not kind or not ident or "/" in ident:
                     continue
