@@ -38,10 +38,18 @@ def strict() -> bool:
 
 
 def failed(
-    topic: str, what: str, e: BaseException, kind: str = "", then: str = "compiling without kcache"
+    topic: str,
+    what: str,
+    e: BaseException,
+    kind: str = "",
+    then: str = "compiling without kcache",
+    *,
+    cause: str | None = None,
 ) -> None:
     """Record a failure at an edge: raise it under ``KCACHE_STRICT=1``, else count it and warn
-    once per topic (``then``: what happens instead, for the warning)."""
+    once per topic (``then``: what happens instead, for the warning). ``cause``: the warning
+    topic of a cause said elsewhere too (a full disk, ``kcache.store.errors.DISK_FULL``): one
+    warning for it, whichever part of kcache met it first."""
     if strict():
         try:
             setattr(e, _MARK, True)
@@ -49,7 +57,7 @@ def failed(
             pass
         raise e
     counters.add(kind or "kcache", errors=1)
-    warn_once(f"edge:{topic}", f"{what} failed ({type(e).__name__}: {e}); {then}")
+    warn_once(cause or f"edge:{topic}", f"{what} failed ({type(e).__name__}: {e}); {then}")
 
 
 def fail_open(

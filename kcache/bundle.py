@@ -45,8 +45,9 @@ import msgpack
 from .store import Record
 from .store import trust as _trust
 from .store.api import Admin, Cache
-from .store.fs import UnsafePath, atomic_write, open_input
+from .store.fs import atomic_write
 from .store.records import CorruptRecord, valid_name, validate
+from .userfile import check_depth, open_checked
 
 SCHEMA = 1
 MANIFEST = "MANIFEST"
@@ -348,12 +349,9 @@ def open_bundle(
     the bundle is signed and a secret is given. Raises :class:`BundleError` with a one-line
     reason; nothing is written."""
     path = str(path)
-    try:
-        fd = open_input(path)
-    except UnsafePath as e:
-        raise BundleError(f"{e}; not a bundle") from None
-    except OSError as e:
-        raise BundleError(f"{path}: {e.strerror or e}") from None
+    # Not a regular file (a FIFO, /dev/stdin on a pipe, /dev/zero, a folder), or one that cannot
+    # be opened: UserFileError, a bad argument (exit 2), before anything is read or waited on.
+    fd = open_checked(path, what="a bundle")
     f = os.fdopen(fd, "rb")
     closers: list[Any] = []
     try:
@@ -436,6 +434,9 @@ def _read_manifest(
         raise BundleError(
             f"{path}: unreadable manifest ({type(e).__name__}: {e}; at most {MAX_RECORDS} records)"
         ) from None
+    # msgpack's C unpacker never recurses (a fixed stack of 1,024 levels); what kcache does with
+    # the manifest may (str() of a value): nothing nested past MAX_DEPTH goes on.
+    check_depth(manifest, path, "a bundle's manifest")
     if not isinstance(manifest, dict) or manifest.get("format") != "kcache-bundle":
         raise BundleError(f"{path}: not a kcache bundle")
     if manifest.get("schema") != SCHEMA:

@@ -54,6 +54,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "kcache/_imports.py",
             "kcache/patch.py",
             "kcache/boundary.py",
+            "kcache/userfile.py",  # the one checked open for files a user names
             "kcache/safefs/*",
         ),
     ),

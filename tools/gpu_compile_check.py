@@ -229,6 +229,36 @@ def watch_compile_pool(t0: float) -> dict[str, float]:
     return times
 
 
+def stamp_exit(which: str) -> None:
+    """``CHILD_EXIT_STAMPS=FILE``: an atexit handler that appends ``which time`` to FILE, so that
+    the parent can split the exit into atexit handlers and the interpreter's finalization."""
+    path = os.environ.get("CHILD_EXIT_STAMPS")
+    if path:
+        import atexit
+
+        def stamp() -> None:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(f"{which} {time.time()}\n")
+
+        atexit.register(stamp)
+
+
+def bytecode_kept() -> bool:
+    """Whether this Python writes .pyc files beside torch's sources (a normal install)."""
+    if sys.dont_write_bytecode:
+        return False
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("torch")
+        folder = os.path.join(os.path.dirname(spec.origin or ""), "__pycache__") if spec else ""
+        return bool(folder) and os.access(
+            folder if os.path.isdir(folder) else os.path.dirname(folder), os.W_OK
+        )
+    except (ImportError, ValueError):
+        return False
+
+
 def compile_pool_started() -> bool | None:
     """Whether Inductor started its pool of compile workers in this process."""
     try:
@@ -286,6 +316,28 @@ def tensor_bytes(t: Any) -> bytes:
 
 def child(model_name: str, device: str, mode: str | None, shapes: int, aot: str | None,
           aot_dir: str | None, dynamic: bool = False) -> dict[str, Any]:  # fmt: skip
+    # CHILD_PROFILE_WHOLE=FILE: this whole function (imports, the model, every call) under
+    # cProfile, dumped to FILE (pstats) at the end; the first-call profile is not taken then
+    whole = os.environ.get("CHILD_PROFILE_WHOLE")
+    if whole:
+        import cProfile
+
+        prof_whole = cProfile.Profile()
+        prof_whole.enable()
+        try:
+            return child_body(model_name, device, mode, shapes, aot, aot_dir, dynamic)
+        finally:
+            prof_whole.disable()
+            prof_whole.dump_stats(whole)
+    return child_body(model_name, device, mode, shapes, aot, aot_dir, dynamic)
+
+
+def child_body(model_name: str, device: str, mode: str | None, shapes: int, aot: str | None,
+               aot_dir: str | None, dynamic: bool = False) -> dict[str, Any]:  # fmt: skip
+    # wall-clock times the parent turns into the process's start (spawn to here) and exit (the
+    # result to the exit: atexit handlers, the compile-worker pool's shutdown)
+    t_enter = time.time()
+    stamp_exit("last")  # runs after every atexit handler registered later (torch's, kcache's)
     t_import = time.perf_counter()
     import torch
 
@@ -337,7 +389,11 @@ def child(model_name: str, device: str, mode: str | None, shapes: int, aot: str 
     out["wrap_ms"] = round(1e3 * (time.perf_counter() - t), 2)
     setup_s = time.perf_counter() - t_import
     first_ms, diffs, shas = [], [], []
-    prof = profile_first() if os.environ.get("CHILD_PROFILE") else None
+    prof = (
+        profile_first()
+        if os.environ.get("CHILD_PROFILE") and not os.environ.get("CHILD_PROFILE_WHOLE")
+        else None
+    )
     with torch.no_grad():
         for shape, x, ref in zip(sequence, inputs, eager):
             sync()
@@ -349,6 +405,8 @@ def child(model_name: str, device: str, mode: str | None, shapes: int, aot: str 
             if prof is not None and not first_ms:
                 prof.disable()
                 out["profile_first_call"] = profile_summary(prof, int(os.environ["CHILD_PROFILE"]))
+                if os.environ.get("CHILD_PROFILE_DUMP"):  # the whole pstats, callers included
+                    prof.dump_stats(os.environ["CHILD_PROFILE_DUMP"])
             first_ms.append(round(1e3 * (time.perf_counter() - t), 2))
             got = first_tensor(y).detach().cpu().contiguous()
             diffs.append(float((got.float() - ref).abs().max()))
@@ -396,6 +454,9 @@ def child(model_name: str, device: str, mode: str | None, shapes: int, aot: str 
         proc = kcache.stats()["process"]
         out["kcache"] = {k: {n: round(v, 3) for n, v in d.items() if n in ("hits", "misses", "puts", "saved_s")}
                          for k, d in proc.items()}  # fmt: skip
+    out["threads_alive"] = sorted(t.name for t in __import__("threading").enumerate())
+    stamp_exit("first")  # runs before the atexit handlers registered earlier
+    out["t_enter"], out["t_return"] = t_enter, time.time()
     return out
 
 
@@ -441,6 +502,13 @@ class Check:
         if self.args.job_id:  # Dynamo keeps its profile of dynamic dimensions (PGO) only with a job id
             env["TORCH_COMPILE_JOB_ID"] = self.args.job_id
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        # Bytecode as an install has it: where Python cannot keep .pyc files beside the sources
+        # (the GPU machine's image: every process compiled ~2,300 modules from source, 7.7-9 s of
+        # each process, 0.2-0.5 s inside the first call), the children share a bytecode folder
+        # that the first runs fill, in every condition alike.
+        if not bytecode_kept():
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+            env.setdefault("PYTHONPYCACHEPREFIX", str(self.work / "pycache"))
         if store is not None:
             env.update(KCACHE="1", KCACHE_DIR=str(store))
         env.update(dict(kv.split("=", 1) for kv in self.args.child_env))
@@ -466,6 +534,9 @@ class Check:
         if self.args.profile and "warm" in name:  # (cold compiles under cProfile: minutes more)
             env = {**env, "CHILD_PROFILE": str(self.args.profile)}
         stderr = ""
+        stamps = self.work / f"exit-{len(self.result['runs'])}.txt"
+        env = {**env, "CHILD_EXIT_STAMPS": str(stamps)}
+        spawned = time.time()
         try:
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(30.0, self.left()))
             stderr = p.stderr
@@ -479,8 +550,21 @@ class Check:
             res = {"error": "timed out"}
         except (ValueError, IndexError):
             res = {"error": f"no result: {stderr[-3000:]}"}
+        exited = time.time()
         res = {"name": name, "wall_s": round(time.monotonic() - t, 2), "mode": mode, "dynamic": self.dynamic or
                self.args.dynamic, **res}  # fmt: skip
+        if "t_enter" in res:  # interpreter start (the .pth hooks) and exit (atexit, worker pools)
+            res["start_s"] = round(res.pop("t_enter") - spawned, 3)
+            t_return = res.pop("t_return")
+            res["exit_s"] = round(exited - t_return, 3)
+            try:  # atexit handlers (between the stamps), then the interpreter's own finalization
+                marks = dict(line.split() for line in stamps.read_text().splitlines())
+                # non-daemon threads are joined before the atexit handlers run
+                res["exit_threads_s"] = round(float(marks["first"]) - t_return, 3)
+                res["exit_atexit_s"] = round(float(marks["last"]) - float(marks["first"]), 3)
+                res["exit_final_s"] = round(exited - float(marks["last"]), 3)
+            except (OSError, KeyError, ValueError):
+                pass
         # a KCACHE=1 child in which kcache never loaded (not installed: the hook is the .pth an
         # install puts in site-packages) would be counted as a kcache run while it is plain
         not_loaded = env.get("KCACHE") == "1" and "error" not in res and "kcache" not in res
@@ -699,6 +783,38 @@ class Check:
     def plan_max_autotune_no_cudagraphs(self) -> None:
         self.compare("max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs", False)
 
+    def plan_profile(self) -> None:
+        """Where a warm process's time goes, kcache's warm store against Inductor's warm folder
+        (``--mode``, ``--dynamic`` as given): one cold run of each, then per condition a run with
+        its first call under cProfile and a run with the whole child under cProfile, the pstats
+        files written to ``--profile-dump`` (default: the work folder's ``prof``), and
+        ``--pairs`` unprofiled pairs."""
+        w = self.work / "profile"
+        dump = Path(self.args.profile_dump or w / "prof")
+        dump.mkdir(parents=True, exist_ok=True)
+        conds = [("plain", None, w / "ind-plain-cold"), ("kcache", w / "store", None)]
+        self.run("profile:plain-cold", self.env(None, w / "ind-plain-cold"), 30)
+        self.run("profile:kcache-cold", self.env(w / "store", w / "ind-kcache-cold"), 30)
+        n = 0
+        for what in ("first", "whole"):
+            for cond, store, folder in conds:
+                n += 1
+                var = "CHILD_PROFILE_DUMP" if what == "first" else "CHILD_PROFILE_WHOLE"
+                extra = {
+                    var: str(dump / f"{cond}-warm.{what}.prof"),
+                    "CHILD_PROFILE": str(self.args.profile or 40),
+                }
+                self.run(
+                    f"profile:{cond}-warm-{what}",
+                    self.env(store, folder or w / f"ind-fresh-{n}", **extra),
+                    15,
+                )
+        for i in range(self.args.pairs):
+            for cond, store, folder in conds if i % 2 == 0 else conds[::-1]:
+                n += 1
+                name = "plain-warm" if cond == "plain" else "kcache-warm-store"
+                self.run(f"profile:{name}#{i}", self.env(store, folder or w / f"ind-fresh-{n}"), 10)
+
     def plan_default(self) -> None:
         """Inductor's default mode: the whole-process figures (``wall_s``) of issue 27's point 3."""
         self.compare("default", None, False)
@@ -839,6 +955,8 @@ def main() -> int:
         metavar="N",
         help="the warm runs' first call under cProfile: the N functions with the most time, in each run's result",
     )
+    ap.add_argument("--profile-dump", default=None, metavar="DIR",
+                    help="plan profile: where the pstats files go (default: the work folder)")  # fmt: skip
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     for plan in args.plan.split(","):

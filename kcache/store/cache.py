@@ -38,6 +38,7 @@ from . import quarantine as _quarantine
 from . import tunables as T
 from .api import Components, Files, Tier
 from .disk import DiskTier
+from .errors import warn_failed
 from .hit import Hit
 from .index import Index
 from .locks import Lock
@@ -466,7 +467,7 @@ class TieredCache:
             if lk.acquire(LOCK_TIMEOUT_S, poll=finished):
                 return lk, None
         except OSError as e:
-            warn_once("lock-error", f"cannot lock in {self.disk.locks}: {e}")
+            warn_failed(self.disk.root, e, None, "lock-error", f"cannot lock in {self.disk.locks}: {e}")
             return None, None
         if found:
             return None, found[0]
@@ -514,7 +515,7 @@ class TieredCache:
                 f"waited {timeout:.0f}s for another process compiling the same kernel; compiling here",
             )
         except OSError as e:
-            warn_once("lock-error", f"cannot lock in {self.disk.locks}: {e}")
+            warn_failed(self.disk.root, e, None, "lock-error", f"cannot lock in {self.disk.locks}: {e}")
         return None
 
     # ------------------------------------------------------------------ the Admin face (the disk tier's)

@@ -11,6 +11,7 @@ between threads.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sqlite3
 import stat
@@ -25,24 +26,58 @@ from . import fs
 from . import tunables as T
 from .clock import Clock
 from .entries import Entries
-from .errors import StoreError
+from .errors import StoreError, filesystem_full, warn_failed, warn_full
 from .housekeeping import iter_entry_ids
-from .index import DB_NAME, Index, IndexTooNew, is_corrupt_db
+from .index import DB_NAME, CorruptIndex, Index, IndexTooNew, is_corrupt_db
 from .records import Record
 
 _OLD_INDEX_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")  # the diskcache index of kcache 0.1
 
 
-_DB_FILES = (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm")
+#: Every path SQLite opens for the index (sqlite.org/tempfiles.html): the database, its rollback
+#: journal, write-ahead log and shared-memory file, all beside it. A super-journal
+#: (``<db>-mjHHHHHHHHH``, a transaction over attached databases) is never made by kcache, but a
+#: hot journal names one, and SQLite then opens it: :func:`_db_files` finds those by prefix.
+_DB_FILES = (DB_NAME, DB_NAME + "-journal", DB_NAME + "-wal", DB_NAME + "-shm")
+_SUPER_JOURNAL = DB_NAME + "-mj"
+
+
+def _db_files(ifd: int) -> list[str]:
+    """The names of the index's files present in the folder ``ifd``: :data:`_DB_FILES` and any
+    super-journal."""
+    try:
+        names = os.listdir(ifd)
+    except OSError:
+        return list(_DB_FILES)
+    return [n for n in names if n in _DB_FILES or n.startswith(_SUPER_JOURNAL)]
 
 
 def _unlink_db(ifd: int, *, strict: bool = False) -> None:
-    """Delete the index's database files in the folder ``ifd`` (never what a link points to).
-    ``strict``: only a missing file is ignored (a rebuild must not claim a new index that it
-    could not make); else every failure is (best effort, on the way to a miss)."""
-    for name in _DB_FILES:
-        with contextlib.suppress(FileNotFoundError if strict else OSError):
-            os.unlink(name, dir_fd=ifd)
+    """Delete the index's files in the folder ``ifd``, whatever each is (a folder at ``-journal``
+    too; never what a link points to). ``strict``: a file that stays raises (a rebuild must not
+    claim a new index that it could not make); else every failure is ignored (best effort, on
+    the way to a miss)."""
+    for name in _db_files(ifd):
+        if not fs.rmtree_at(ifd, name) and strict:
+            raise OSError(errno.EIO, f"cannot remove the index's {name}", name)
+
+
+def _not_ours(ifd: int, owners: frozenset[int] | None) -> list[str]:
+    """The index's paths (:func:`_db_files`) where something other than a regular file of ours
+    sits: a folder, a link, a FIFO, a device, another user's file. SQLite would fail on it
+    (a folder at ``-journal``: "disk I/O error" for every statement), follow it or write it."""
+    out = []
+    for name in _db_files(ifd):
+        try:
+            st = os.stat(name, dir_fd=ifd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            out.append(name)
+            continue
+        if not stat.S_ISREG(st.st_mode) or (owners is not None and st.st_uid not in owners):
+            out.append(name)
+    return out
 
 
 class Catalogue:
@@ -188,7 +223,7 @@ class Catalogue:
                 self._index = None  # a forked child never uses its parent's connection
                 ifd = self.folders.fd("index")
                 if self.readonly:
-                    self._index = self._open_index_readonly(ifd)
+                    self._index = self._reading_index(ifd)
                 else:
                     if ifd is None:
                         raise StoreError("the store has no index folder")
@@ -216,6 +251,42 @@ class Catalogue:
             _unlink_db(ifd, strict=True)
         return self.index()
 
+    def _reading_index(self, ifd: int | None) -> Index:
+        """The index a store opened read-only reads (``kcache stats``, ``inspect``, ``explain``):
+        the database as it is; when there is none (a new store, a disk that was full when it was
+        to be made), it is a newer kcache's, or it cannot be read (corrupt, empty, half made when
+        inodes ran out, a folder where its journal goes), the entry folders, read into a private
+        in-memory index: the command answers from what the store holds (its counters aside),
+        with one warning when the index is damaged, and changes nothing. The next process that writes the store
+        replaces the database (:meth:`_open_index`); ``kcache verify`` reads the database itself
+        (:meth:`index_readonly`) and reports it."""
+        why = None
+        if ifd is not None:
+            try:
+                bad = _not_ours(ifd, self.folders.owners)
+                if bad:
+                    why = f"{', '.join(sorted(bad))}: not a file of ours"
+                elif DB_NAME in _db_files(ifd):
+                    return self._open_index_readonly(ifd)
+            except IndexTooNew as e:  # a newer kcache's: read as absent, never rewritten
+                warn_once(
+                    "index-newer", f"{e}: stats and eviction are off in this process (entries are used)"
+                )
+            except Exception as e:  # broad: whatever the database is, the entries answer instead
+                why = f"{type(e).__name__}: {e}"
+        if why is not None and ifd is not None and filesystem_full(ifd):
+            # Half made when the disk (or its inodes) ran out: the store's one full-disk warning.
+            warn_full(self.folders.root_name, OSError(errno.ENOSPC, f"the index cannot be read: {why}"))
+        elif why is not None:
+            warn_once(
+                "index-unreadable",
+                f"the index at {self.folders.index_dir} cannot be read ({why}); reading the entries "
+                "instead (the next process that writes to the store rebuilds it)",
+            )
+        idx = Index.open_readonly(None)
+        idx.created = True  # filled from the entry folders by index()
+        return idx
+
     def index_readonly(self) -> Index:
         """A new connection to the index that never writes, creates or checkpoints anything (it
         works on a full disk and while another process holds the index); close it when done."""
@@ -224,6 +295,12 @@ class Catalogue:
     def _open_index_readonly(self, ifd: int | None) -> Index:
         if ifd is None:
             return Index.open_readonly(None)
+        bad = _not_ours(ifd, self.folders.owners)
+        if bad:
+            # A folder at -wal: SQLite's read-only open fails ("unable to open database file")
+            # where the writable one would remove it first. Damage, as `verify` reports it and
+            # `--fix` repairs it (the rebuild removes whatever is there).
+            raise CorruptIndex(f"not a file of ours at {', '.join(sorted(bad))}")
         try:
             st = os.stat(DB_NAME, dir_fd=ifd, follow_symlinks=False)
         except FileNotFoundError:
@@ -246,18 +323,12 @@ class Catalogue:
         for name in _OLD_INDEX_FILES:  # kcache 0.1's diskcache index: superseded, rebuilt from entries
             with contextlib.suppress(OSError):
                 os.unlink(name, dir_fd=ifd)
-        for name in _DB_FILES:
-            try:
-                st = os.stat(name, dir_fd=ifd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if not stat.S_ISREG(st.st_mode) or (
-                self.folders.owners is not None and st.st_uid not in self.folders.owners
-            ):
-                # A link or someone else's file where the database goes: SQLite would follow or
-                # write it. Remove it (only our folder's entry, never what it points to).
-                warn_once("index-unsafe", f"{self.folders.index_dir}/{name} is not a file of ours; removed")
-                fs.rmtree_at(ifd, name)
+        for name in _not_ours(ifd, self.folders.owners):
+            # A link, a folder or someone else's file where one of the index's files goes:
+            # SQLite would follow it, write it or fail on it. Removed (only our folder's entry,
+            # never what it points to) before SQLite opens anything.
+            warn_once("index-unsafe", f"{self.folders.index_dir}/{name} is not a file of ours; removed")
+            fs.rmtree_at(ifd, name)
         path = fs.fd_path(ifd, DB_NAME, fallback=str(self.folders.index_dir))
         try:
             return Index.open(path, timeout=self.index_timeout)
@@ -293,13 +364,9 @@ class Catalogue:
             if batch:
                 idx.insert_many(batch)
         except Exception as e:  # broad: a rebuild is best effort (sqlite3, the disk, a hostile record)
-            # Said under the topic the index's other failures use: a full disk (ENOSPC, or
-            # EFBIG that SQLite reports as an I/O error) is one warning, not one per step.
-            topic = "disk-full" if "full" in str(e).lower() else f"index:{type(e).__name__}"
-            warn_once(
-                topic,
-                f"could not fill the new index from the entries ({e}); `kcache verify --fix` does",
-            )
+            # A full disk is one warning for the store, whichever part meets it first.
+            why = f"could not fill the new index from the entries ({e}); `kcache verify --fix` does"
+            warn_failed(self.folders.root_name, e, self.folders.fd("index"), f"index:{type(e).__name__}", why)
 
     def call(self, fn: Callable[[Index], Any]) -> Any:
         """``fn(index)``, or None when the index cannot be used now (never raises). One
@@ -338,11 +405,10 @@ class Catalogue:
                     )
                 return None
             self._index_off_until = time.monotonic() + T.INDEX_BACKOFF_S
-            full = "full" in msg  # SQLITE_FULL: the disk is full, said once for the store
-            warn_once(
-                "disk-full" if full else f"index:{type(e).__name__}",
-                f"the store's index is unavailable ({type(e).__name__}: {e}); continuing without it",
-            )
+            # A full disk (SQLITE_FULL; or no inode left for the log: "unable to open database
+            # file") is said once for the store, with its entries' and locks' failures.
+            why = f"the store's index is unavailable ({type(e).__name__}: {e}); continuing without it"
+            warn_failed(self.folders.root_name, e, self.folders.fd("index"), f"index:{type(e).__name__}", why)
             if is_corrupt_db(e):
                 with self._index_lock, self._lock:
                     if self._index is not None and self._index_pid == os.getpid():

@@ -61,7 +61,7 @@ from .catalogue import Catalogue
 from .clock import Clock
 from .conf import read_at as read_conf
 from .entries import Entries
-from .errors import CorruptEntry, RefusedEntry, StoreError
+from .errors import CorruptEntry, RefusedEntry, StoreError, warn_failed
 from .eviction import Evictor, entry_bytes
 from .hit import Hit, HitMemo, ServeFailed
 from .index import Index
@@ -431,11 +431,8 @@ class DiskTier:
             self.counts.add(kind, errors=1)
             return None, False
         except (OSError, ValueError) as e:
-            full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-            warn_once(
-                "disk-full" if full else f"write:{type(e).__name__}",
-                f"cannot write to the store at {self.root} ({e}); kernels are compiled but not cached",
-            )
+            why = f"cannot write to the store at {self.root} ({e}); kernels are compiled but not cached"
+            warn_failed(self.root, e, None, f"write:{type(e).__name__}", why)  # a full disk: one for all
             self.counts.add(kind, errors=1)
             return None, False
         if not committed:

@@ -280,6 +280,13 @@ class KcacheCacheManager(CacheManager):
         store = self._store
         if store is None:
             return None
+        if _always_compile():
+            # TRITON_ALWAYS_COMPILE=1: Triton compiles whatever a lookup gives, so none is made
+            # (it cost a read of the entry, and a hit was counted for a kernel Triton compiled):
+            # counted as the miss it is, with no lock taken for other processes to wait on.
+            store.count(KIND_GROUP, misses=1)
+            self._miss_t[filename] = time.perf_counter()
+            return None
         skey = store_key(self.key, filename)
         self._release()  # (a manager asked twice: its earlier flight is over)
         flight = store.single_flight(
@@ -346,6 +353,19 @@ class KcacheCacheManager(CacheManager):
             self._release()
         except Exception:  # broad: a finaliser must not raise (it runs at any point, even at exit)
             pass
+
+
+def _always_compile() -> bool:
+    """Triton compiles every kernel in spite of its cache (``TRITON_ALWAYS_COMPILE=1``, read as
+    Triton reads it, at each compile). The only such switch of Triton's (3.4-3.9): the variables
+    that change what is compiled (``MLIR_ENABLE_DUMP``, ``TRITON_DISABLE_LINE_INFO``, ...) are
+    in its key, so they miss on their own."""
+    try:
+        from triton import knobs
+
+        return bool(knobs.compilation.always_compile)
+    except Exception:  # broad: a Triton whose knobs differ: as if unset (Triton reads its own)
+        return False
 
 
 # Groups judged loadable in this process (record id -> that very record): a group served again
