@@ -24,7 +24,7 @@ The operations the machinery (:mod:`.shared`) asks for, on objects under
   clock (``Date`` minus ``Last-Modified``, whole seconds: a second more for that), so clocks of
   machines never matter.
 
-Every call is bounded as a whole (:mod:`.s3_http`): no retries (botocore's default is up to 5,
+Every call is bounded as a whole (:mod:`.s3_http`): no retries (botocore's client makes up to 5 attempts by default,
 with backoff), a deadline for the call however the server trickles, a byte bound. Statuses:
 404 is a miss, 412 and 409 a lost race, 403 and 400 an answer about one key
 (:class:`~.backend.Answered`), 5xx (``SlowDown``, ``InternalError``) and anything that is not a

@@ -3,8 +3,8 @@ signed by botocore (Signature Version 4), and nothing else of botocore's.
 
 Why not botocore's (or boto3's) client: a client's build loads the S3 service model (80-110 ms
 on the CI box, with boto3's import 150 ms more; docs/remote.md has the figures), and its calls
-cannot be bounded as a whole: urllib3's timeouts bound each socket read, and botocore retries
-up to 5 times with backoff by default (``legacy`` mode; ``standard``: 3), each retry a full
+cannot be bounded as a whole: urllib3's timeouts bound each socket read, and botocore makes
+up to 5 attempts with backoff by default (``legacy`` mode; ``standard``: 3), each a full
 timeout. Here every socket is a :class:`~.bounded.BoundedSocket`, so a call ends by the
 machinery's deadline however the server trickles, and reads no more than its byte bound; there
 is no retry. What botocore does here is what it is for: the standard AWS configuration
