@@ -68,9 +68,9 @@ class Executor:
 
         from .meta import protect_puts, record_build
 
-        if not kcache.is_enabled() or (
-            self.store_dir
-            and os.path.abspath(str(kcache.active_store().root)) != os.path.abspath(self.store_dir)
+        active = kcache.active_store()
+        if active is None or (
+            self.store_dir and os.path.abspath(str(active.root)) != os.path.abspath(self.store_dir)
         ):
             if not kcache.enable(dir=self.store_dir):
                 raise StoreUnusable(
@@ -388,7 +388,8 @@ def _other_store_enabled(store_dir: str) -> bool:
     """kcache is on in this process, with another store: the items run in workers."""
     import kcache
 
-    return kcache.is_enabled() and os.path.abspath(str(kcache.active_store().root)) != store_dir
+    active = kcache.active_store()
+    return active is not None and os.path.abspath(str(active.root)) != store_dir
 
 
 def _run_inline(

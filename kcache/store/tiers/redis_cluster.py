@@ -13,7 +13,7 @@ call is one failure of the node, and redis-py refreshes the slots on the next ca
 ``CLUSTERDOWN`` reply (the second or so of a failover in which a master's slots have no master)
 is an error of the call, not redis-py's sleep of 0.25 s and refresh inside it
 (:func:`.redis_io.cluster_down`). Each call of the tier names one key; the tier's circuit breaker
-is per node, by that key's slot (:mod:`.redis_breaker`), and it groups the writer's and the lock
+is per node, by that key's slot (:mod:`.breaker`), and it groups the writer's and the lock
 keeper's batches by node, so a failing master holds up only its own keys.
 """
 
