@@ -145,7 +145,10 @@ def remote_run(args: argparse.Namespace) -> int:
     if settings.remote_problems:
         raise UsageError("bad setting: " + "; ".join(settings.remote_problems))
     if not settings.remote:
-        raise UsageError("no shared tier configured: set KCACHE_REMOTE=redis://host:port/db")
+        raise UsageError(
+            "no shared tier configured: set KCACHE_REMOTE=redis://host:port/db or "
+            "KCACHE_REMOTE=s3://bucket/prefix (docs/remote.md)"
+        )
     res = remote_report(settings, limit=args.limit)
     if wants_json(args):
         print_json(res)
@@ -157,7 +160,10 @@ def remote_run(args: argparse.Namespace) -> int:
         mm = int(srv.get("maxmemory") or 0)
         return f"{format_size(int(srv['used_memory']))} of {format_size(mm) if mm else 'no maxmemory'}"
 
-    rows = [["url", res["url"]]]
+    rows = [["url", res["url"]], ["backend", res.get("backend", "?")]]
+    for field in ("endpoint", "region"):  # S3: where the bucket was found
+        if res.get(field):
+            rows.append([field, res[field]])
     cl = res.get("cluster")
     if cl is not None:
         roles = [n["role"] for n in res.get("nodes", [])]

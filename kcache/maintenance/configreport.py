@@ -20,6 +20,7 @@ def config_report(settings: Settings) -> dict[str, Any]:
         {"name": name, "env": var, "value": values.get(name), "source": settings.sources.get(name, "default")}
         for name, var in ENV.items()
     ]
+    rows += _backend_rows(settings)
     _where_from(settings, rows)
     _bad_values(settings, rows)
     for row in rows:
@@ -96,10 +97,29 @@ def _bad_values(settings: Settings, rows: list[dict[str, Any]]) -> None:
             row["bad"] = True
 
 
+def _backend_rows(settings: Settings) -> list[dict[str, Any]]:
+    """The settings of the backend ``KCACHE_REMOTE`` names (``KCACHE_REMOTE_PASSWORD`` for Redis),
+    secrets as ``set``."""
+    from .. import remotes
+
+    remote = getattr(settings, "remote", None)
+    backend = remotes.for_url(remote) if remote and "://" in remote else None
+    values = settings.backend_values()
+    return [
+        {
+            "name": f"remote_{st.name}",
+            "env": st.env,
+            "value": values.get(f"remote_{st.name}"),
+            "source": settings.remote_option_sources.get(st.name, "default"),
+        }
+        for st in getattr(backend, "settings", ())
+    ]
+
+
 def _shared_tier(settings: Settings) -> dict[str, Any] | None:
     """Whether what the shared tier hands out is authenticated (None: no shared tier)."""
     if not getattr(settings, "remote", None):
         return None
-    from ..store.tiers.redis import trust_line
+    from ..store.tiers.entry import trust_line
 
     return {"authenticated": bool(settings.secret), "trust": trust_line(settings.secret)}

@@ -35,13 +35,14 @@ from ..log import logger, warn_once
 from . import counting, forks
 from . import quarantine as _quarantine
 from . import tunables as T
-from .api import Components, Files
+from .api import Components, Files, Tier
 from .disk import DiskTier
 from .errors import expected, warn_failed
 from .hit import Hit
 from .index import Index
 from .locks import Lock
 from .records import Record
+from .tiers.backend import Unavailable
 
 #: How long a process waits for another process of this machine making the same entry.
 LOCK_TIMEOUT_S = 120.0
@@ -77,7 +78,7 @@ class Flight:
         for tier in self.cache.tiers:  # the shared tier's lease, if held and not handed on
             try:
                 tier.unlock(self.cache.entry_id(self.kind, self.key))
-            except Exception as e:  # broad: a tier's lease ends by its own expiry anyway
+            except Unavailable as e:  # a tier's lease ends by its own expiry anyway
                 logger.debug("shared tier unlock: %s", e)
         try:
             lk.release()
@@ -104,7 +105,7 @@ class TieredCache:
     def __init__(self, disk: DiskTier) -> None:
         self.disk = disk
         self.counts = disk.counts
-        self.tiers: list[Any] = []  # Tier, in order (a Redis server or cluster today)
+        self.tiers: list[Tier] = []  # in order (the shared tier: Redis, a cluster, S3, ...)
         self._tier_settings: Any = None  # what attach_remote was given; the tier is made on first need
         self.recache = False  # KCACHE_RECACHE=1: counted lookups miss, puts replace (see get, put)
         self._lock = threading.Lock()
@@ -198,7 +199,7 @@ class TieredCache:
         for tier in self.tiers:
             try:
                 tier.close()
-            except Exception as e:  # broad: closing goes on whatever a tier met
+            except Unavailable as e:  # closing goes on
                 logger.debug("shared tier close: %s", e)
         self.disk.close()
 
@@ -291,7 +292,7 @@ class TieredCache:
         for tier in self.tiers:
             try:
                 got = tier.fetch_entry(kind, key, ident)
-            except Exception as e:  # broad: a tier's failure is a miss (it counts its own)
+            except Unavailable as e:  # a tier's failure is a miss (it counts its own)
                 warn_once("remote-get", f"shared tier lookup failed ({e}); compiling instead")
                 continue
             if got is not None:
@@ -345,7 +346,7 @@ class TieredCache:
             for tier in self.tiers:
                 try:
                     tier.publish(hit.record, hit.blobs)
-                except Exception as e:  # broad: publishing is best effort (the tier counts drops)
+                except Unavailable as e:  # publishing is best effort (the tier counts drops)
                     logger.debug("shared tier publish: %s", e)
         return hit
 
@@ -496,7 +497,7 @@ class TieredCache:
         for tier in self.tiers:
             try:
                 got = tier.flight(kind, key, ident)
-            except Exception as e:  # broad: a tier's failure means compiling here
+            except Unavailable as e:  # a tier's failure means compiling here
                 warn_once("remote-flight", f"shared tier lock failed ({e}); compiling")
                 continue
             if got is not None:
