@@ -152,6 +152,14 @@ def format_size(n: float) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 entry``, ``2 entries``, ``1 file``, ``3 files``: a count and its noun, agreed."""
+    if n == 1:
+        return f"1 {noun}"
+    many = plural or (noun[:-1] + "ies" if noun.endswith("y") and noun[-2:-1] not in "aeiou" else noun + "s")
+    return f"{n:,} {many}"
+
+
 def _flag(text: str) -> bool:
     t = text.strip().lower()
     if t in ("1", "true", "yes", "on"):
@@ -190,6 +198,8 @@ class Settings:
         remote_timeout: float = DEFAULT_REMOTE_TIMEOUT_MS,
         remote_lock_lease: float = DEFAULT_REMOTE_LOCK_LEASE_S,
         remote_problems: list[str] | None = None,
+        recache: bool = False,
+        logfile: str | None = None,
     ) -> None:
         self.enabled = enabled
         self.dir = default_dir(os.environ) if dir is None else dir
@@ -213,6 +223,8 @@ class Settings:
         self.remote_timeout = remote_timeout  # milliseconds
         self.remote_lock_lease = remote_lock_lease  # seconds; 0: no cross-machine single flight
         self.remote_problems = [] if remote_problems is None else remote_problems
+        self.recache = recache  # compile and overwrite what a lookup would have served
+        self.logfile = logfile  # kcache's log lines go to this file too
 
     def __repr__(self) -> str:
         return f"Settings({self.as_dict()!r})"
@@ -240,6 +252,8 @@ class Settings:
             "remote_max_entry": self.remote_max_entry,
             "remote_timeout": self.remote_timeout,
             "remote_lock_lease": self.remote_lock_lease,
+            "recache": self.recache,
+            "logfile": self.logfile,
         }
         out.update(self.backend_values())
         return out
@@ -277,6 +291,8 @@ ENV = {
     "remote_max_entry": "KCACHE_REMOTE_MAX_ENTRY",
     "remote_timeout": "KCACHE_REMOTE_TIMEOUT",
     "remote_lock_lease": "KCACHE_REMOTE_LOCK_LEASE",
+    "recache": "KCACHE_RECACHE",
+    "logfile": "KCACHE_LOGFILE",
 }
 
 #: The shared tier's settings: a bad value turns the shared tier off, not caching.
@@ -325,7 +341,7 @@ def _remote_options(s: Settings, env: Mapping[str, str]) -> None:
 
 
 def _convert(name: str, raw: Any) -> Any:
-    if name == "enabled" or name == "readonly" or name == "allow_insecure":
+    if name in ("enabled", "readonly", "allow_insecure", "recache"):
         return raw if isinstance(raw, bool) else _flag(str(raw))
     if name == "dir":
         if not str(raw).strip():
@@ -362,6 +378,8 @@ def _convert(name: str, raw: Any) -> Any:
         return text
     if name == "record":
         return str(raw) or None
+    if name == "logfile":
+        return str(_logfile(raw))
     if name == "key_tag":
         text = str(raw)
         try:
@@ -370,6 +388,18 @@ def _convert(name: str, raw: Any) -> Any:
             raise ValueError("not valid UTF-8 (it salts every key, which is text)") from None
         return text
     return str(raw)
+
+
+def _logfile(raw: Any) -> Path:
+    """``KCACHE_LOGFILE``: a file path (made absolute; the file is opened, for appending, by
+    :func:`kcache.log.configure`). A folder is a bad value."""
+    text = str(raw)
+    if not text.strip() or "\0" in text:
+        raise ValueError("expected a file path")
+    p = Path(os.path.expanduser(text)).absolute()
+    if p.is_dir():
+        raise ValueError(f"{p} is a directory, not a file")
+    return p
 
 
 def load(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -83,6 +83,18 @@ def config_run(args: argparse.Namespace) -> int:
     if wants_json(args):
         print_json(res)
         return 0
+    # Problems first: a bad value shows the default in its row, and the reason must not be
+    # left for the bottom of a long table.
+    if res["problems"]:
+        print("problems (caching is off until they are fixed):")
+        for p in res["problems"]:
+            print(f"  {p}")
+    if res.get("remote_problems"):
+        print("problems with the shared tier (it is off until they are fixed; local caching is on):")
+        for p in res["remote_problems"]:
+            print(f"  {p}")
+    if res["problems"] or res.get("remote_problems"):
+        print()
     rows = []
     for r in res["settings"]:
         v = r["value"]
@@ -112,14 +124,6 @@ def config_run(args: argparse.Namespace) -> int:
     )
     if res.get("shared_tier"):
         print(f"\n{res['shared_tier']['trust']}")
-    if res["problems"]:
-        print("\nproblems (caching is off until they are fixed):")
-        for p in res["problems"]:
-            print(f"  {p}")
-    if res.get("remote_problems"):
-        print("\nproblems with the shared tier (it is off until they are fixed; local caching is on):")
-        for p in res["remote_problems"]:
-            print(f"  {p}")
     return 0
 
 

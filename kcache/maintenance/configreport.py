@@ -22,6 +22,7 @@ def config_report(settings: Settings) -> dict[str, Any]:
     ]
     rows += _backend_rows(settings)
     _where_from(settings, rows)
+    _bad_values(settings, rows)
     for row in rows:
         if row["name"] in RANGES:  # what a value may be; outside it, the setting is a problem
             _unit, low, high = RANGES[row["name"]]
@@ -83,6 +84,17 @@ def _where_from(settings: Settings, rows: list[dict[str, Any]]) -> None:
                 row["value"], row["source"] = kept["max_size"], f"store {NAME}"
             else:
                 row["source"] += f" (over the store's {NAME}: {format_size(kept['max_size'])})"
+
+
+def _bad_values(settings: Settings, rows: list[dict[str, Any]]) -> None:
+    """A variable set to a bad value: its row shows the value that applies instead, and says so
+    (before, ``KCACHE_MAX_SIZE=12XB`` showed "10.0 GiB ... default" with the reason only at the
+    bottom of the output)."""
+    bad = [*settings.problems, *getattr(settings, "remote_problems", [])]
+    for row in rows:
+        if any(p.startswith(f"{row['env']}=") for p in bad):
+            row["source"] = f"{row['source']}: {row['env']} is bad, ignored (see problems)"
+            row["bad"] = True
 
 
 def _backend_rows(settings: Settings) -> list[dict[str, Any]]:
