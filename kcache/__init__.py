@@ -4,8 +4,9 @@
 
 Start-up is the hook's whole cost in every Python process of a user who exports ``KCACHE=1``
 (every pip, every tool, every compile worker), so it does almost nothing: it registers import
-hooks for triton, nvFuser and torch. The settings are read and checked when one of those is
-imported, and the store is opened at the first integration's first use (:func:`active_store`).
+hooks for the libraries the integrations attach to (:mod:`kcache.registry`). The settings are
+read and checked when one of those is imported, and the store is opened at the first
+integration's first use (:func:`active_store`).
 This module imports nothing that a bare interpreter has not loaded already.
 """
 
@@ -44,17 +45,24 @@ def enable(
     readonly: bool | None = None,
     key_tag: str | None = None,
     remote: str | None = None,
-    triton: bool = True,
-    nvfuser: bool = True,
-    torch: bool = True,
+    **switches: bool,
 ) -> bool:
     """Turn kcache on in this process. Arguments override the ``KCACHE_*`` environment.
+
+    ``switches``: an integration's switch set to False leaves it off (each registered integration
+    declares its switch, :mod:`kcache.registry`: ``triton=False``, ``torch=False``...); an unknown
+    one is a ``TypeError``, as for any unknown argument.
 
     Checks the settings and opens the store now; returns True when caching is on. Never raises
     for bad settings or an unusable store: it warns once and returns False, and the program
     compiles as if kcache were not there (with ``KCACHE_STRICT=1``, an error that is not a
     refusal kcache knew to make is raised)."""
     global _wanted, _failed
+    from .registry import switches as _known
+
+    unknown = sorted(set(switches) - set(_known()))
+    if unknown:
+        raise TypeError(f"enable() got an unexpected keyword argument {unknown[0]!r}")
     with _lock:
         if _wanted:
             disable()
@@ -66,7 +74,7 @@ def enable(
             _wanted = False
             return False
         try:
-            _attach(triton=triton, nvfuser=nvfuser, torch=torch)
+            _attach(switches)
         except Exception as e:  # the edge: the program goes on without kcache (raised when strict)
             from .boundary import failed
 
@@ -86,13 +94,13 @@ def _enable_from_env() -> None:
         if _wanted:
             return
         _wanted = True
-        _attach(triton=True, nvfuser=True, torch=True)
+        _attach({})  # every integration's switch on
 
 
-def _attach(*, triton: bool, nvfuser: bool, torch: bool) -> None:
+def _attach(switches: dict[str, bool]) -> None:
     from .integrations import attach
 
-    attach(active_store, _usable, {"triton": triton, "nvfuser": nvfuser, "torch": torch}, _integrations)
+    attach(active_store, _usable, switches, _integrations)
 
 
 def _usable() -> bool:
@@ -167,7 +175,8 @@ def active_store() -> Store | None:
 def _on_demand(**switches: bool) -> bool:
     """A library built one of kcache's objects itself (see :func:`kcache._imports.turn_on`): turn kcache on
     with the environment's settings unless it is on."""
-    return is_enabled() or enable(**switches)
+    kwargs: dict[str, Any] = dict(switches)  # switches only (enable's other arguments stay unset)
+    return is_enabled() or enable(**kwargs)
 
 
 def disable() -> None:
@@ -212,14 +221,9 @@ def settings() -> _config.Settings:
 
 def _push_integration_counts() -> None:
     """Integrations that count hits without a lock push their counts to kcache.counters now."""
-    import sys
+    from .integrations import push_counts
 
-    mod = sys.modules.get("kcache.nvfuser.fusion_cache")
-    if mod is not None:
-        from .boundary import guarded
-
-        with guarded("nvfuser-counts", "kcache's count of nvFuser's cache hits"):
-            mod.flush_all()
+    push_counts()
 
 
 def stats() -> dict[str, Any]:

@@ -470,7 +470,7 @@ def _read_manifest(
 
 
 def _read_member(
-    tar: tarfile.TarFile, m: tarfile.TarInfo, limit: int, path: str, sink: BinaryIO | None = None
+    tar: tarfile.TarFile, m: tarfile.TarInfo, limit: int, path: str, sink: BinaryIO | _Hashing | None = None
 ) -> bytes:
     """A member's bytes (at most ``limit``), read in chunks; into ``sink`` when given."""
     if m.size > limit:
@@ -515,8 +515,8 @@ def import_bundle(
     ``skipped_by_reason``, ``by_kind`` (imported), ``needs_secret`` (the bundle is signed, no
     secret was given, and entries that need a signature were skipped). :func:`import_problem`
     says whether that is a failure. ``progress(n)`` is called with the bytes of each member read."""
-    own = not isinstance(bundle, Bundle)
-    b = open_bundle(bundle, secret=secret, key_tag=store.key_tag) if own else bundle  # type: ignore[arg-type]
+    b = bundle if isinstance(bundle, Bundle) else open_bundle(bundle, secret=secret, key_tag=store.key_tag)
+    own = b is not bundle
     try:
         report = _import(store, b, progress)
     finally:
@@ -621,23 +621,23 @@ def _import(store: ImportTarget, b: Bundle, progress: Callable[[int], None] | No
             why = bad.get(ident) or f"missing members: {', '.join(missing)}"
             report["skipped"].append({"id": ident, "kind": d.kind, "why": why})
             continue
-        rec = d.record()
-        if store.get(rec.kind, rec.key, count=False) is not None:
+        entry = d.record()
+        if store.get(entry.kind, entry.key, count=False) is not None:
             report["present"] += 1
             continue
         hit = store.put(
-            rec.kind,
-            rec.key,
-            {f.name: got[f.name] for f in rec.files},
-            components=rec.components,
-            summary=rec.summary,
-            compile_s=rec.compile_s,
+            entry.kind,
+            entry.key,
+            {f.name: got[f.name] for f in entry.files},
+            components=entry.components,
+            summary=entry.summary,
+            compile_s=entry.compile_s,
         )
         if hit is None:
-            report["skipped"].append({"id": ident, "kind": rec.kind, "why": "the store could not write it"})
+            report["skipped"].append({"id": ident, "kind": entry.kind, "why": "the store could not write it"})
         else:
             report["imported"] += 1
-            report["by_kind"][rec.kind] = report["by_kind"].get(rec.kind, 0) + 1
+            report["by_kind"][entry.kind] = report["by_kind"].get(entry.kind, 0) + 1
     for files in staged.values():
         for p in files.values():
             try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
+from . import kinds as _kinds
 from .forksafe import module_lock
 
 
@@ -25,6 +26,13 @@ class Counters:
         with self._lock:
             for name, value in deltas.items():
                 self._buf[(kind, name)] += value
+                self._process[(kind, name)] += value
+
+    def add_here(self, kind: str, **deltas: float) -> None:
+        """Add ``deltas`` to this process's totals only (:meth:`process_totals`), never to the
+        store's: a prewarm's lookups, which are checks of what the store holds, not uses."""
+        with self._lock:
+            for name, value in deltas.items():
                 self._process[(kind, name)] += value
 
     def hit(self, kind: str, saved_s: float) -> None:
@@ -82,8 +90,8 @@ process_totals = GLOBAL.process_totals
 # lookup starts again (a miss: its inner hits save real compile time, credited in full).
 # Inductor's compile workers only ever compile for a graph of their parent: they credit nothing
 # for inner kinds (their parent's graph hit covers them; a graph that missed is under-credited
-# by the kernels its workers found, never over-credited).
-INNER_KINDS = frozenset({"triton", "triton-aux", "triton-meta", "inductor-cpp"})
+# by the kernels its workers found, never over-credited). Which kinds are inner each kind says
+# (its ``inner`` trait, declared by its integration: :mod:`kcache.kinds`).
 
 _budget_lock = module_lock(__name__, "_budget_lock")
 _budget = [0.0]
@@ -109,7 +117,7 @@ def credit(kind: str, compile_s: float) -> float:
         return 0.0
     if not c > 0.0 or c == float("inf"):
         return 0.0
-    if kind not in INNER_KINDS:
+    if not _kinds.get(kind).inner:
         return c
     if in_compile_worker():
         return 0.0
@@ -119,6 +127,18 @@ def credit(kind: str, compile_s: float) -> float:
         absorbed = min(_budget[0], c)
         _budget[0] -= absorbed
     return c - absorbed
+
+
+def covered(kind: str, compile_s: float, saved: float) -> float:
+    """The part of a hit's compile time that :func:`credit` did not credit because a served
+    graph's time covers it (0.0 for kinds that are never nested)."""
+    if not _kinds.get(kind).inner:
+        return 0.0
+    try:
+        c = float(compile_s) - saved
+    except (TypeError, ValueError):
+        return 0.0
+    return c if 0.0 < c < float("inf") else 0.0
 
 
 def graph_lookup(served_s: float | None) -> None:

@@ -217,7 +217,7 @@ def parse_toml(text: str, name: str, what: str, error: Callable[[str], Exception
     try:
         import tomllib  # type: ignore[import-not-found]
     except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[import-not-found,no-redef]
+        import tomli as tomllib  # type: ignore[import-not-found]
     check_nesting(text, "toml", name, what)
     try:
         value = tomllib.loads(text)

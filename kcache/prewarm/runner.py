@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..config import counted
 from ..log import logger
 from .env import WORKER_ENV, applied_env, current_invalidating_env, env_key, env_set
 from .executors import EXECUTORS, KindExecutor
@@ -68,9 +69,9 @@ class Executor:
 
         from .meta import protect_puts, record_build
 
-        if not kcache.is_enabled() or (
-            self.store_dir
-            and os.path.abspath(str(kcache.active_store().root)) != os.path.abspath(self.store_dir)
+        active = kcache.active_store()
+        if active is None or (
+            self.store_dir and os.path.abspath(str(active.root)) != os.path.abspath(self.store_dir)
         ):
             if not kcache.enable(dir=self.store_dir):
                 raise StoreUnusable(
@@ -202,7 +203,7 @@ def _planned(items: Sequence[Item], arch: int | None) -> list[ItemResult]:
             why = f"skipped: {it.entry.kind} entries run their model: they need the GPU"
         elif it.entry.what == "autotune":
             n = len(getattr(_tuner_of(it.entry.obj), "configs", []) or [])
-            why = f"{n} configs" + (" (timings need the GPU)" if arch is not None else "")
+            why = counted(n, "config") + (" (timings need the GPU)" if arch is not None else "")
         out.append(ItemResult(it.id, it.entry.label, it.label, it.entry.kind, "planned", why))
     return out
 
@@ -357,6 +358,11 @@ def _check_request(sp: Spec, target: str | None, jobs: Any) -> tuple[int | None,
             arch = parse_target(target)
         except ValueError as e:
             raise UsageError(f"--target: {e}") from None
+        from .targets import target_problem
+
+        why = target_problem(arch)  # cuda:999 went on to kilobytes of PTX and a crash per kernel
+        if why:
+            raise UsageError(why)
         target = f"cuda:{arch}"
     if not isinstance(jobs, int) or jobs < 1:
         raise UsageError(f"--jobs: must be a positive integer, got {jobs!r}")
@@ -388,7 +394,8 @@ def _other_store_enabled(store_dir: str) -> bool:
     """kcache is on in this process, with another store: the items run in workers."""
     import kcache
 
-    return kcache.is_enabled() and os.path.abspath(str(kcache.active_store().root)) != store_dir
+    active = kcache.active_store()
+    return active is not None and os.path.abspath(str(active.root)) != store_dir
 
 
 def _run_inline(
@@ -406,6 +413,7 @@ def _run_inline(
         ex.setup()
         summary.build, summary.host_code, summary.utils_builds = ex.build, ex.host_code, ex.utils_builds
         for it in items:
+            prog.start(it.label)
             r = ex.run(it)
             summary.items.append(r)
             prog.update(r)

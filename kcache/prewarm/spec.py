@@ -287,7 +287,7 @@ def _entry_head(ek: EntryKind, i: int, t: Mapping[str, Any], err: Err) -> tuple[
     if sum(r in t for r in ek.refs) > 1:
         raise err(f"{label} {ek.refs[-1]}", f"give either {' or '.join(ek.refs)}, not both")
     _check_import_path(ref, f"{label} {ref_key}", err)
-    return ref_key, ref, label
+    return ref_key, str(ref), label  # a str: checked just above
 
 
 def _check_name(t: Mapping[str, Any], label: str, err: Err) -> None:

@@ -31,18 +31,18 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import counters as _counters
 from ..log import logger, warn_once
-from . import forks
+from . import counting, forks
 from . import quarantine as _quarantine
 from . import tunables as T
-from .api import Components, Files
+from .api import Components, Files, Tier
 from .disk import DiskTier
-from .errors import warn_failed
+from .errors import expected, warn_failed
 from .hit import Hit
 from .index import Index
 from .locks import Lock
 from .records import Record
+from .tiers.backend import Unavailable
 
 #: How long a process waits for another process of this machine making the same entry.
 LOCK_TIMEOUT_S = 120.0
@@ -78,7 +78,7 @@ class Flight:
         for tier in self.cache.tiers:  # the shared tier's lease, if held and not handed on
             try:
                 tier.unlock(self.cache.entry_id(self.kind, self.key))
-            except Exception as e:  # broad: a tier's lease ends by its own expiry anyway
+            except Unavailable as e:  # a tier's lease ends by its own expiry anyway
                 logger.debug("shared tier unlock: %s", e)
         try:
             lk.release()
@@ -105,8 +105,9 @@ class TieredCache:
     def __init__(self, disk: DiskTier) -> None:
         self.disk = disk
         self.counts = disk.counts
-        self.tiers: list[Any] = []  # Tier, in order (a Redis server or cluster today)
+        self.tiers: list[Tier] = []  # in order (the shared tier: Redis, a cluster, S3, ...)
         self._tier_settings: Any = None  # what attach_remote was given; the tier is made on first need
+        self.recache = False  # KCACHE_RECACHE=1: counted lookups miss, puts replace (see get, put)
         self._lock = threading.Lock()
         # Flights this process holds: (kind, key) -> Flight (see single_flight).
         self._flights: dict[tuple[str, str], Flight] = {}
@@ -148,6 +149,8 @@ class TieredCache:
             create=create,
             **kwargs,
         )
+        # KCACHE_RECACHE: a program's store only (drain_global); commands and imports never recache
+        cache.recache = bool(getattr(settings, "recache", False)) and bool(kwargs.get("drain_global", False))
         if (kwargs.get("drain_global", False) if remote is None else remote) and (
             getattr(settings, "remote", None) or getattr(settings, "remote_problems", None)
         ):
@@ -190,12 +193,13 @@ class TieredCache:
         for flight in held:
             try:
                 flight.release()
-            except Exception as e:  # broad: closing goes on whatever a release met
-                logger.debug("flight release at close: %s", e)
+            except Exception as e:  # broad: closing goes on whatever a release met (a bug reported)
+                if expected(e, "close", "kcache's release of a single flight at close"):
+                    logger.debug("flight release at close: %s", e)
         for tier in self.tiers:
             try:
                 tier.close()
-            except Exception as e:  # broad: closing goes on whatever a tier met
+            except Unavailable as e:  # closing goes on
                 logger.debug("shared tier close: %s", e)
         self.disk.close()
 
@@ -245,7 +249,11 @@ class TieredCache:
         write. A miss is counted and, with ``components`` (or a callable that gives them),
         remembered for ``kcache explain``. With shared tiers (and ``remote``), a local miss asks
         them (see the module doc). ``files``: the caller will use :attr:`Hit.paths`; they are
-        made now (a hit whose files cannot be made is a miss)."""
+        made now (a hit whose files cannot be made is a miss). With :attr:`recache`, a counted
+        lookup misses whatever is stored (counted ``recached``): the caller's put overwrites."""
+        if count and self.recache:
+            self._count_miss(kind, key, components, recached=1)
+            return None
         hit = self._lookup(kind, key, touch=count and self.disk.hits_are_use, remote=remote, files=files)
         if count:
             if hit is not None:
@@ -253,6 +261,18 @@ class TieredCache:
             else:
                 self._count_miss(kind, key, components)
         return hit
+
+    def has(self, kind: str, key: str) -> bool:
+        """Whether this machine's store holds an entry for (kind, key): its record read and
+        checked, not its members; no tier asked, nothing counted. Never raises for a failure of
+        the store (an unreadable record: False)."""
+        rec, _why = self.disk.read_record(self.entry_id(kind, key))
+        return rec is not None
+
+    def keys(self, kind: str, prefix: str = "") -> list[str]:
+        """The keys of ``kind``'s entries that start with ``prefix``, newest first, as the
+        catalogue lists them (see :meth:`Catalogue.keys`). Never raises for a failure of the store."""
+        return self.disk.catalogue.keys(kind, prefix)
 
     def _lookup(self, kind: str, key: str, *, touch: bool, remote: bool, files: bool) -> Hit | None:
         hit = self.disk.get(kind, key, touch=touch, files=files)
@@ -262,25 +282,9 @@ class TieredCache:
             hit = self._from_tiers(kind, key, files)
         return hit
 
-    def _count_hit(self, hit: Hit, **more: float) -> None:
-        rec = hit.record
-        # credit(): nested entries (a graph's kernels) are credited once, not each.
-        saved = _counters.credit(rec.kind, rec.compile_s)
-        if more:
-            self.counts.add(rec.kind, hits=1, saved_s=saved, **more)
-        else:
-            self.counts.hit(rec.kind, saved)
-        if self.disk.hits_are_use:
-            self.disk.note_use(rec)
-
-    def _count_miss(self, kind: str, key: str, components: Components) -> None:
-        self.counts.add(kind, misses=1)
-        if components is not None and not self.readonly:
-            try:
-                comps = dict(components() if callable(components) else components)
-            except Exception:  # broad: components are for explain only; a lookup never fails for them
-                comps = {}
-            self.disk.note_miss(kind, key, comps)
+    # A lookup's counts (hits, misses, saved time, prewarm's checks): kcache/store/counting.py
+    _count_hit = counting.count_hit
+    _count_miss = counting.count_miss
 
     def _from_tiers(self, kind: str, key: str, files: bool) -> Hit | None:
         """A local miss asks each shared tier in turn; an entry found is backfilled."""
@@ -288,7 +292,7 @@ class TieredCache:
         for tier in self.tiers:
             try:
                 got = tier.fetch_entry(kind, key, ident)
-            except Exception as e:  # broad: a tier's failure is a miss (it counts its own)
+            except Unavailable as e:  # a tier's failure is a miss (it counts its own)
                 warn_once("remote-get", f"shared tier lookup failed ({e}); compiling instead")
                 continue
             if got is not None:
@@ -331,7 +335,9 @@ class TieredCache:
         committed first: entries are immutable, first writer wins), or None if it could not be
         written (read-only, full, broken: one warning). Never raises for a failure of the store.
         ``protect_s``: see :meth:`DiskTier.put`. Each shared tier is handed the committed entry
-        (queued: the caller does not wait)."""
+        (queued: the caller does not wait). With :attr:`recache`, it replaces the entry there."""
+        if self.recache and not self.readonly:
+            self.disk.replace_folder(kind, key)
         hit, committed = self.disk.put(
             kind, key, files, components=components, summary=summary, compile_s=compile_s, protect_s=protect_s
         )
@@ -340,7 +346,7 @@ class TieredCache:
             for tier in self.tiers:
                 try:
                     tier.publish(hit.record, hit.blobs)
-                except Exception as e:  # broad: publishing is best effort (the tier counts drops)
+                except Unavailable as e:  # publishing is best effort (the tier counts drops)
                     logger.debug("shared tier publish: %s", e)
         return hit
 
@@ -359,7 +365,8 @@ class TieredCache:
         try:
             self.disk.remove([self.entry_id(kind, key)])
         except Exception as e:  # broad: forgetting is best effort, the caller redoes the work
-            logger.debug("could not remove %s %s: %s", kind, key, e)
+            if expected(e, "forget", "kcache's removal of an entry the library could not use"):
+                logger.debug("could not remove %s %s: %s", kind, key, e)
 
     def quarantine(self, rec: Record, why: str) -> None:
         """Take the entry ``rec`` out of service: its use raised (see :mod:`.quarantine`)."""
@@ -372,8 +379,9 @@ class TieredCache:
                     self.disk.remove([rec.id])
             for tier in self.tiers:
                 tier.mark_bad(rec.kind, rec.id)
-        except Exception as e:  # broad: best effort, the caller compiles either way
-            logger.debug("quarantine of %s: %s", rec.id, e)
+        except Exception as e:  # broad: best effort, the caller compiles either way (a bug reported)
+            if expected(e, "quarantine", "kcache's quarantine of an entry", then="the library compiles"):
+                logger.debug("quarantine of %s: %s", rec.id, e)
 
     def scratch_dir(self) -> str:
         return self.disk.scratch_dir()
@@ -401,6 +409,9 @@ class TieredCache:
         it again, without the lock). ``owner`` (Triton's cache manager): a thread makes one entry
         at a time, so this thread's flights of another owner that were never released are failed
         makes, released now."""
+        if self.recache:  # KCACHE_RECACHE: compile, whatever is stored (see get); no waiting
+            self._count_miss(kind, key, components, recached=1)
+            return Flight(self, kind, key, None)
         hit = self._lookup(kind, key, touch=self.disk.hits_are_use, remote=True, files=files)
         if hit is not None:
             self._count_hit(hit)
@@ -486,7 +497,7 @@ class TieredCache:
         for tier in self.tiers:
             try:
                 got = tier.flight(kind, key, ident)
-            except Exception as e:  # broad: a tier's failure means compiling here
+            except Unavailable as e:  # a tier's failure means compiling here
                 warn_once("remote-flight", f"shared tier lock failed ({e}); compiling")
                 continue
             if got is not None:

@@ -1,9 +1,18 @@
-"""The store's exceptions (shared by its modules; :class:`StoreError` is public)."""
+"""The store's exceptions (shared by its modules; :class:`StoreError` is public), its one warning
+for a full filesystem (:func:`warn_failed`), and how its broad catches sort what they meet
+(:func:`expected`)."""
 
 from __future__ import annotations
 
 import errno
 import os
+import sqlite3
+
+from ..boundary import expected as _sort
+from .fs import UnsafePath
+from .index import CorruptIndex, IndexTooNew
+from .records import CorruptRecord
+from .safety import UnsafeStore
 
 
 class StoreError(Exception):
@@ -18,6 +27,10 @@ class CorruptEntry(Exception):
     def __init__(self, msg: str, ident: tuple[int, ...] | None = None) -> None:
         super().__init__(msg)
         self.ident = ident
+
+
+class ServeFailed(Exception):
+    """A verified hit whose files could not be made (a full disk everywhere, a closed store)."""
 
 
 class RefusedEntry(Exception):
@@ -37,8 +50,6 @@ def disk_full(e: BaseException, where: int | str | None = None) -> bool:
     disk is full", or another failure to create or write a file (SQLite's "unable to open
     database file" and "disk I/O error" carry no errno) met while the filesystem of ``where``
     (a folder's descriptor or path) has no free block or no free inode left."""
-    import sqlite3  # loaded with the store already
-
     if isinstance(e, OSError) and e.errno in _FULL_ERRNOS:
         return True
     if isinstance(e, sqlite3.Error) and "disk is full" in str(e).lower():  # SQLITE_FULL
@@ -78,3 +89,31 @@ def warn_failed(root: object, e: BaseException, where: int | str | None, topic: 
         warn_full(root, e)
     else:
         warn_once(topic, message)
+
+
+#: What the store expects of the world, each a counted miss or a skipped write, never a bug: a
+#: full, read-only or vanished disk and a lock held too long (``OSError``), a corrupt, locked or
+#: newer index (``sqlite3.Error``, ``CorruptIndex``, ``IndexTooNew``), an entry that fails its
+#: checks or is not ours to trust (``CorruptEntry``, ``RefusedEntry``, ``CorruptRecord``,
+#: ``UnsafePath``), a store it cannot use (``StoreError``, ``UnsafeStore``), files it cannot hand
+#: out (``ServeFailed``).
+EXPECTED: tuple[type[BaseException], ...] = (
+    OSError,
+    sqlite3.Error,
+    StoreError,
+    CorruptEntry,
+    RefusedEntry,
+    CorruptRecord,
+    CorruptIndex,
+    IndexTooNew,
+    UnsafePath,
+    UnsafeStore,
+    ServeFailed,
+)
+
+
+def expected(e: BaseException, topic: str, what: str, then: str = "the store goes on without it") -> bool:
+    """:func:`kcache.boundary.expected` with the store's :data:`EXPECTED`: True for one of them
+    (the caller counts it as the miss it is); a bug is raised under ``KCACHE_STRICT=1``, else
+    reported once (a warning per topic, an ``errors`` count) and False."""
+    return _sort(e, EXPECTED, f"store-{topic}", what, then)

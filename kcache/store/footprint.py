@@ -47,14 +47,14 @@ class Footprint(NamedTuple):
     """Bytes on disk outside the committed entries (see the module doc)."""
 
     held: int  # tmp/ and trash/: removed entries still held, private folders, entries being written
-    index: int  # the index and its -wal, -shm and -journal (when it is in the store)
+    index_files: int  # the index and its -wal, -shm and -journal (when it is in the store)
     other: int  # the root's own files and folders, locks/
     shards: int  # the shard folders of entries/ (0: not measured)
     in_flight: int = 0  # of ``held``: entries being written (counted as committed when they land)
 
     @property
     def total(self) -> int:
-        return self.held + self.index + self.other + self.shards
+        return self.held + self.index_files + self.other + self.shards
 
     @property
     def beside_entries(self) -> int:
@@ -121,7 +121,7 @@ def report(folders: Folders, entries: int) -> dict[str, int]:
     scratch files, entries being written), ``index``, ``other`` (folders, lock files) and
     ``total``, which the bound is on."""
     fp = measure(folders)
-    out = {"entries": entries, "held": fp.held, "index": fp.index, "other": fp.other + fp.shards}
+    out = {"entries": entries, "held": fp.held, "index": fp.index_files, "other": fp.other + fp.shards}
     out["total"] = sum(out.values())
     return out
 

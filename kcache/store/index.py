@@ -33,6 +33,9 @@ from .records import CorruptRecord, Record
 DB_NAME = "kcache.sqlite"
 SCHEMA = 1
 MAX_MISSES = 256
+#: ``meta`` names: when the counters were last written, and last zeroed (store clock, seconds).
+COUNTERS_UPDATED = "counters_updated"
+COUNTERS_ZEROED = "counters_zeroed"
 
 _SCHEMA_SQL = (
     "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -98,7 +101,8 @@ def _decode_row(ident: Any, kind: Any, size: Any, created: Any, at: Any, hits: A
     kind_s = kind if isinstance(kind, str) else "?"
     num = lambda v, t: v if isinstance(v, t) and not isinstance(v, bool) else t(0)  # noqa: E731
     size_i, created_f, at_f, hits_i = num(size, int), num(created, float), num(at, float), num(hits, int)
-    rec, err = None, None
+    rec: Record | None = None
+    err: str | None = None
     if not valid_id(ident):
         err = "index row id is not an entry id"
     elif not isinstance(blob, bytes):
@@ -107,7 +111,8 @@ def _decode_row(ident: Any, kind: Any, size: Any, created: Any, at: Any, hits: A
         try:
             rec = Record.decode(blob)
             if rec.id != ident:
-                rec, err = None, f"index row holds the record of {rec.id[:12]}"
+                err = f"index row holds the record of {rec.id[:12]}"
+                rec = None
         except CorruptRecord as e:
             err = str(e)
     return Row(ident_s, kind_s, size_i, created_f, at_f, hits_i, rec, err)
@@ -312,12 +317,12 @@ class Index:
         args: tuple[Any, ...] = ()
         if kind:
             q, args = q + " WHERE kind = ?", (kind,)
-        return [tuple(r) for r in self.conn.execute(q, args).fetchall()]  # type: ignore[misc]
+        return [tuple(r) for r in self.conn.execute(q, args).fetchall()]
 
     def oldest(self, limit: int, before: float) -> list[tuple[str, float, int]]:
         """(id, last_used, size) of the least recently used rows, oldest first."""
         return [
-            tuple(r)  # type: ignore[misc]
+            tuple(r)
             for r in self.conn.execute(
                 "SELECT id, last_used, size FROM entries WHERE last_used < ? ORDER BY last_used ASC LIMIT ?",
                 (before, limit),
@@ -353,8 +358,12 @@ class Index:
         return {i for (i,) in self.conn.execute("SELECT id FROM entries") if isinstance(i, str)}
 
     # -- counters and misses ----------------------------------------------------------------
-    def add_counters(self, deltas: dict[tuple[str, str], float]) -> None:
+    def add_counters(self, deltas: dict[tuple[str, str], float], at: float | None = None) -> None:
+        """Add ``deltas`` to the counters; ``at`` (the store's clock) is kept as when they were
+        last updated (``kcache stats``: "updated", as ccache's "Stats updated")."""
         with self.transaction():
+            if at is not None and _finite(at):
+                self.set_meta(COUNTERS_UPDATED, repr(float(at)))
             for (kind, name), v in deltas.items():
                 if not _finite(v):  # a NaN would fail the NOT NULL column, and the whole batch
                     continue
@@ -371,8 +380,20 @@ class Index:
                 out.setdefault(str(kind), {})[str(name)] = float(v)
         return out
 
-    def reset_counters(self) -> None:
-        self.conn.execute("DELETE FROM counters")
+    def reset_counters(self, at: float | None = None) -> None:
+        """Zero every counter; ``at`` is kept as when (ccache's "Stats zeroed")."""
+        with self.transaction():
+            self.conn.execute("DELETE FROM counters")
+            if at is not None and _finite(at):
+                self.set_meta(COUNTERS_ZEROED, repr(float(at)))
+
+    def meta_time(self, name: str) -> float | None:
+        """A time kept in ``meta`` (:data:`COUNTERS_UPDATED`, :data:`COUNTERS_ZEROED`), or None."""
+        try:
+            v = float(self.get_meta(name) or "")
+        except ValueError:
+            return None
+        return v if _finite(v) and v > 0 else None
 
     def add_misses(self, misses: list[tuple[float, str, str, dict[str, Any]]]) -> None:
         with self.transaction():

@@ -13,11 +13,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..patch import CacheSlot, Patches
 
-cache = CacheSlot()
+if TYPE_CHECKING:
+    from ..store.api import Cache
+
+cache: CacheSlot[Cache] = CacheSlot()
 patches = Patches("triton")
 
 _UNSET = object()

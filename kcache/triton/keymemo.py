@@ -142,11 +142,12 @@ def _entry_point() -> Any:  # the code Triton's triton_key runs once the memo is
 
 
 def _trampoline_code() -> Any:
-    code = _entry_point.__code__
-    # Named as Triton's function in tracebacks and profiles, and found in this file.
-    return code.replace(
-        co_name="triton_key", **({"co_qualname": "triton_key"} if hasattr(code, "co_qualname") else {})
-    )
+    code = _entry_point.__code__.replace(co_name="triton_key")
+    # Named as Triton's function in tracebacks and profiles, and found in this file
+    # (co_qualname: Python 3.11+).
+    if hasattr(code, "co_qualname"):  # 3.11+; mypy checks for 3.10, where replace() lacks it
+        code = code.replace(co_qualname="triton_key")  # type: ignore[call-arg]
+    return code
 
 
 _TRAMPOLINE = _trampoline_code()

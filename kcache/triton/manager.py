@@ -15,7 +15,7 @@ Returned paths are real files with Triton's names (Triton reads an artifact's ty
 suffix). When the store is off, read-only or full, ``put`` still returns a real file in the
 scratch folder, so Triton never notices. ``override`` and ``dump`` managers are Triton's own.
 
-A group lookup is a single flight (:meth:`kcache.store.cache.TieredCache.single_flight`): on a
+A group lookup is a single flight (:meth:`kcache.store.api.Cache.single_flight`): on a
 miss, this process holds the kernel's lock until ``put_group``, and processes (and, with a shared
 tier, machines) that miss on the same kernel at once wait for its entry instead of compiling it
 too. A compile that raises never reaches ``put_group``, and its manager may live on (a traceback
@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from triton.runtime.cache import CacheManager, FileCacheManager
 
@@ -45,13 +45,16 @@ from .._imports import turn_on
 from ..boundary import fail_open, guarded
 from ..forksafe import module_lock
 from ..log import logger, warn_once
-from ..store import Store
 from ..store.leases import Lease, Ticket, hold_paths
 from . import groupcheck, tunecheck, tuning
 from .attached import cache as active_cache
 from .attached import finish_pending, serves_folder
 from .components import components_for, take, target_for
 from .kinds import KIND_AUTOTUNE, KIND_AUX, KIND_GROUP, kind_of, store_key
+
+if TYPE_CHECKING:
+    from ..store.api import Cache, Flight
+    from ..store.hit import Hit
 
 __all__ = ["KIND_AUTOTUNE", "KIND_AUX", "KIND_GROUP", "KcacheCacheManager", "kind_of"]
 
@@ -60,7 +63,7 @@ _scratch_roots: dict[str | None, str] = {}  # store root (None: no writable stor
 _scratch_pid = 0
 
 
-def _scratch(store: Store | None) -> str:
+def _scratch(store: Cache | None) -> str:
     """This process's scratch folder: the store's private one (same filesystem: members are
     hard-linked into entries; reached through the store's pinned descriptor) when writable,
     else a private temporary folder. Removed at exit."""
@@ -87,7 +90,7 @@ def _remove_scratch(root: str, pid: int) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _remove_stage(folder: str, store: Store | None) -> None:
+def _remove_stage(folder: str, store: Cache | None) -> None:
     """A compile's scratch folder, once no path into it is kept (see ``_new_stage``). Not after
     the store closed: the scratch folder went then, and its descriptor's number, which the path
     goes through, may name another folder now."""
@@ -184,7 +187,7 @@ class KcacheCacheManager(CacheManager):
         self._dir: str | None = None
         self._ticket: Ticket | None = None  # keeps _dir while this manager lives (see _new_stage)
         self._staged: dict[str, str] = {}
-        self._flight: Any = None  # the group's single flight, held from a miss to put_group
+        self._flight: Flight | None = None  # the group's single flight, held from a miss to put_group
         self._miss_t: dict[str, float] = {}
 
     # -- helpers ------------------------------------------------------------------------------
@@ -226,6 +229,7 @@ class KcacheCacheManager(CacheManager):
             self._new_stage(_scratch(None))
             assert self._dir is not None
             path = self._write_in(self._dir, data, filename)
+        assert self._ticket is not None  # (made with the folder, above)
         path = hold_paths({filename: path}, self._ticket)[filename]
         self._staged[filename] = path
         return path
@@ -398,7 +402,7 @@ def _always_compile() -> bool:
 _servable_seen: dict[str, Any] = {}
 
 
-def _servable(store: Store, filename: str, hit: Any, target: Callable[[], str | None]) -> bool:
+def _servable(store: Cache, filename: str, hit: Hit, target: Callable[[], str | None]) -> bool:
     """:func:`groupcheck.servable`, once per group and process: a hit of a group already judged
     here (the same record object: the store's memo of held hits) only says again that it was
     served."""
@@ -418,7 +422,7 @@ def _servable(store: Store, filename: str, hit: Any, target: Callable[[], str | 
     return True
 
 
-def _untrusted_store(store: Store) -> None:
+def _untrusted_store(store: Cache) -> None:
     # Issue 17: a store used only because KCACHE_ALLOW_INSECURE=1 said so (it failed its
     # ownership, mode or parent-folder checks) never gives launchers; say so once, not silently.
     warn_once(

@@ -228,7 +228,7 @@ def _memo(driver: Any, orig: Any) -> Any:
 
         store = cache()
         key = _key(driver) if store is not None and store.trust_host_code else None
-        if key is not None:
+        if key is not None and store is not None:
             try:
                 hit = store.get(_kinds.TRITON_META, key, count=False)
                 if hit is not None:
@@ -245,7 +245,7 @@ def _memo(driver: Any, orig: Any) -> Any:
             except Exception as e:  # broad: a memo; Triton's own search runs when it cannot answer
                 logger.debug("libcuda memo: %s", e)
         dirs = orig()
-        if key is not None and dirs:
+        if key is not None and store is not None and dirs:
             store.put(
                 _kinds.TRITON_META,
                 key,

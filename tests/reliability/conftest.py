@@ -84,6 +84,7 @@ def run_py(
 AS_USER_PRELUDE = """
 import os, sys, json, logging, sqlite3, shutil, uuid, hashlib, errno, stat, time, zlib, struct, re
 import contextlib, tempfile, threading, atexit, argparse, textwrap, io, traceback, importlib.metadata
+import subprocess, signal
 import msgpack, fcntl, urllib.parse
 import kcache, kcache.config, kcache.store, kcache.store.disk, kcache.store.index, kcache.kinds
 import kcache.maintenance, kcache.cli, kcache.fingerprint, kcache.counters, kcache.log
