@@ -95,7 +95,8 @@ INTEGRATION_CODE = [
 ]
 #: Modules of the store an integration may import: its faces and the plain values they hand out,
 #: and the store's helpers for files it writes outside the store (not the store itself).
-STORE_PARTS_ALLOWED = {"api", "hit", "records", "fs", "safety", "quarantine"}
+#: (``leases``: the paths an integration hands on keep their files while they live, issue 34)
+STORE_PARTS_ALLOWED = {"api", "hit", "records", "fs", "safety", "quarantine", "leases"}
 #: ``kcache import-triton``'s work, handed a writable store by the command (it reads the bound).
 CONCRETE_ALLOWED = {"kcache/triton/importer.py"}
 

@@ -33,6 +33,7 @@ bound within 5 s of the last writer's exit.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -139,11 +140,41 @@ def writer_main(a: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------- sampler
+def du(root: Path) -> int:
+    """The store's folder as ``du`` counts it: the blocks (st_blocks x 512) of every file and
+    folder under it, each inode once, following no link (what a disk quota sees)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    stack = [str(root)]
+    while stack:
+        path = stack.pop()
+        try:
+            it = os.scandir(path)
+        except OSError:
+            continue
+        with it:
+            for e in it:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                k = (st.st_dev, st.st_ino)
+                if k not in seen:
+                    seen.add(k)
+                    total += st.st_blocks * 512
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+    with contextlib.suppress(OSError):
+        total += os.lstat(root).st_blocks * 512
+    return total
+
+
 def measure(root: Path) -> dict[str, int]:
     """Bytes under the store, each inode once: committed (entries/), in flight (entries being
-    written in tmp/) and held (trash/, and the served and scratch folders in tmp/)."""
+    written in tmp/) and held (trash/, and the served and scratch folders in tmp/), members'
+    sizes; and ``du``, the whole folder's blocks (see :func:`du`)."""
     seen: set[tuple[int, int]] = set()
-    out = {"committed": 0, "inflight": 0, "held": 0}
+    out = {"committed": 0, "inflight": 0, "held": 0, "du": du(root)}
 
     def walk(path: str, what: str) -> None:
         try:
@@ -229,6 +260,7 @@ def run_once(work: Path, a: argparse.Namespace) -> dict[str, Any]:
     peak_all = max((s["committed"] + s["inflight"] for _, s in samples), default=0)
     peak_inflight = max((s["inflight"] for _, s in samples), default=0)
     under_at = next((t for t, s in after if s["committed"] <= bound), None)
+    peak_du = max((s["du"] for _, s in samples), default=0)
 
     def at(t: float) -> float:
         x = [s["committed"] for tt, s in after if tt <= t]
@@ -260,14 +292,20 @@ def run_once(work: Path, a: argparse.Namespace) -> dict[str, Any]:
         "peak_inflight_bytes": peak_inflight,
         "largest_entry_bytes": largest,
         "peak_held_bytes": max((s["held"] for _, s in samples), default=0),
+        "peak_du_ratio": peak_du / bound,
+        # What the last writer to exit left: its exit (eviction, letting go of what it held) is
+        # over when it has gone; nothing runs after it.
+        "at_exit_du_ratio": after[0][1]["du"] / bound if after else None,
+        "after_5s_du_ratio": after[-1][1]["du"] / bound if after else None,
         "at_exit_ratio": after[0][1]["committed"] / bound if after else None,
         "after_1s_ratio": at(1.0) if after else None,
         "after_5s_ratio": after[-1][1]["committed"] / bound if after else None,
         "under_bound_after_exit_s": under_at,
         "peak_ok": peak_all <= allowance,
         "after_exit_ok": under_at is not None and under_at <= 5.0,
-        "trace": [[round(t, 3), x["committed"], x["inflight"], x["held"]] for t, x in samples]
-        + [[round(t_exit + t, 3), x["committed"], x["inflight"], x["held"]] for t, x in after],
+        "du_ok": peak_du <= 1.5 * bound and bool(after) and after[0][1]["du"] <= 1.25 * bound,
+        "trace": [[round(t, 3), x["committed"], x["inflight"], x["held"], x["du"]] for t, x in samples]
+        + [[round(t_exit + t, 3), x["committed"], x["inflight"], x["held"], x["du"]] for t, x in after],
         "exit_at_s": round(t_exit, 3),
     }
 
@@ -313,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"({r['peak_with_inflight_ratio']:.2f}x with in flight), at exit {r['at_exit_ratio']:.2f}x, "
                 f"+5 s {r['after_5s_ratio']:.2f}x, put p50/p99/max {r['put_p50_us'] / 1000:.2f}/"
                 f"{r['put_p99_us'] / 1000:.2f}/{r['put_max_us'] / 1000:.1f} ms, wrong {r['wrong_bytes']}, "
-                f"evictions {r['evictions']:.0f}, errors {len(r['errors'])}",
+                f"evictions {r['evictions']:.0f}, errors {len(r['errors'])}; du peak {r['peak_du_ratio']:.2f}x, "
+                f"at exit {r['at_exit_du_ratio']:.2f}x, +5 s {r['after_5s_du_ratio']:.2f}x",
                 flush=True,
             )
     finally:
@@ -334,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         "median": med,
         "all_peak_ok": all(r["peak_ok"] for r in runs),
         "all_after_exit_ok": all(r["after_exit_ok"] for r in runs),
+        "all_du_ok": all(r["du_ok"] for r in runs),
         "wrong_bytes": sum(r["wrong_bytes"] for r in runs),
         "errors": [e for r in runs for e in r["errors"]][:10],
         "runs": runs,
@@ -345,6 +385,14 @@ def main(argv: list[str] | None = None) -> int:
         f"put p50 {med['put_p50_us'] / 1000:.2f} ms, p99 {med['put_p99_us'] / 1000:.2f} ms, max "
         f"{med['put_max_us'] / 1000:.1f} ms; {med['puts_per_s']:.0f} puts/s; wrong bytes "
         f"{summary['wrong_bytes']}"
+    )
+    print(
+        f"  the folder (du): peak {med['peak_du_ratio']:.2f}x the bound, {med['at_exit_du_ratio']:.2f}x at the "
+        f"last exit, {med['after_5s_du_ratio']:.2f}x 5 s later"
+    )
+    print(
+        f"  {'met' if summary['all_du_ok'] else 'MISSED'}: the folder within 1.5x the bound while they write and "
+        "1.25x when the last has exited (every run)"
     )
     print(
         f"  {'met' if summary['all_peak_ok'] else 'MISSED'}: at most 1.25x the bound plus one entry per writer "

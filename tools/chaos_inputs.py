@@ -806,13 +806,13 @@ elif mode == "use":  # hit the keys until the time is up; every miss and error n
                 res["hits"] += 1
         time.sleep(0.02)
     st.close()
-elif mode == "evict":  # evict under a tiny bound, over and over
+elif mode == "evict":  # evict under a tiny bound (or the entries down to a target), over and over
     st = Store.open(root, max_size=arg["max_size"])
     res["evicted"] = 0
     end = time.monotonic() + arg["seconds"]
     while time.monotonic() < end:
         try:
-            n, _ = st.evict()
+            n, _ = st.evict(arg.get("target"))
             res["evicted"] += n
         except Exception as e:
             res["errors"].append(repr(e))
@@ -869,9 +869,10 @@ def age_entries(root: Path, ids: Iterable[str], seconds: float, env: dict[str, s
 
 
 def entry_bytes(root: Path, ident: str) -> int:
-    """What an entry counts for against the size bound: the bytes of its members."""
+    """What an entry counts for against the size bound: its bytes on disk, as du counts them (its
+    folder's blocks, its record's and its members')."""
     d = root / "entries" / ident[:2] / ident
-    return sum(p.stat().st_size for p in d.iterdir() if p.name != "__kcache__.rec")
+    return sum(os.lstat(p).st_blocks * 512 for p in [d, *d.iterdir()])
 
 
 def entry_ids_on_disk(root: Path) -> set[str]:

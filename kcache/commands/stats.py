@@ -34,6 +34,10 @@ def stats_run(args: argparse.Namespace) -> int:
         if args.zero:
             zero_counters(store)
         data = stats(store)
+        # The folder as du (and a disk quota) counts it, which the bound is on; "held": what
+        # live processes hold beside the store's entries (a missing store: nothing).
+        disk = getattr(store, "disk", None)  # (the local tier; a missing store has none)
+        data["disk"] = disk.footprint() if disk is not None else None
     finally:
         close_store(store)
     data["bound"] = bound_of(settings)
@@ -50,6 +54,16 @@ def stats_run(args: argparse.Namespace) -> int:
     used += f" ({100 * data['bytes'] / b['store']:.1f}%), bound from {b['store_source']}"
     where = data["dir"] if os.path.isdir(data["dir"]) else f"{data['dir']} (nothing cached here yet)"
     rows = [["store", where], ["size", used]]
+    d = data["disk"]
+    if d is not None:
+        rows.append(
+            [
+                "on disk",
+                f"{format_size(d['total'])} of {format_size(b['store'])} ({100 * d['total'] / b['store']:.1f}%): "
+                f"entries {format_size(d['entries'])}, index {format_size(d['index'])}, "
+                f"held by live processes {format_size(d['held'])}",
+            ]
+        )
     if b["env"] is not None and b["env"] != b["store"]:
         rows.append(
             ["", f"this shell's KCACHE_MAX_SIZE={format_size(b['env'])} wins for processes started here"]
@@ -182,7 +196,8 @@ def trim_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--to",
         metavar="SIZE",
-        help="trim to SIZE (e.g. 5GiB) instead of 90%% of the bound, as eviction does",
+        help="trim the entries to SIZE on disk (e.g. 5GiB) instead of the folder to 90%% of the bound, "
+        "as eviction does",
     )
 
 
@@ -213,7 +228,9 @@ def trim_run(args: argparse.Namespace) -> int:
         bound = store.max_size
         want = int(bound * 0.9) if target is None else target
         before = store.index().total_bytes()
-        removed, freed = store.evict(want)
+        # No --to: the whole folder down to 90% of the bound, as eviction does (the bound counts
+        # its blocks, the index and what live processes hold); --to: the entries' blocks.
+        removed, freed = store.evict(target)
         after = store.index().total_bytes()
     finally:
         close_store(store)

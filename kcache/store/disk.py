@@ -46,7 +46,6 @@ import atexit
 import contextlib
 import errno
 import os
-import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -62,15 +61,17 @@ from .clock import Clock
 from .conf import read_at as read_conf
 from .entries import Entries
 from .errors import CorruptEntry, RefusedEntry, StoreError, expected, warn_failed
-from .eviction import Evictor, entry_bytes
+from .eviction import Evictor
+from .footprint import report
 from .hit import Hit, HitMemo, ServeFailed
 from .index import Index
 from .locks import Lock
 from .opening import Folders, open_folders
+from .private import clean_dead
 from .records import Record, entry_id
 from .safety import UnsafeStore
-from .served import Served, clean_dead
-from .trash import sweep
+from .served import Served
+from .trash import Trash, folder_bytes
 
 
 class DiskTier:
@@ -117,10 +118,7 @@ class DiskTier:
         self.catalogue.on_turn = self._flush_turn
         self.served.wake = self.catalogue.wake  # the holds' table of descriptors grown there
         self.catalogue.after_reconcile = self.evictor.recount
-        self._trash_left = False  # removals left folders in trash/ (see trash.sweep)
-        self._trash_swept = -1e9  # monotonic: when held folders in trash/ were last tried
-        self._trash_held: set[str] = set()  # folders in trash/ found held: tried with those
-        self._soon = 0  # entries puts evicted since the last whole sweep (their files wait for it)
+        self.trash_state = Trash(folders)  # what removals left in trash/ (see trash.Trash)
         self._usage_started = False  # a new store's count made (see _first_put)
         self._dead_cleaned = False  # dead processes' private folders removed (see clean_dead_folders)
         forks.register(self)
@@ -222,7 +220,7 @@ class DiskTier:
         # .clock); a new store's size count is made at its first put; dead processes' private
         # folders go at the flush thread's first turn, or at close (clean_dead_folders).
         if not folders.readonly and not folders.network_fs:
-            tier._trash_left = True  # what removals left there: the flush thread's first turn
+            tier.trash_state.left = True  # what removals left there: the flush thread's first turn
         atexit.register(tier.close)  # read-only too: its private folders go at exit
         return tier
 
@@ -249,12 +247,24 @@ class DiskTier:
         """Flush what is batched, close the index and every descriptor. Idempotent."""
         if self.closed:
             return
+        # What this process holds goes first (and what it kept in trash/, unless others hold
+        # it): the exit eviction then measures what stays on disk once it has gone.
+        self.memo.clear()
+        with contextlib.suppress(Exception):
+            self.served.close()  # lets go of the entry folders this process held
+        with contextlib.suppress(Exception):
+            self.clean_dead_folders()  # if the flush thread never had a turn
         if not self.readonly:
+            self.trash_state.retry_held()
+            with contextlib.suppress(Exception):
+                self.sweep_trash(0.5, closing=True)
             try:  # the bound holds after the last writer ends, not only at the next one's put
                 self.evictor.at_exit()
             except Exception as e:  # broad: closing goes on whatever eviction met (a bug reported)
                 if expected(e, "evict-at-exit", "kcache's eviction at exit"):
                     logger.debug("eviction at exit: %s", e)
+            with contextlib.suppress(Exception):
+                self.sweep_trash(0.5, closing=True)  # the empty folders eviction left
         self.flush(force=True)
         cat = self.catalogue
         with cat._index_lock, cat._lock:
@@ -263,15 +273,6 @@ class DiskTier:
                 with contextlib.suppress(Exception):
                     cat._index.close()
             cat._index = None
-        self.memo.clear()
-        with contextlib.suppress(Exception):
-            self.served.close()  # lets go of the entry folders this process held
-        with contextlib.suppress(Exception):
-            self.clean_dead_folders()  # if the flush thread never had a turn
-        if not self.readonly:  # what those holds kept in trash/ goes now, if nobody else holds it
-            self._trash_swept = -1e9
-            with contextlib.suppress(Exception):
-                self.sweep_trash(0.5, closing=True)
         self.evictor.usage.close()
         self.clock.close()
         self.folders.close()
@@ -448,7 +449,7 @@ class DiskTier:
         self.counts.add(kind, bytes_written=rec.size)
         self.catalogue.note_put(rec, self.clock.now())
         try:
-            self.evictor.after_put(entry_bytes(rec), ident)
+            self.evictor.after_put(hit.disk, ident)
         except Exception as e:  # broad: the put stands; the bound is kept by the next put or the flush thread
             if expected(e, "evict-after-put", "kcache's eviction after a put", then="the put stands"):
                 logger.debug("eviction after put: %s", e)
@@ -478,8 +479,9 @@ class DiskTier:
         handed is theirs, gone when they are), its row is not written, and trash/ is swept
         later if a holder kept its folder."""
         self.evictor.usage.add(-freed)
+        self.served.removed(ident)  # an idle hold of it now costs disk: let go
         if left:
-            self._trash_left = True
+            self.trash_state.left = True
         self.catalogue.forget(ident)
 
     def _remove_for_eviction(self, ident: str) -> int | None:
@@ -488,12 +490,13 @@ class DiskTier:
     def _remove_for_put(self, ident: str) -> int | None:
         """An eviction by a put: the folder is renamed into ``trash/`` (its bytes leave the count)
         and its files are deleted at the flush thread's next turn; unless that thread is behind
-        (:data:`~.tunables.SOON_MAX`), then here, as by the thread."""
-        if self._soon >= T.SOON_MAX:
+        (:data:`~.tunables.SOON_MAX` entries, or :data:`~.tunables.SOON_SHARE` of the bound in
+        bytes still on disk), then here, as by the thread."""
+        if self.trash_state.behind(self.max_size):
             return self.entries.remove(ident, later=True)
         got = self.entries.remove(ident, later=True, empty=False)
         if got is not None:
-            self._soon += 1
+            self.trash_state.note_soon(got)
         return got
 
     def remove(self, ids: list[str], *, index: bool = True) -> int:
@@ -547,50 +550,50 @@ class DiskTier:
 
     # ------------------------------------------------------------------ eviction
     def _flush_turn(self) -> None:
-        """The flush thread's turn, before it writes the index: (at the first) the store's clock
-        and dead processes' private folders, eviction when the store is past its bound (woken by
-        the put that took it there), then what removals left in trash/. First, when the held
-        folders asked for it, the process's table of descriptors grown (see :mod:`.served`)."""
+        """The flush thread's turn, before it writes the index: the process's table of
+        descriptors grown if the holds asked (see :mod:`.served`); holds whose paths have all
+        gone let go; (at the first) the clock and dead processes' folders; trash/ swept; then
+        eviction when past the bound (the put that passed it woke this), and trash/ again."""
         self.served.grow_table()
+        self.served.drain()  # holds whose paths have all gone (see .leases)
+        self.served.removed()  # idle holds of entries other processes removed
+        if self.served.let_go_removed:  # ... of a removed entry: its folder in trash/ can go now
+            self.served.let_go_removed = False
+            self.trash_state.retry_held()
         self.clock.synced()
         self.clean_dead_folders()
+        if self.trash_state.left:
+            self.sweep_trash()  # first: what it frees is not evicted for
         if self.evictor.due():
             self.evictor.run()
-        if self._trash_left:
-            self.sweep_trash()
+            if self.trash_state.left:
+                self.sweep_trash()
 
     def sweep_trash(self, budget_s: float | None = None, *, closing: bool = False) -> None:
-        """What removals left in ``trash/``: empty folders (evictions leave them for later), the
-        files of entries that puts evicted, and, at most every :data:`~.tunables.HELD_SWEEP_S`,
-        folders that a process held and no longer does. Never raises."""
-        trfd = self.folders.fd("trash")
-        if trfd is None or self.readonly or (self.closed and not closing):
-            return
-        now = time.monotonic()
-        held = now - self._trash_swept >= T.HELD_SWEEP_S
-        if held:
-            self._trash_swept = now
-        try:
-            soon = self._soon
-            _, whole = sweep(
-                trfd, T.FLUSH_EVERY_S / 2 if budget_s is None else budget_s, held=held, skip=self._trash_held
-            )
-            if whole:
-                self._soon = max(0, self._soon - soon)  # those the puts evicted meanwhile still wait
-            self._trash_left = bool(os.listdir(trfd))
-        except OSError:
-            pass
+        """What removals left in ``trash/`` (see :meth:`.trash.Trash.sweep`). Never raises."""
+        self.trash_state.sweep(budget_s, closing=closing)
+
+    def footprint(self) -> dict[str, int]:
+        """The store's folder on disk as ``du`` counts it, in bytes (see :func:`.footprint.report`;
+        the entries as their shared count says, walked when there is none yet)."""
+        count = self.evictor.usage.peek()
+        if count is None:
+            count = sum(folder_bytes(sfd, name) for sfd, name in self.evictor._folders())
+        return report(self.folders, count)
 
     def evict(self, target: int | None = None) -> tuple[int, int]:
-        """Remove least recently used entries until the store holds at most ``target`` bytes
-        (default 90% of the bound), then write the index (see :mod:`.eviction`). One process
-        evicts at a time; this returns at once when another one does. Returns (entries, bytes).
+        """Remove least recently used entries until the store's folder takes at most 90% of the
+        bound on disk, or (given ``target``) until its committed entries take at most ``target``
+        bytes on disk; then write the index (see :mod:`.eviction`). One process evicts at a
+        time; this returns at once when another one does. Returns (entries, bytes on disk).
 
         The store also evicts on its own: its flush thread as soon as a put passes the bound,
         and a put itself when the store is far past it."""
         if self.readonly or self.closed:
             return 0, 0
         out = self.evictor.run(target)
+        if out[0]:
+            self.sweep_trash()  # the empty folders it left (the caller's time, not a put's)
         self.flush(force=True)
         return out
 

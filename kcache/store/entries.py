@@ -33,6 +33,7 @@ from . import fs
 from . import tunables as T
 from .clock import Clock
 from .errors import CorruptEntry, RefusedEntry
+from .footprint import disk
 from .hit import Hit, ServeFailed, sig
 from .opening import Folders
 from .records import RECORD_NAME, CorruptRecord, Record, file_info, valid_name
@@ -404,12 +405,14 @@ class Entries:
             if dfd is None:
                 raise OSError(errno.EAGAIN, "tmp/ is being cleaned as entries are written")
             infos, blobs, inos = [], {}, {}
+            on_disk = 0  # what the folder takes, as footprint.folder_disk counts it at its removal
             for name, data in files.items():
                 blob, mst = self._write_member(dfd, name, data)
                 infos.append(file_info(name, blob))
                 blobs[name], inos[name] = blob, (mst.st_dev, mst.st_ino)
+                on_disk += disk(mst)
             rec = Record(id=ident, files=infos, **rec_fields)
-            fs.write_new_at(dfd, RECORD_NAME, rec.encode())
+            on_disk += disk(fs.write_new_at(dfd, RECORD_NAME, rec.encode())) + disk(os.fstat(dfd))
             shard = ident[:2]
             if shard not in self._real_shards:
                 with contextlib.suppress(FileExistsError):
@@ -422,7 +425,9 @@ class Entries:
                 except CorruptEntry:
                     return None, False  # replaced or removed again meanwhile: this put is just not kept
             tmp = None
-            return Hit(rec, blobs, self.served, time.time(), inos), True
+            hit = Hit(rec, blobs, self.served, time.time(), inos)
+            hit.disk = on_disk
+            return hit, True
         finally:
             if tmp is not None:
                 fs.rmtree_at(tfd, tmp)
@@ -461,6 +466,14 @@ class Entries:
             try:
                 os.rename(tmp, dst, src_dir_fd=tfd, dst_dir_fd=efd)
                 return True
+            except FileNotFoundError:
+                # The shard folder went since this writer made or checked it (eviction removes
+                # the shards it empties): made again, and checked as the first time.
+                self._real_shards.discard(ident[:2])
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(ident[:2], 0o700, dir_fd=efd)
+                self._check_shard(ident[:2], os.stat(ident[:2], dir_fd=efd, follow_symlinks=False))
+                continue
             except OSError as e:
                 if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                     raise

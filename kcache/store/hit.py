@@ -2,7 +2,7 @@
 
 A :class:`Hit` carries the record and every member's verified bytes; :attr:`Hit.paths` gives
 real files holding those bytes, made by :class:`~.served.Served` (held entry folders or private
-links that cannot change for the life of the process).
+links that cannot change while the paths handed out live: see :mod:`.leases`).
 
 :class:`HitMemo`: a process that looks the same kernel up again (Triton asks for a kernel's group
 at every new specialisation) is given the hit it verified before, with no file read again, as
@@ -25,15 +25,26 @@ from .records import RECORD_NAME, Record
 if TYPE_CHECKING:
     from .clock import Clock
     from .opening import Folders
-    from .served import Served
+    from .served import Hold, Served
 
 
 class Hit:
     """A verified entry. :meth:`read` gives a member's verified bytes; :attr:`paths` gives real
     files holding them, with the members' own names (Triton reads a file's type from its suffix),
-    that stay as they are for the life of this process."""
+    that stay as they are for as long as the paths (or this hit) live: see :mod:`.leases`."""
 
-    __slots__ = ("record", "_blobs", "_served", "_paths", "_paths_pid", "mtime", "inos", "_pin", "rsig")
+    __slots__ = (
+        "record",
+        "_blobs",
+        "_served",
+        "_paths",
+        "_paths_pid",
+        "mtime",
+        "inos",
+        "_pin",
+        "rsig",
+        "disk",
+    )
 
     def __init__(
         self,
@@ -54,6 +65,8 @@ class Hit:
         self._pin: int | None = None
         #: The record file's identity as read (see :func:`sig`), for the memo; None: not read.
         self.rsig: tuple[int, ...] | None = None
+        #: A put's: the bytes on disk of the entry's folder it committed (0: not known).
+        self.disk = 0
 
     def __repr__(self) -> str:
         return f"Hit({self.record!r})"
@@ -94,13 +107,16 @@ MEMO_MAX = 4096  # verified hits remembered per store and process
 
 
 class _Held:
-    """What the memo keeps of a verified hit whose entry folder this process holds."""
+    """What the memo keeps of a verified hit whose entry folder this process holds: its paths as
+    plain strings and the hold, which the memo does not keep by itself (see :mod:`.leases`): a
+    hold whose entry was removed is let go once the paths handed out have gone, and the memo's
+    entry is of no use then."""
 
-    __slots__ = ("record", "paths", "pin", "rsig", "inos", "record_path")
+    __slots__ = ("record", "pin", "rsig", "inos", "record_path", "hold")
 
-    def __init__(self, hit: Hit, rsig: tuple[int, ...]) -> None:
+    def __init__(self, hit: Hit, rsig: tuple[int, ...], hold: Hold) -> None:
         rec = hit.record
-        self.record, self.paths, self.pin, self.rsig = rec, dict(hit._paths or {}), hit._pin, rsig
+        self.record, self.pin, self.rsig, self.hold = rec, hit._pin, rsig, hold
         self.inos = dict(hit.inos)
         rid = rec.id
         self.record_path = f"{rid[:2]}/{rid}/{RECORD_NAME}"
@@ -140,9 +156,10 @@ class HitMemo:
 
     def put(self, kind: str, key: str, hit: Hit) -> None:
         """Remember a verified hit whose entry folder this process holds (its ``rsig`` set)."""
-        if hit._pin is None or hit.rsig is None:
+        hold = self._served.hold_of(hit.record.id, hit._pin) if hit._pin is not None else None
+        if hold is None or hit.rsig is None:
             return
-        held = _Held(hit, hit.rsig)
+        held = _Held(hit, hit.rsig, hold)
         with self._lock:
             memo = self._memo
             memo.pop((kind, key), None)
@@ -171,8 +188,14 @@ class HitMemo:
             with self._lock:
                 self._memo.pop((kind, key), None)
             return None
+        paths = self._served.reissue(m.hold)  # (its ticket kept by them while this hit lives)
+        if paths is None:  # let go meanwhile (its entry removed): a full lookup
+            with self._lock:
+                if self._memo.get((kind, key)) is m:
+                    del self._memo[(kind, key)]
+            return None
         hit = Hit(m.record, _HeldBlobs(m.pin, m.record), self._served, st.st_mtime, m.inos)
-        hit._paths, hit._pin = dict(m.paths), m.pin
+        hit._paths, hit._pin = paths, m.pin
         return hit
 
     def clear(self) -> None:

@@ -154,10 +154,12 @@ class Index:
             if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                 conn.execute("PRAGMA journal_mode=WAL")  # persistent: set once, by the creator
             conn.execute("PRAGMA synchronous=NORMAL")
-            # A small store on a small disk: checkpoint the log every 400 KB (not SQLite's 4 MB)
-            # and give the space back afterwards, so the index never holds megabytes of old pages.
-            conn.execute("PRAGMA wal_autocheckpoint=100")
-            conn.execute("PRAGMA journal_size_limit=1048576")
+            # The index counts against the store's size bound (it is in the folder a quota sees):
+            # checkpoint the log every 128 KB (not SQLite's 4 MB) and give the space back
+            # afterwards, so that it never holds more than a few dozen old pages. (The flush
+            # thread writes a few pages a second at most: a checkpoint every few seconds.)
+            conn.execute("PRAGMA wal_autocheckpoint=32")
+            conn.execute("PRAGMA journal_size_limit=131072")
             created = False
             if not conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone():
                 with _transaction(conn):

@@ -1,9 +1,13 @@
 """Files a process hands to a library, and its scratch folder: private, held, never changing.
 
 A hit's bytes are verified in memory. A library that wants files (Triton opens a kernel's
-members and dlopens launchers) gets :attr:`Hit.paths`, which stay as they are for the life of
-the process; eviction, ``kcache clear`` or a swapped folder cannot change or remove them. Two
-ways, the first where it can be used:
+members and dlopens launchers) gets :attr:`Hit.paths`, which stay as they are for as long as
+the paths handed out live (every one is a :class:`~.leases.HeldPath`: Triton keeps them in each
+``CompiledKernel``; see :mod:`.leases`); eviction, ``kcache clear`` or a swapped folder cannot
+change or remove them. Once the last has gone, what kept them is let go: a hit's private links,
+and a held folder's flock once its entry is removed (until then it costs no disk and is kept,
+idle, for the next lookup; its descriptor's number then names a removed, empty folder: never
+another one). Two ways, the first where it can be used:
 
 - **The entry's own folder, held.** The folder whose members were just verified is kept open
   (a descriptor numbered above the ones a process starts with, a number this process does not
@@ -11,8 +15,8 @@ ways, the first where it can be used:
   file is made: a first hit costs what a FileCacheManager hit costs (making seven links and a
   folder cost 0.3-0.5 ms more on an ext4 with ``discard``). A removal (eviction, ``clear``, a
   replacement) renames an entry's folder into ``trash/`` first and deletes its files only when
-  nobody holds it (an exclusive flock); a folder still held stays in ``trash/``, counted in the
-  store's size, until its holders have gone. The hold is taken after the verification, and kept
+  nobody holds it (an exclusive flock); a folder still held stays in ``trash/``, counted against
+  the store's bound (see :mod:`.footprint`), until its holders have let go. The hold is taken after the verification, and kept
   only if the folder is still the entry's at that moment (else a removal may already be
   deleting it: the second way). Not on a network filesystem (a lock there may be per node), nor
   past :data:`MAX_PINS` (descriptors are not free).
@@ -23,7 +27,7 @@ ways, the first where it can be used:
   at the entry's path) or a copy of the verified bytes: it holds exactly what was checked.
 
 Every private folder is held (a shared flock on its descriptor, see :func:`.fs.hold`) for the
-life of its process: ``clean_tmp`` removes only folders nobody holds, so a live process's files
+life of its process (a hit's links in it, only while its paths live): ``clean_tmp`` removes only folders nobody holds, so a live process's files
 are never taken, and a dead one's (killed, or ended by ``os._exit`` as pool workers are) go at
 the next clean-up, which every process that opens the store also runs, off its first hit's path
 (at its flush thread's first turn, or at its close). A folder removed anyway (by hand) is
@@ -38,13 +42,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import os
-import tempfile
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import fs
+from .leases import Lease, Ticket, hold_paths
+from .private import PrivateFolder, temp_folder
 
 if TYPE_CHECKING:
     from .opening import Folders
@@ -62,8 +69,6 @@ class Hit(Protocol):
     def read(self, name: str) -> bytes: ...
 
 
-#: Name prefixes of private folders in the system's temporary folder (read-only stores).
-TEMP_PREFIX = "kcache-private-"
 #: Held entry folders' descriptors are numbered from 64 (above the ones a process starts with),
 #: at most MAX_PINS of them per store and process, then private links. Their numbers stay under
 #: a quarter of the process's descriptor limit (never under what 64 + 192 took before: 256 where
@@ -77,40 +82,17 @@ PIN_FIRST, MAX_PINS = 64, 4032
 TABLE_START, GROW_AHEAD = 256, 64
 
 
-class PrivateFolder:
-    """A private folder of this process: its descriptor (held), its parent's, its name and path."""
+class Hold:
+    """An entry folder this process holds (see the module doc): its descriptor, the paths of its
+    members, their (device, inode) as verified, and the lease the paths handed out keep (a new
+    one each time it is taken up again after its last paths went)."""
 
-    __slots__ = ("fd", "parent", "name", "path", "own_parent", "pid")
+    __slots__ = ("pin", "rid", "paths", "inos", "lease", "released")
 
-    def __init__(self, fd: int, parent: int, name: str, path: str, *, own_parent: bool) -> None:
-        self.fd, self.parent, self.name, self.path, self.own_parent = fd, parent, name, path, own_parent
-        self.pid = os.getpid()
-        if not fs.hold(fd, parent, name):  # being removed as dead by a clean-up: make another
-            os.close(fd)
-            if own_parent:
-                os.close(parent)
-            raise OSError(f"private folder {name} was removed as it was made")
-
-    def alive(self) -> bool:
-        """Still there under its name (not removed by hand)."""
-        try:
-            return os.path.samestat(
-                os.stat(self.name, dir_fd=self.parent, follow_symlinks=False), os.fstat(self.fd)
-            )
-        except OSError:
-            return False
-
-    def close(self, remove: bool) -> None:
-        """Let go of it (and with ``remove``, delete it). A forked child only closes its copies
-        of the descriptors: the folder is its parent's."""
-        mine = self.pid == os.getpid()
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
-        if remove and mine:
-            fs.rmtree_at(self.parent, self.name)
-        if self.own_parent:
-            with contextlib.suppress(OSError):
-                os.close(self.parent)
+    def __init__(self, pin: int, rid: str, paths: dict[str, str], inos: dict[str, tuple[int, int]]) -> None:
+        self.pin, self.rid, self.paths, self.inos = pin, rid, paths, inos
+        self.lease: Lease | None = None
+        self.released = False
 
 
 class Served:
@@ -121,14 +103,22 @@ class Served:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._folders: dict[str, PrivateFolder] = {}
-        # hit's identity -> (the private folder holding its files, their paths)
-        self._cache: dict[tuple[Any, ...], tuple[PrivateFolder, dict[str, str]]] = {}
+        # hit's identity -> (the private folder holding its files, their paths, their lease)
+        self._cache: dict[tuple[Any, ...], tuple[PrivateFolder, dict[str, str], Lease]] = {}
         self._n = 0
         self._tmp_ok: bool | None = None
         self._pins: list[int] = []  # held entry folders (descriptors)
-        #: entry id -> (its held folder's descriptor, the paths of its members, their (device,
-        #: inode) as verified)
-        self._holds: dict[str, tuple[int, dict[str, str], dict[str, tuple[int, int]]]] = {}
+        #: entry id -> the folder of it this process holds
+        self._holds: dict[str, Hold] = {}
+        #: ids of holds no path handed out needs any more, kept while their entry is committed
+        #: (it costs no disk then: see _let_go_pin)
+        self._idle: set[str] = set()
+        #: Leases whose last path has gone (see :mod:`.leases`), let go under ``_lock``.
+        self._gone: deque[Lease] = deque()
+        self._dead: int | None = None  # a removed empty folder: what a let-go number names
+        self._closed = False
+        #: A hold was let go whose folder had been removed (it waits in trash/ for a sweep).
+        self.let_go_removed = False
         self._pin_next = 0  # the lowest number the next held descriptor may take
         self._pin_stop = 0  # ... and the number it must stay under
         self._table = TABLE_START  # descriptors the process's table holds without growing
@@ -147,7 +137,11 @@ class Served:
         for f in [*self._folders.values(), *self._retired]:
             f.close(remove=False)
         self._folders, self._cache, self._retired, self._pid = {}, {}, [], os.getpid()
-        self._holds = {}  # (a child's holds are its own: one that closes what it inherited may)
+        self._holds, self._idle = (
+            {},
+            set(),
+        )  # (a child's holds are its own: one that closes what it inherited may)
+        self._gone = deque()  # (the parent's leases let go in the child only close its copies)
 
     def folder(self, role: str) -> PrivateFolder:
         """This process's private folder for ``role`` ("served", "scratch"): in ``tmp/`` of a
@@ -205,18 +199,21 @@ class Served:
         with self._lock:
             if self._pid != os.getpid():
                 self.after_fork()
+            if self._gone:
+                self._drain()
             pinned = self._pin(hit, dfd, dst)
             if pinned is not None:
-                return dict(pinned[1]), pinned[0]
+                return pinned[1], pinned[0]
             key = self._key(hit)
             cached = self._cache.get(key)
             if cached is not None:
-                folder, paths = cached
-                if self._folders.get("served") is folder and folder.alive():
-                    return dict(paths), None
+                folder, paths, lease = cached
+                t = lease.ticket()
+                if t is not None and self._folders.get("served") is folder and folder.alive():
+                    return hold_paths(paths, t), None
             try:
                 folder = self.folder("served")
-                paths = self._write(folder, hit, fds)
+                sub, paths = self._write(folder, hit, fds)
             except OSError:
                 # A full disk, too many links: once more in the system's temporary folder.
                 old = self._folders.get("served")
@@ -224,9 +221,147 @@ class Served:
                 if old is not None and old is not folder:
                     self._retired.append(old)
                 self._folders["served"] = folder
-                paths = self._write(folder, hit, None)
-            self._cache[key] = (folder, paths)
-            return dict(paths), None
+                sub, paths = self._write(folder, hit, None)
+            lease = Lease(functools.partial(self._let_go_links, folder, sub, key), self._on_gone)
+            self._cache[key] = (folder, paths, lease)
+            return hold_paths(paths, lease.start()), None
+
+    # ------------------------------------------------------------------ letting go (see .leases)
+    def _on_gone(self, lease: Lease) -> None:
+        """The last path of ``lease`` has gone (a weakref callback, run wherever the collector
+        runs): queued, and let go now only if the lock is free (never waited for)."""
+        self._gone.append(lease)
+        if self._lock.acquire(False):
+            try:
+                self._drain()
+            finally:
+                self._lock.release()
+
+    def drain(self) -> None:
+        """Let go of what the paths handed out no longer need (the flush thread's turn)."""
+        if self._gone:
+            with self._lock:
+                self._drain()
+
+    def _drain(self) -> None:
+        # Under _lock. Never raises: a file that cannot be let go now stays till close or exit.
+        while self._gone:
+            lease = self._gone.popleft()
+            if self._closed:
+                continue  # close() let go of everything (and its numbers may be others' now)
+            with contextlib.suppress(Exception):
+                lease.release()
+
+    def _ticket(self, hold: Hold) -> Ticket:
+        """A live ticket of ``hold`` (under _lock): its lease's, or a new lease's when the last
+        paths of the one before have gone (an idle hold taken up again)."""
+        lease = hold.lease
+        t = lease.ticket() if lease is not None else None
+        if t is None:
+            hold.lease = lease = Lease(functools.partial(self._let_go_pin, hold), self._on_gone)
+            t = lease.start()
+            self._idle.discard(hold.rid)
+        return t
+
+    def hold_of(self, rid: str, pin: int | None) -> Hold | None:
+        """The hold of entry ``rid`` through descriptor ``pin``, if this process has it."""
+        hold = self._holds.get(rid)
+        return hold if hold is not None and hold.pin == pin and not hold.released else None
+
+    def reissue(self, hold: Hold) -> dict[str, str] | None:
+        """The paths of a hold this process still has, handed out again (the memo's), or None
+        when it was let go meanwhile."""
+        with self._lock:
+            if hold.released or self._holds.get(hold.rid) is not hold or self._closed:
+                return None
+            return hold_paths(hold.paths, self._ticket(hold))
+
+    def _let_go_pin(self, hold: Hold) -> None:
+        """The last paths of ``hold`` have gone (under _lock). While its entry is still committed
+        it costs no disk: kept, idle (a later lookup takes it up again, reading nothing: the
+        memo). Once its entry is removed, let go (see :meth:`_release`)."""
+        lease = hold.lease
+        if hold.released or (lease is not None and lease.ticket() is not None):
+            return  # taken up again since (a new lease's paths live)
+        if self._removed(hold):
+            self._release(hold)
+        else:
+            self._idle.add(hold.rid)
+
+    def _removed(self, hold: Hold) -> bool:
+        efd = self._store.fd("entries")
+        rid = hold.rid
+        try:
+            return efd is None or not os.path.samestat(
+                os.stat(f"{rid[:2]}/{rid}", dir_fd=efd, follow_symlinks=False), os.fstat(hold.pin)
+            )
+        except OSError:
+            return True
+
+    def _release(self, hold: Hold) -> None:
+        """Let go of a held entry folder (under _lock) whose entry was removed: its flock goes, so
+        that its files can be deleted, and its number keeps naming a removed, empty folder (never
+        another one: a path kept past its object finds nothing, as it would after close)."""
+        hold.released = True
+        if self._holds.get(hold.rid) is hold:
+            del self._holds[hold.rid]
+        self._idle.discard(hold.rid)
+        dead = self._dead_folder()
+        if dead is not None:
+            os.dup2(dead, hold.pin, inheritable=False)  # closes the folder's open file: its flock goes
+        else:
+            with contextlib.suppress(ValueError):
+                self._pins.remove(hold.pin)
+            os.close(hold.pin)
+        self.let_go_removed = True  # in trash/: the flush thread's sweep deletes it now
+
+    def removed(self, rid: str | None = None) -> None:
+        """Entries were removed: the idle holds of them are let go (``rid``: this one, removed by
+        this process; None: any, looked at by the flush thread's turn). Never raises."""
+        if not self._idle or (rid is not None and rid not in self._idle):
+            return
+        with self._lock:
+            for r in [rid] if rid is not None else list(self._idle):
+                hold = self._holds.get(r)
+                if hold is None:
+                    self._idle.discard(r)
+                    continue
+                with contextlib.suppress(OSError):
+                    if self._removed(hold):
+                        self._release(hold)
+
+    def _let_go_links(self, folder: PrivateFolder, sub: str, key: tuple[Any, ...]) -> None:
+        """Delete a hit's private links (under _lock), in this process's own folder only."""
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] is folder and cached[2].ticket() is None:
+            del self._cache[key]
+        if folder.pid == os.getpid() and (folder in self._folders.values() or folder in self._retired):
+            fs.rmtree_at(folder.fd, sub)
+
+    def _dead_folder(self) -> int | None:
+        """A descriptor of an empty folder that has been removed (nothing can be made in it), made
+        once in tmp/; None where that cannot be done."""
+        if self._dead is not None:
+            return self._dead
+        tfd = self._store.fd("tmp")
+        if tfd is None:
+            return None
+        name = fs.unique_name("let-go")
+        try:
+            os.mkdir(name, 0o700, dir_fd=tfd)
+            fd = os.open(name, fs.O_DIR, dir_fd=tfd)
+        except OSError:
+            return None
+        with contextlib.suppress(OSError):
+            os.rmdir(name, dir_fd=tfd)
+        try:
+            if os.fstat(fd).st_nlink != 0:
+                raise OSError(errno.EEXIST, "not removed")
+        except OSError:
+            os.close(fd)
+            return None
+        self._dead = fd
+        return fd
 
     @staticmethod
     def _key(hit: Hit) -> tuple[Any, ...]:
@@ -245,13 +380,13 @@ class Served:
         efd = store.fd("entries")
         rid = hit.record.id
         held = self._holds.get(rid)
-        if held is not None and hit.inos == held[2]:
+        if held is not None and hit.inos == held.inos:
             # Held already (a lookup the memo could not answer: its last use was due, say), and
             # this hit's members are the very files of the held folder (their inodes, which no
             # other file can take while the folder is held, and an entry's files are never
             # written): the same hold. Any other hit of the id (of a folder removed since, made
             # without files) goes the way below, which checks its own members.
-            return held[0], held[1]
+            return held.pin, hold_paths(held.paths, self._ticket(held))
         if efd is None or store.readonly or not self._pins_allowed():
             return None
         own = None
@@ -291,8 +426,8 @@ class Served:
         self._pins.append(pin)
         base = f"/proc/self/fd/{pin}/"
         paths = {f.name: base + f.name for f in hit.record.files}
-        self._holds[rid] = (pin, paths, dict(hit.inos))
-        return pin, paths
+        hold = self._holds[rid] = Hold(pin, rid, paths, dict(hit.inos))
+        return pin, hold_paths(paths, self._ticket(hold))
 
     def _pins_allowed(self) -> bool:
         # Only where a lock says whether its holder lives: not on a network filesystem, nor where
@@ -341,7 +476,9 @@ class Served:
             return  # left as it is: holds stay under its size, then private links
         self._table, self._grow_to = max(self._table, want), 0
 
-    def _write(self, folder: PrivateFolder, hit: Hit, fds: dict[str, int] | None) -> dict[str, str]:
+    def _write(
+        self, folder: PrivateFolder, hit: Hit, fds: dict[str, int] | None
+    ) -> tuple[str, dict[str, str]]:
         self._n += 1
         sub = f"{hit.record.id[:16]}.{self._n}"
         os.mkdir(sub, 0o700, dir_fd=folder.fd)
@@ -380,7 +517,8 @@ class Served:
                     fs.write_new_at(subfd, f.name, hit.read(f.name))
         finally:
             os.close(subfd)
-        return {f.name: fs.fd_path(folder.fd, sub, f.name, fallback=folder.path) for f in hit.record.files}
+        paths = {f.name: fs.fd_path(folder.fd, sub, f.name, fallback=folder.path) for f in hit.record.files}
+        return sub, paths
 
     def scratch(self) -> str:
         """The path of this process's private scratch folder (see ``Store.scratch_dir``)."""
@@ -391,50 +529,13 @@ class Served:
     def close(self) -> None:
         """Delete this process's folders (at ``Store.close`` and exit)."""
         with self._lock:
+            self._closed = True
+            self._gone.clear()
             for f in [*self._folders.values(), *self._retired]:
                 f.close(remove=True)
-            for pin in self._pins:
+            for pin in [*self._pins, *([self._dead] if self._dead is not None else [])]:
                 with contextlib.suppress(OSError):
                     os.close(pin)  # lets go of the hold (a forked child: of its copy only)
             self._folders, self._cache, self._retired, self._pins, self._holds = {}, {}, [], [], {}
-
-
-def temp_folder(role: str) -> PrivateFolder:
-    """A new private folder under the system's temporary folder (a read-only store, or a store
-    whose ``tmp/`` refuses writes); the folders dead processes left there are cleaned first."""
-    base = tempfile.gettempdir()
-    try:
-        parent = fs.open_dir(base, "the temporary folder", None)
-    except fs.UnsafePath as e:  # a linked or foreign TMPDIR: callers treat OSError as a miss
-        raise OSError(errno.EACCES, f"the temporary folder {base} cannot be used: {e}") from None
-    try:
-        clean_dead(parent, TEMP_PREFIX)
-        path = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{role}-", dir=base)  # 0700, O_EXCL semantics
-        fd = fs.open_dir_at(parent, os.path.basename(path), path, fs.trusted_owners(False))
-    except fs.UnsafePath as e:
-        os.close(parent)
-        raise OSError(errno.EACCES, f"a private folder in {base} cannot be used: {e}") from None
-    except BaseException:  # re-raised: it only cleans up on the way
-        os.close(parent)
-        raise
-    return PrivateFolder(fd, parent, os.path.basename(path), path, own_parent=True)
-
-
-def clean_dead(dir_fd: int, prefix: str | tuple[str, ...]) -> int:
-    """Remove this user's folders named ``prefix*`` (one of the prefixes) in ``dir_fd`` that
-    nobody holds."""
-    n = 0
-    uid = os.geteuid()
-    try:
-        names = [x for x in os.listdir(dir_fd) if x.startswith(prefix)]
-    except OSError:
-        return 0
-    for name in names:
-        try:
-            if os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_uid != uid:
-                continue
-        except OSError:
-            continue
-        if fs.remove_unheld_at(dir_fd, name):
-            n += 1
-    return n
+            self._idle = set()
+            self._dead = None

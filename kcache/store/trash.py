@@ -14,26 +14,29 @@ import fcntl
 import os
 import stat
 import time
+from typing import TYPE_CHECKING
 
 from . import fs
-from .records import RECORD_NAME
+from . import tunables as T
+from .footprint import disk
+from .footprint import folder_disk as folder_bytes
 
+if TYPE_CHECKING:
+    from .opening import Folders
 
-def folder_bytes(parent: int, name: str) -> int:
-    """What the entry folder ``name`` counts for: the bytes of its regular files but its record
-    (one level: an entry's members), following no link; 0 when it cannot be read."""
-    return _files(parent, name, unlink=False)[0]
+__all__ = ["Trash", "drop_trash", "empty_folder", "folder_bytes", "sweep"]
 
 
 def empty_folder(parent: int, name: str) -> tuple[int, bool]:
-    """Delete the files in the folder ``name`` (one level, following no link): (what they
-    counted for, as :func:`folder_bytes` says; whether it is empty now). The folder itself is left for :func:`sweep` to remove: on some
-    filesystems removing a folder costs milliseconds (ext4 with ``discard``: 2.4 ms here, against
-    0.03 ms per file), which an evicting put must not wait for."""
-    return _files(parent, name, unlink=True)
+    """Delete the files in the folder ``name`` (one level, following no link): (the bytes on
+    disk they took; whether it is empty now). The folder itself is left for :func:`sweep` to
+    remove: on some filesystems removing a folder costs milliseconds (ext4 with ``discard``: 2.4
+    ms here, against 0.03 ms per file), which an evicting put must not wait for. (What an entry
+    counts for against the bound is :func:`folder_bytes`: its folder's blocks and its files'.)"""
+    return _files(parent, name)
 
 
-def _files(parent: int, name: str, *, unlink: bool) -> tuple[int, bool]:
+def _files(parent: int, name: str) -> tuple[int, bool]:
     try:
         dfd = os.open(name, fs.O_DIR, dir_fd=parent)
     except OSError:
@@ -48,10 +51,9 @@ def _files(parent: int, name: str, *, unlink: bool) -> tuple[int, bool]:
                 if stat.S_ISDIR(st.st_mode):
                     empty = False  # not an entry's shape: the caller removes the whole tree
                     continue
-                if stat.S_ISREG(st.st_mode) and e.name != RECORD_NAME:
-                    total += st.st_size
-                if unlink:
-                    os.unlink(e.name, dir_fd=dfd)
+                if stat.S_ISREG(st.st_mode):
+                    total += disk(st)
+                os.unlink(e.name, dir_fd=dfd)
             except OSError:
                 empty = False
     except OSError:
@@ -126,3 +128,54 @@ def sweep(
     if skip:
         skip.intersection_update(names)  # gone meanwhile: forgotten
     return n, True
+
+
+class Trash:
+    """One process's view of ``trash/``: whether its removals left something there (``left``),
+    when folders found held were last tried, and the entries its puts evicted whose files wait
+    for the flush thread's sweep (bounded: :meth:`behind`)."""
+
+    def __init__(self, folders: Folders) -> None:
+        self.folders = folders
+        self.left = False  # removals left folders in trash/ (see sweep)
+        self._swept = -1e9  # monotonic: when held folders in trash/ were last tried
+        self._held: set[str] = set()  # folders in trash/ found held: tried with those
+        self._soon = 0  # entries puts evicted since the last whole sweep (their files wait for it)
+        self._soon_bytes = 0  # ... and their bytes on disk
+
+    def retry_held(self) -> None:
+        """Try the held folders at the next :meth:`sweep` (a hold was let go)."""
+        self.left, self._swept = True, -1e9
+
+    def behind(self, bound: int) -> bool:
+        """The flush thread is behind the puts that evict: :data:`~.tunables.SOON_MAX` entries, or
+        :data:`~.tunables.SOON_SHARE` of the bound in bytes still on disk, wait for it."""
+        return self._soon >= T.SOON_MAX or self._soon_bytes > T.SOON_SHARE * bound
+
+    def note_soon(self, freed: int) -> None:
+        self._soon += 1
+        self._soon_bytes += freed
+
+    def sweep(self, budget_s: float | None = None, *, closing: bool = False) -> None:
+        """What removals left in ``trash/``: empty folders (evictions leave them for later), the
+        files of entries that puts evicted, and, at most every :data:`~.tunables.HELD_SWEEP_S`,
+        folders that a process held and no longer does. Never raises."""
+        f = self.folders
+        trfd = f.fd("trash")
+        if trfd is None or f.readonly or (f.closed and not closing):
+            return
+        now = time.monotonic()
+        held = now - self._swept >= T.HELD_SWEEP_S
+        if held:
+            self._swept = now
+        try:
+            soon, soon_bytes = self._soon, self._soon_bytes
+            _, whole = sweep(
+                trfd, T.FLUSH_EVERY_S / 2 if budget_s is None else budget_s, held=held, skip=self._held
+            )
+            if whole:  # those the puts evicted meanwhile still wait
+                self._soon = max(0, self._soon - soon)
+                self._soon_bytes = max(0, self._soon_bytes - soon_bytes)
+            self.left = bool(os.listdir(trfd))
+        except OSError:
+            pass

@@ -6,6 +6,7 @@ EVICT_TO = 0.9  # eviction brings the store down to this share of its bound
 HELP_OVER = 1.1  # past this share of its bound, a put frees about its own size itself
 SOON_MAX = 16  # entries a process's puts evicted whose files still wait for the flush thread's
 # turn: past it (the thread is behind), a put that evicts deletes the files itself
+SOON_SHARE = 0.02  # ... and past this share of the bound in their bytes (they are still on disk)
 EXIT_EVICT_S = 2.0  # a process ending with the store past its bound evicts for at most this long
 FIRST_USE_S = 2.0  # a protected entry whose record's mtime is this close to its creation is unused
 RECOUNT_EVERY_S = 60.0  # at most this often, a recount when eviction finds nothing left to remove

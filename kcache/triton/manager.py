@@ -45,6 +45,7 @@ from .._imports import turn_on
 from ..boundary import fail_open, guarded
 from ..forksafe import module_lock
 from ..log import logger, warn_once
+from ..store.leases import Lease, Ticket, hold_paths
 from . import groupcheck, tunecheck, tuning
 from .attached import cache as active_cache
 from .attached import finish_pending, serves_folder
@@ -87,6 +88,21 @@ def _scratch(store: Cache | None) -> str:
 def _remove_scratch(root: str, pid: int) -> None:
     if pid == os.getpid():  # not from a forked child that exits normally
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _remove_stage(folder: str, store: Cache | None) -> None:
+    """A compile's scratch folder, once no path into it is kept (see ``_new_stage``). Not after
+    the store closed: the scratch folder went then, and its descriptor's number, which the path
+    goes through, may name another folder now."""
+    if store is None or not store.closed:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _let_go(lease: Lease) -> None:
+    # The paths of a compile's scratch folder have all gone: removed now, in this process only
+    # (a forked child's copies of them are its parent's files).
+    if lease.pid == os.getpid():
+        lease.release()
 
 
 _enable_tried = False
@@ -169,6 +185,7 @@ class KcacheCacheManager(CacheManager):
             _try_enable()
             self._store = active_cache()
         self._dir: str | None = None
+        self._ticket: Ticket | None = None  # keeps _dir while this manager lives (see _new_stage)
         self._staged: dict[str, str] = {}
         self._flight: Flight | None = None  # the group's single flight, held from a miss to put_group
         self._miss_t: dict[str, float] = {}
@@ -176,10 +193,18 @@ class KcacheCacheManager(CacheManager):
     # -- helpers ------------------------------------------------------------------------------
     def _stage_dir(self) -> str:
         if self._dir is None:
-            d = os.path.join(_scratch(self._store), uuid.uuid4().hex[:16])
-            os.mkdir(d, 0o700)
-            self._dir = d
+            self._new_stage(_scratch(self._store))
+        assert self._dir is not None
         return self._dir
+
+    def _new_stage(self, parent: str) -> None:
+        """A private folder for this compile's files, kept while the paths ``put`` returns live
+        (Triton keeps them in the kernel it builds: see kcache/store/leases.py), then removed:
+        a process that compiles for ever keeps only the files of the kernels it still has."""
+        d = os.path.join(parent, uuid.uuid4().hex[:16])
+        os.mkdir(d, 0o700)
+        self._dir = d
+        self._ticket = Lease(functools.partial(_remove_stage, d, self._store), _let_go).start()
 
     def _key_and_gpu(self, filename: str, kind: str) -> tuple[str, str | None]:
         """The store key of a file Triton puts on its own (autotune results: also by the model
@@ -201,10 +226,11 @@ class KcacheCacheManager(CacheManager):
             # The store's filesystem is full or not writable: Triton still needs a real file, and
             # the compile must not fail for it. The store warns when the entry cannot be written.
             logger.info("scratch folder in the store unusable (%s); using a private temporary one", e)
-            d = os.path.join(_scratch(None), uuid.uuid4().hex[:16])
-            os.mkdir(d, 0o700)
-            self._dir = d
-            path = self._write_in(d, data, filename)
+            self._new_stage(_scratch(None))
+            assert self._dir is not None
+            path = self._write_in(self._dir, data, filename)
+        assert self._ticket is not None  # (made with the folder, above)
+        path = hold_paths({filename: path}, self._ticket)[filename]
         self._staged[filename] = path
         return path
 
