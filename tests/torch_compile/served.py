@@ -13,6 +13,8 @@ counters installed before torch is imported:
   ``Condition.wait``, ``Thread.join``, ``Future.result``, ``Queue.get``, ``fcntl`` locks), with
   whether kcache's code was on the stack and where; counted through a profile function on the
   main thread alone (``sys.setprofile``), so other threads' sleeps are not mixed in;
+- ``pool_started``: whether Inductor's compile-worker pool was started; Inductor asks for it at
+  each graph's compile as it does when an input is on a GPU (:func:`wake_the_pool_as_on_a_gpu`);
 - at exit: each function the interpreter calls once the script is done (``threading._shutdown``
   and every ``atexit`` handler), whose module, and the waits inside them.
 
@@ -35,6 +37,7 @@ spawns: list[dict] = []
 threads: list[dict] = []
 waits: list[dict] = []
 exiting = [False]
+_real_start_code = None
 
 
 def _where() -> tuple[str, bool]:
@@ -87,7 +90,9 @@ def _install_spawn_counters() -> None:
 
         setattr(os, name, counted)
 
+    global _real_start_code
     real_start = threading.Thread.start
+    _real_start_code = real_start.__code__
 
     def start(self: threading.Thread) -> None:
         target = getattr(self, "_target", None)
@@ -104,14 +109,31 @@ def _install_wait_counter() -> None:
     import fcntl
     import queue
 
+    # each wait, and what says it returns at once (a set event, a finished future, a dead
+    # thread, a queue with an item): that is not a wait
     codes = {
-        threading.Event.wait.__code__: "Event.wait",
-        threading.Condition.wait.__code__: "Condition.wait",
-        threading.Thread.join.__code__: "Thread.join",
-        concurrent.futures.Future.result.__code__: "Future.result",
-        queue.Queue.get.__code__: "Queue.get",
+        threading.Event.wait.__code__: ("Event.wait", lambda o: o.is_set()),
+        threading.Condition.wait.__code__: ("Condition.wait", lambda o: False),
+        threading.Thread.join.__code__: ("Thread.join", lambda o: not o.is_alive()),
+        concurrent.futures.Future.result.__code__: ("Future.result", lambda o: o.done()),
+        queue.Queue.get.__code__: ("Queue.get", lambda o: o.qsize() > 0),
     }
-    cfuncs = {time.sleep: "time.sleep", fcntl.flock: "fcntl.flock", fcntl.lockf: "fcntl.lockf"}
+    cfuncs = {time.sleep: "time.sleep"}
+
+    for name in ("flock", "lockf"):  # a file lock is a wait only when it blocks (no LOCK_NB)
+        real = getattr(fcntl, name)
+
+        def locked(fd: object, op: int, *a: object, _real: object = real, _name: str = name) -> object:
+            if threading.current_thread() is not MAIN or op & fcntl.LOCK_NB or op == fcntl.LOCK_UN:
+                return _real(fd, op, *a)  # type: ignore[operator]
+            where, kc = _where()
+            t0 = time.perf_counter()
+            try:
+                return _real(fd, op, *a)  # type: ignore[operator]
+            finally:
+                _done((f"fcntl.{_name}", t0, where, kc))
+
+        setattr(fcntl, name, locked)
     started: dict[int, tuple[str, float, str, bool]] = {}
     handlers: dict[int, tuple[str, float]] = {}
 
@@ -126,7 +148,13 @@ def _install_wait_counter() -> None:
                 _done(started.pop(id(frame), None))
         elif event == "call":
             code = frame.f_code  # type: ignore[attr-defined]
-            name = codes.get(code)
+            known = codes.get(code)
+            name = None
+            if known is not None and not _in_thread_start(frame):
+                try:
+                    name = None if known[1](frame.f_locals.get("self")) else known[0]  # type: ignore[attr-defined]
+                except Exception:  # not the object expected: counted as a wait
+                    name = known[0]
             if name is not None:
                 where, kc = _where()
                 started[id(frame)] = (name, time.perf_counter(), where, kc)
@@ -137,6 +165,18 @@ def _install_wait_counter() -> None:
             h = handlers.pop(id(frame), None)
             if h is not None:
                 _exit_line({"handler": h[0], "s": round(time.perf_counter() - h[1], 4)})
+
+    def _in_thread_start(frame: object) -> bool:
+        """A wait inside ``Thread.start`` (for the new thread to run): a thread start, counted
+        in ``threads``, not a wait for work."""
+        f = getattr(frame, "f_back", None)
+        for _ in range(3):
+            if f is None:
+                return False
+            if f.f_code is _real_start_code:
+                return True
+            f = f.f_back
+        return False
 
     def _done(w: tuple[str, float, str, bool] | None) -> None:
         if w is None:
@@ -178,7 +218,26 @@ class Block(torch.nn.Module):
         return torch.softmax(self.b(torch.relu(self.n(self.a(x)))), -1)
 
 
+def wake_the_pool_as_on_a_gpu() -> None:
+    """Inductor wakes its compile-worker pool at the start of each graph's compile when an input
+    is on a GPU (``compile_fx``: ``AsyncCompile.wakeup()``), before it looks the graph up. On
+    the CPU it does not; so that a CPU process meets the same call, it is made here, where
+    ``compile_fx`` would make it."""
+    import torch._inductor.compile_fx as cfx
+
+    own = cfx.compile_fx
+
+    def compile_fx(*args: object, **kwargs: object) -> object:
+        import torch._inductor.async_compile as ac
+
+        ac.AsyncCompile.wakeup()
+        return own(*args, **kwargs)
+
+    cfx.compile_fx = compile_fx
+
+
 def main() -> None:
+    wake_the_pool_as_on_a_gpu()
     torch.manual_seed(0)
     model = Block().eval()
     compiled = torch.compile(model)
