@@ -116,6 +116,13 @@ def test_a_served_process_runs_no_compiler(runs: dict[str, dict[str, Any]]) -> N
     assert runs["served"]["compiler_runs"] == [], runs["served"]["compiler_runs"]
 
 
+def test_a_served_process_hashes_no_torch_source(runs: dict[str, dict[str, Any]]) -> None:
+    """torch_key() (a hash of every module file of torch, in every process) comes from kcache's
+    memo: torch's hashing runs in the process that made it, not in the served one."""
+    assert runs["cold"]["torch_sources_hashed"] > 0, "the count sees torch's hashing"
+    assert runs["served"]["torch_sources_hashed"] == 0
+
+
 def test_a_served_process_starts_no_process_and_no_compile_worker(runs: dict[str, dict[str, Any]]) -> None:
     served = runs["served"]
     assert served["spawns"] == [], served["spawns"]  # no compiler, openssl, ISA probe or worker

@@ -13,6 +13,8 @@ counters installed before torch is imported:
   ``Condition.wait``, ``Thread.join``, ``Future.result``, ``Queue.get``, ``fcntl`` locks), with
   whether kcache's code was on the stack and where; counted through a profile function on the
   main thread alone (``sys.setprofile``), so other threads' sleeps are not mixed in;
+- ``torch_sources_hashed``: calls of torch's ``build_code_hash`` (what ``torch_key()`` runs
+  over every module file of torch);
 - ``pool_started``: whether Inductor's compile-worker pool was started; Inductor asks for it at
   each graph's compile as it does when an input is on a GPU (:func:`wake_the_pool_as_on_a_gpu`);
 - at exit: each function the interpreter calls once the script is done (``threading._shutdown``
@@ -205,6 +207,18 @@ _install_spawn_counters()
 _install_wait_counter()
 
 import torch  # noqa: E402
+import torch._inductor.codecache as _codecache  # noqa: E402
+
+hashed: list[str] = []  # torch's hashing of its own sources (torch_key: every module file of torch)
+_build_code_hash = _codecache.build_code_hash
+
+
+def _counted_build_code_hash(*args: object, **kwargs: object) -> object:
+    hashed.append(str(args[1]) if len(args) > 1 else "")
+    return _build_code_hash(*args, **kwargs)
+
+
+_codecache.build_code_hash = _counted_build_code_hash
 
 
 class Block(torch.nn.Module):
@@ -259,6 +273,7 @@ def main() -> None:
         "inductor": {k: v for k, v in counters["inductor"].items() if "cache" in k},
         "aot": {k: v for k, v in counters["aot_autograd"].items() if "autograd_cache" in k},
         "pool_started": bool(getattr(ac, "_pool_set", None)),
+        "torch_sources_hashed": len(hashed),
         "spawns": spawns,
         "threads": threads,
         "waits": waits,
