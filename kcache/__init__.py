@@ -4,8 +4,9 @@
 
 Start-up is the hook's whole cost in every Python process of a user who exports ``KCACHE=1``
 (every pip, every tool, every compile worker), so it does almost nothing: it registers import
-hooks for triton, nvFuser and torch. The settings are read and checked when one of those is
-imported, and the store is opened at the first integration's first use (:func:`active_store`).
+hooks for the libraries the integrations attach to (:mod:`kcache.registry`). The settings are
+read and checked when one of those is imported, and the store is opened at the first
+integration's first use (:func:`active_store`).
 This module imports nothing that a bare interpreter has not loaded already.
 """
 
@@ -44,16 +45,24 @@ def enable(
     readonly: bool | None = None,
     key_tag: str | None = None,
     remote: str | None = None,
-    triton: bool = True,
-    nvfuser: bool = True,
-    torch: bool = True,
+    **switches: bool,
 ) -> bool:
     """Turn kcache on in this process. Arguments override the ``KCACHE_*`` environment.
 
+    ``switches``: an integration's switch set to False leaves it off (each registered integration
+    declares its switch, :mod:`kcache.registry`: ``triton=False``, ``torch=False``...); an unknown
+    one is a ``TypeError``, as for any unknown argument.
+
     Checks the settings and opens the store now; returns True when caching is on. Never raises
     for bad settings or an unusable store: it warns once and returns False, and the program
-    compiles as if kcache were not there."""
+    compiles as if kcache were not there (with ``KCACHE_STRICT=1``, an error that is not a
+    refusal kcache knew to make is raised)."""
     global _wanted, _failed
+    from .registry import switches as _known
+
+    unknown = sorted(set(switches) - set(_known()))
+    if unknown:
+        raise TypeError(f"enable() got an unexpected keyword argument {unknown[0]!r}")
     with _lock:
         if _wanted:
             disable()
@@ -64,7 +73,17 @@ def enable(
         if active_store() is None:
             _wanted = False
             return False
-        _attach(triton=triton, nvfuser=nvfuser, torch=torch)
+        try:
+            _attach(switches)
+        except Exception as e:  # the edge: the program goes on without kcache (raised when strict)
+            from .boundary import failed
+
+            _wanted = False
+            try:
+                failed("enable", "kcache's enable()", e, then="caching is off")
+            finally:
+                disable()
+            return False
         return True
 
 
@@ -75,13 +94,13 @@ def _enable_from_env() -> None:
         if _wanted:
             return
         _wanted = True
-        _attach(triton=True, nvfuser=True, torch=True)
+        _attach({})  # every integration's switch on
 
 
-def _attach(*, triton: bool, nvfuser: bool, torch: bool) -> None:
+def _attach(switches: dict[str, bool]) -> None:
     from .integrations import attach
 
-    attach(active_store, _usable, {"triton": triton, "nvfuser": nvfuser, "torch": torch}, _integrations)
+    attach(active_store, _usable, switches, _integrations)
 
 
 def _usable() -> bool:
@@ -130,13 +149,19 @@ def active_store() -> Store | None:
 
         try:
             store = Store.from_settings(s, write=True, drain_global=True)
+            protect = env_number("KCACHE_PREWARM_PROTECT_S")
+            if protect:  # a child of `kcache prewarm` (a compile worker): its puts are protected too
+                store.protect(protect)
         except StoreError as e:
             warn_once("store", f"caching is off: {e}")
             _failed = True
             return None
-        protect = env_number("KCACHE_PREWARM_PROTECT_S")
-        if protect:  # a child of `kcache prewarm` (a compile worker): its puts are protected too
-            store.protect(protect)
+        except Exception as e:  # the edge: an error kcache did not foresee is the same fallback
+            from .boundary import failed
+
+            _failed = True
+            failed("store", "kcache opening the store", e, then="caching is off")
+            return None
         if not _exit_hook:
             import atexit
 
@@ -150,7 +175,8 @@ def active_store() -> Store | None:
 def _on_demand(**switches: bool) -> bool:
     """A library built one of kcache's objects itself (see :func:`kcache._imports.turn_on`): turn kcache on
     with the environment's settings unless it is on."""
-    return is_enabled() or enable(**switches)
+    kwargs: dict[str, Any] = dict(switches)  # switches only (enable's other arguments stay unset)
+    return is_enabled() or enable(**kwargs)
 
 
 def disable() -> None:
@@ -168,9 +194,15 @@ def disable() -> None:
 
                 if strict():
                     raise
-        if _store is not None:
-            _store.close()
-        _store, _settings, _wanted, _failed = None, None, False, False
+        store, _store = _store, None
+        _settings, _wanted, _failed = None, False, False
+        if store is not None:
+            from .boundary import guarded
+
+            # Closing flushes to the index: a store that cannot be used any more (its disk
+            # full, its index broken) is said once, never raised (unless KCACHE_STRICT=1).
+            with guarded("disable", "kcache closing the store", then="what it had not written is lost"):
+                store.close()
 
 
 def is_enabled() -> bool:
@@ -189,27 +221,26 @@ def settings() -> _config.Settings:
 
 def _push_integration_counts() -> None:
     """Integrations that count hits without a lock push their counts to kcache.counters now."""
-    import sys
+    from .integrations import push_counts
 
-    mod = sys.modules.get("kcache.nvfuser.fusion_cache")
-    if mod is not None:
-        from .boundary import guarded
-
-        with guarded("nvfuser-counts", "kcache's count of nvFuser's cache hits"):
-            mod.flush_all()
+    push_counts()
 
 
 def stats() -> dict[str, Any]:
-    """Entries, bytes and counters of the active store, and this process's own counters."""
+    """Entries, bytes and counters of the active store, and this process's own counters.
+
+    Never raises for a store it cannot use (unless ``KCACHE_STRICT=1``): when the store's index
+    cannot be opened or read (a full disk, a damaged index), the store's entries and bytes are
+    counted from its entry folders instead (its hit and miss counters, kept in the index, are
+    then absent) and ``index_error`` says why; when even that fails, ``error`` says why and only
+    this process's counters are given. One warning per cause."""
     from . import counters
-    from .maintenance.stats import store_stats
 
     _push_integration_counts()
     store = active_store()
     out: dict[str, Any] = {"enabled": store is not None}
     if store is not None:
-        store.flush(force=True)
-        out.update(store_stats(store))
+        out.update(_store_stats(store))
     proc: dict[str, dict[str, float]] = {}
     for src in ([store.counts] if store is not None else []) + [counters.GLOBAL]:
         for kind, vals in src.process_totals().items():
@@ -218,6 +249,42 @@ def stats() -> dict[str, Any]:
                 proc[kind][k] += v
     out["process"] = proc
     return out
+
+
+def _store_stats(store: Store) -> dict[str, Any]:
+    """:func:`stats`'s part of the store, and its fallbacks (see there)."""
+    from .boundary import failed
+    from .maintenance.stats import store_stats
+    from .store.errors import DISK_FULL, disk_full
+    from .store.index import IndexTooNew
+
+    try:
+        store.flush(force=True)
+        return store_stats(store)
+    except Exception as e:  # the edge: raised under KCACHE_STRICT=1, else the entries answer
+        # A cause the store says too (a full disk the compiles met first, an index of a newer
+        # kcache): the same warning, not another.
+        cause = (
+            "index-newer"
+            if isinstance(e, IndexTooNew)
+            else DISK_FULL
+            if disk_full(e, str(store.root))
+            else None
+        )
+        failed("stats", "kcache.stats() reading the store's index", e, then="counting its entries instead",
+               cause=cause)  # fmt: skip
+        why = f"{type(e).__name__}: {e}"
+    try:
+        from .maintenance.lifecycle import close_store, open_store
+
+        # The same store opened only to read: its index as it is, else its entry folders.
+        ro = open_store(_settings if _settings is not None else settings())
+        try:
+            return {**store_stats(ro), "index_error": why}
+        finally:
+            close_store(ro)
+    except Exception as e:  # broad: the last fallback (said once: the cause was warned above)
+        return {"dir": str(store.root), "index_error": why, "error": f"{type(e).__name__}: {e}"}
 
 
 def __getattr__(name: str) -> Any:

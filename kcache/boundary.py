@@ -8,6 +8,10 @@ each a counted miss with one warning) and raise anything else. At each edge, :fu
 ``errors`` count, and the edge's fallback (compile as if kcache were not there), as JAX's
 ``_cache_read`` does and sccache's ``CacheReadError`` does.
 
+Broad catches inside kcache that are no edge (the store's housekeeping, a probe of the machine)
+sort what they met with :func:`expected`: the failures the place expects stay its own (a counted
+miss), anything else is reported by the same rule as at an edge.
+
 ``KCACHE_STRICT=1`` makes every edge re-raise instead (JAX's ``raise_persistent_cache_errors``):
 the test suite runs strict, so a bug that production would swallow fails a test. An exception so
 re-raised is marked (:func:`raised_strict`): where kcache calls a library function broadly
@@ -38,10 +42,18 @@ def strict() -> bool:
 
 
 def failed(
-    topic: str, what: str, e: BaseException, kind: str = "", then: str = "compiling without kcache"
+    topic: str,
+    what: str,
+    e: BaseException,
+    kind: str = "",
+    then: str = "compiling without kcache",
+    *,
+    cause: str | None = None,
 ) -> None:
     """Record a failure at an edge: raise it under ``KCACHE_STRICT=1``, else count it and warn
-    once per topic (``then``: what happens instead, for the warning)."""
+    once per topic (``then``: what happens instead, for the warning). ``cause``: the warning
+    topic of a cause said elsewhere too (a full disk, ``kcache.store.errors.DISK_FULL``): one
+    warning for it, whichever part of kcache met it first."""
     if strict():
         try:
             setattr(e, _MARK, True)
@@ -49,7 +61,27 @@ def failed(
             pass
         raise e
     counters.add(kind or "kcache", errors=1)
-    warn_once(f"edge:{topic}", f"{what} failed ({type(e).__name__}: {e}); {then}")
+    warn_once(cause or f"edge:{topic}", f"{what} failed ({type(e).__name__}: {e}); {then}")
+
+
+def expected(
+    e: BaseException,
+    kinds: tuple[type[BaseException], ...],
+    topic: str,
+    what: str,
+    then: str = "going on without it",
+    kind: str = "",
+) -> bool:
+    """Sort what a broad ``except`` inside kcache met, by this module's rule. True: ``e`` is a
+    failure the place expects (one of ``kinds``: a full disk, a corrupt entry, a locked index),
+    which the caller handles as it does (a counted miss, a skipped write). Anything else is a bug:
+    raised under ``KCACHE_STRICT=1`` (as :func:`failed`), else one warning per topic and an
+    ``errors`` count, and False: the caller goes on with its fallback all the same (a flush thread
+    must not die, a close must finish, a lookup is a miss)."""
+    if isinstance(e, kinds):
+        return True
+    failed(topic, what, e, kind, then)
+    return False
 
 
 def fail_open(

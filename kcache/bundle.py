@@ -45,8 +45,9 @@ import msgpack
 from .store import Record
 from .store import trust as _trust
 from .store.api import Admin, Cache
-from .store.fs import UnsafePath, atomic_write, open_input
+from .store.fs import atomic_write
 from .store.records import CorruptRecord, valid_name, validate
+from .userfile import check_depth, open_checked
 
 SCHEMA = 1
 MANIFEST = "MANIFEST"
@@ -348,12 +349,9 @@ def open_bundle(
     the bundle is signed and a secret is given. Raises :class:`BundleError` with a one-line
     reason; nothing is written."""
     path = str(path)
-    try:
-        fd = open_input(path)
-    except UnsafePath as e:
-        raise BundleError(f"{e}; not a bundle") from None
-    except OSError as e:
-        raise BundleError(f"{path}: {e.strerror or e}") from None
+    # Not a regular file (a FIFO, /dev/stdin on a pipe, /dev/zero, a folder), or one that cannot
+    # be opened: UserFileError, a bad argument (exit 2), before anything is read or waited on.
+    fd = open_checked(path, what="a bundle")
     f = os.fdopen(fd, "rb")
     closers: list[Any] = []
     try:
@@ -436,6 +434,9 @@ def _read_manifest(
         raise BundleError(
             f"{path}: unreadable manifest ({type(e).__name__}: {e}; at most {MAX_RECORDS} records)"
         ) from None
+    # msgpack's C unpacker never recurses (a fixed stack of 1,024 levels); what kcache does with
+    # the manifest may (str() of a value): nothing nested past MAX_DEPTH goes on.
+    check_depth(manifest, path, "a bundle's manifest")
     if not isinstance(manifest, dict) or manifest.get("format") != "kcache-bundle":
         raise BundleError(f"{path}: not a kcache bundle")
     if manifest.get("schema") != SCHEMA:
@@ -469,7 +470,7 @@ def _read_manifest(
 
 
 def _read_member(
-    tar: tarfile.TarFile, m: tarfile.TarInfo, limit: int, path: str, sink: BinaryIO | None = None
+    tar: tarfile.TarFile, m: tarfile.TarInfo, limit: int, path: str, sink: BinaryIO | _Hashing | None = None
 ) -> bytes:
     """A member's bytes (at most ``limit``), read in chunks; into ``sink`` when given."""
     if m.size > limit:
@@ -514,8 +515,8 @@ def import_bundle(
     ``skipped_by_reason``, ``by_kind`` (imported), ``needs_secret`` (the bundle is signed, no
     secret was given, and entries that need a signature were skipped). :func:`import_problem`
     says whether that is a failure. ``progress(n)`` is called with the bytes of each member read."""
-    own = not isinstance(bundle, Bundle)
-    b = open_bundle(bundle, secret=secret, key_tag=store.key_tag) if own else bundle  # type: ignore[arg-type]
+    b = bundle if isinstance(bundle, Bundle) else open_bundle(bundle, secret=secret, key_tag=store.key_tag)
+    own = b is not bundle
     try:
         report = _import(store, b, progress)
     finally:
@@ -620,23 +621,23 @@ def _import(store: ImportTarget, b: Bundle, progress: Callable[[int], None] | No
             why = bad.get(ident) or f"missing members: {', '.join(missing)}"
             report["skipped"].append({"id": ident, "kind": d.kind, "why": why})
             continue
-        rec = d.record()
-        if store.get(rec.kind, rec.key, count=False) is not None:
+        entry = d.record()
+        if store.get(entry.kind, entry.key, count=False) is not None:
             report["present"] += 1
             continue
         hit = store.put(
-            rec.kind,
-            rec.key,
-            {f.name: got[f.name] for f in rec.files},
-            components=rec.components,
-            summary=rec.summary,
-            compile_s=rec.compile_s,
+            entry.kind,
+            entry.key,
+            {f.name: got[f.name] for f in entry.files},
+            components=entry.components,
+            summary=entry.summary,
+            compile_s=entry.compile_s,
         )
         if hit is None:
-            report["skipped"].append({"id": ident, "kind": rec.kind, "why": "the store could not write it"})
+            report["skipped"].append({"id": ident, "kind": entry.kind, "why": "the store could not write it"})
         else:
             report["imported"] += 1
-            report["by_kind"][rec.kind] = report["by_kind"].get(rec.kind, 0) + 1
+            report["by_kind"][entry.kind] = report["by_kind"].get(entry.kind, 0) + 1
     for files in staged.values():
         for p in files.values():
             try:

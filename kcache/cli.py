@@ -158,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (never raises, never prints a traceback)."""
     from .maintenance import MaintenanceError
     from .store import StoreError
+    from .userfile import UserFileError
 
     # Paths that are not valid UTF-8 (a KCACHE_DIR of raw bytes) are printed escaped, not a crash.
     for stream in (sys.stdout, sys.stderr):
@@ -171,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"a command is needed: {', '.join(COMMANDS)} (see kcache --help)")
         _add, run = COMMANDS[args.command]
         return int(run(args) or 0)
-    except UsageError as e:
+    except (UsageError, UserFileError) as e:  # a file a user named that is no file to read: theirs to fix
         _fail(str(e))
         return 2
     except SystemExit as e:  # --help, --version

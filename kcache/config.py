@@ -363,8 +363,8 @@ def _convert(name: str, raw: Any) -> Any:
         return text
     if name == "secret":
         remember_secret(raw)
-        text = raw if isinstance(raw, bytes) else str(raw).encode()
-        return text or None
+        key = raw if isinstance(raw, bytes) else str(raw).encode()
+        return key or None
     if name == "log":
         text = str(raw).strip().lower()
         if text not in ("warning", "info", "debug", "error"):

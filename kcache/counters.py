@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
+from . import kinds as _kinds
 from .forksafe import module_lock
 
 
@@ -82,8 +83,8 @@ process_totals = GLOBAL.process_totals
 # lookup starts again (a miss: its inner hits save real compile time, credited in full).
 # Inductor's compile workers only ever compile for a graph of their parent: they credit nothing
 # for inner kinds (their parent's graph hit covers them; a graph that missed is under-credited
-# by the kernels its workers found, never over-credited).
-INNER_KINDS = frozenset({"triton", "triton-aux", "triton-meta", "inductor-cpp"})
+# by the kernels its workers found, never over-credited). Which kinds are inner each kind says
+# (its ``inner`` trait, declared by its integration: :mod:`kcache.kinds`).
 
 _budget_lock = module_lock(__name__, "_budget_lock")
 _budget = [0.0]
@@ -109,7 +110,7 @@ def credit(kind: str, compile_s: float) -> float:
         return 0.0
     if not c > 0.0 or c == float("inf"):
         return 0.0
-    if kind not in INNER_KINDS:
+    if not _kinds.get(kind).inner:
         return c
     if in_compile_worker():
         return 0.0

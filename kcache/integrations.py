@@ -1,19 +1,20 @@
-"""The integrations, named by string, and how the facade attaches them.
+"""How the facade attaches the integrations :mod:`kcache.registry` names.
 
-:data:`REGISTRY` names each integration's :class:`kcache.patch.Integration` as
-``"module:ATTRIBUTE"`` (as Triton names a cache manager class in ``TRITON_CACHE_MANAGER``, and as
-Mega-Cache imports its registrants by name): neither this module nor the facade imports an
-integration until the program imports a library it attaches to. What must be known before that
-(each one's :func:`kcache.enable` switch and its trigger modules) is :data:`STARTUP`, a copy of
-what each ``Integration`` declares (tests/test_integrations.py checks that they agree), so that
-the ``KCACHE=1`` start-up hook imports none of them.
+Neither this module nor the facade imports an integration until the program imports a library
+it attaches to: what must be known before that (each one's :func:`kcache.enable` switch and its
+trigger modules) is its declaration (its package's ``declare.py``, read by the registry without
+importing the package), so that the ``KCACHE=1`` start-up hook imports none of them. An
+integration's ``Integration`` (:class:`kcache.patch.Integration`) is named there by string, as
+Triton names a cache manager class in ``TRITON_CACHE_MANAGER`` and as Mega-Cache imports its
+registrants by name.
 
-Adding an integration: its package, with an ``INTEGRATION``, and one line in each table here.
-
-Start-up cost: this module imports nothing (the hook loads it in every ``KCACHE=1`` process).
+Start-up cost: this module and the registry import nothing that a bare interpreter has not
+loaded (the hook loads them in every ``KCACHE=1`` process).
 """
 
 from __future__ import annotations
+
+from . import registry
 
 if False:  # annotations only (typing and collections.abc are not loaded at start-up)
     from collections.abc import Callable
@@ -21,53 +22,13 @@ if False:  # annotations only (typing and collections.abc are not loaded at star
     from typing import Any
 
     from .patch import Integration
-
-#: name -> where its ``Integration`` is. Hooks on one module run in this order (the prewarm
-#: recorder after Triton's manager is installed).
-REGISTRY: dict[str, str] = {
-    "triton": "kcache.triton:INTEGRATION",
-    "prewarm": "kcache.prewarm.integration:INTEGRATION",
-    "nvfuser": "kcache.nvfuser:INTEGRATION",
-    "torch": "kcache.inductor:INTEGRATION",
-}
-
-_TORCH = (
-    "torch._inductor.config",
-    "torch._functorch.config",
-    "torch._dynamo.config",
-    "torch._inductor.remote_cache",
-    "torch._inductor.cpp_builder",
-    "torch._dynamo.package",
-    "torch._inductor.runtime.triton_heuristics",
-    "torch._inductor.cpu_vec_isa",
-    "torch._inductor.utils",
-    "torch._inductor.codecache",
-    "torch._functorch._aot_autograd.autograd_cache",
-    "torch._dynamo.pgo",
-    "torch._inductor.runtime.autotune_cache",
-    "torch._inductor.compile_fx",
-    "torch._functorch._aot_autograd.aot_autograd_result",
-    "torch._functorch._aot_autograd.graph_compile",
-    "torch._functorch.aot_autograd",
-    "torch._inductor.async_compile",
-    "torch._inductor.codegen.triton",
-)
-
-#: name -> (its enable() switch, its triggers), as its ``Integration`` declares them.
-STARTUP: dict[str, tuple[str, tuple[str, ...]]] = {
-    "triton": ("triton", ("triton",)),
-    "prewarm": ("triton", ("triton",)),
-    "nvfuser": ("nvfuser", ("nvfuser_direct", "nvfuser")),
-    "torch": ("torch", _TORCH),
-}
+    from .store.api import Cache
 
 
 def load(name: str) -> Integration:
     """The ``Integration`` registered as ``name`` (imports its module)."""
-    import importlib
-
-    module, _, attr = REGISTRY[name].partition(":")
-    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+    integration: Integration = registry.resolve(registry.declared(name).integration)
+    return integration
 
 
 def entry_checks() -> dict[str, Callable[[Any], str | None]]:
@@ -75,7 +36,7 @@ def entry_checks() -> dict[str, Callable[[Any], str | None]]:
     is handed (why a library could not use a verified entry of its kind, or None). Imports the
     integrations, not the libraries they attach to."""
     out: dict[str, Callable[[Any], str | None]] = {}
-    for name in REGISTRY:
+    for name in registry.REGISTRY:
         integ = load(name)
         if integ.checks is not None:
             out.update(integ.checks())
@@ -83,7 +44,7 @@ def entry_checks() -> dict[str, Callable[[Any], str | None]]:
 
 
 def attach(
-    get_cache: Callable[[], Any],
+    get_cache: Callable[[], Cache | None],
     usable: Callable[[], bool],
     switches: dict[str, bool],
     undo: list[Callable[[], None]],
@@ -96,7 +57,7 @@ def attach(
     told to build, a program's own calls). When one of its triggers is imported, its switch is on
     and ``usable()`` (the settings are good), it is imported and its ``on_import`` patches the
     library."""
-    from ._imports import forget, when_imported
+    from ._imports import when_imported
 
     detach: dict[str, Callable[[], None]] = {}  # name -> what undoes its attach, this enable
 
@@ -106,22 +67,43 @@ def attach(
             undo.append(lambda: detach.pop(name)())
         return integration
 
-    for name, target in REGISTRY.items():
-        module, _, attr = target.partition(":")
-        switch, triggers = STARTUP[name]
+    for declared in registry.declarations():
+        name = declared.name
+        module, _, attr = declared.integration.partition(":")
 
         def on_module(mod: ModuleType, name: str = name, attr: str = attr) -> None:
             attached(name, getattr(mod, attr))
 
         when_imported(module, on_module)
-        undo.append(lambda module=module, fn=on_module: forget(module, fn))
-        if not switches.get(switch, True):
+        undo.append(_forgetting(module, on_module))
+        if not switches.get(declared.switch, True):
             continue
 
         def on_trigger(mod: ModuleType, name: str = name) -> None:
             if usable():
                 attached(name, load(name)).on_import(mod)
 
-        for trigger in triggers:
+        for trigger in declared.triggers:
             when_imported(trigger, on_trigger)
-            undo.append(lambda trigger=trigger, fn=on_trigger: forget(trigger, fn))
+            undo.append(_forgetting(trigger, on_trigger))
+
+
+def _forgetting(module: str, fn: Callable[[ModuleType], None]) -> Callable[[], None]:
+    """What undoes ``when_imported(module, fn)``."""
+    from ._imports import forget
+
+    return lambda: forget(module, fn)
+
+
+def push_counts() -> None:
+    """Each integration that counts without a lock (its declaration's ``AT_EXIT``) pushes its
+    counts to :mod:`kcache.counters` now, if its module is imported (nothing is imported for it)."""
+    from .boundary import guarded
+
+    for declared in registry.declarations():
+        if declared.at_exit is None:
+            continue
+        fn = registry.imported(declared.at_exit)
+        if fn is not None:
+            with guarded(f"{declared.name}-counts", f"kcache's count of {declared.name}'s cache hits"):
+                fn()

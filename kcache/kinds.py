@@ -12,13 +12,16 @@ What differs is where an entry may come from:
   libtriton), which steer Triton's key and toolchain: never exported, never imported, never taken
   from or given to a shared tier. A wrong one would break or poison every compile.
 
-Integrations name their kinds here (and nowhere else), so that the command line can refuse a
+Integrations declare their kinds in their own package (``declare.py``, read through
+:mod:`kcache.registry`) and this module gathers them, so that the command line can refuse a
 misspelt ``--kind`` and bundles and the shared tier apply the rules above.
 """
 
 from __future__ import annotations
 
 import re
+
+from . import registry
 
 #: An entry id: the first 40 hex digits of a sha256 (see :func:`kcache.store.records.entry_id`).
 ENTRY_ID_RE = re.compile(r"[0-9a-f]{40}")
@@ -27,7 +30,7 @@ ENTRY_ID_RE = re.compile(r"[0-9a-f]{40}")
 class Kind:
     """A kind of entry and its trust rules (a plain class: this module loads at start-up)."""
 
-    __slots__ = ("name", "what", "host_code", "pickled", "machine_local")
+    __slots__ = ("name", "what", "host_code", "pickled", "machine_local", "inner")
 
     def __init__(
         self,
@@ -37,9 +40,12 @@ class Kind:
         host_code: bool = False,
         pickled: bool = False,
         machine_local: bool = False,
+        inner: bool = False,
     ) -> None:
         self.name, self.what = name, what
         self.host_code, self.pickled, self.machine_local = host_code, pickled, machine_local
+        # made inside another entry's compile (a graph's kernels): its saved time is credited once
+        self.inner = inner
 
     @property
     def needs_signature(self) -> bool:
@@ -50,50 +56,38 @@ class Kind:
         return f"Kind({self.name!r})"
 
 
-TRITON = "triton"
-TRITON_AUTOTUNE = "triton-autotune"
-TRITON_AUX = "triton-aux"
+#: The machine-local memos of every integration (``kcache.memo``: tool versions, the libtriton
+#: digest, Inductor's CPU vector-ISA probes). Its name is historical: stores have entries of it.
 TRITON_META = "triton-meta"
-NVFUSER = "nvfuser"
-NVFUSER_MANIFEST = "nvfuser-manifest"
-NVFUSER_LEGACY = "nvfuser-legacy"
-INDUCTOR_FX = "inductor-fx"
-INDUCTOR_AOT = "inductor-aot"
-INDUCTOR_AUTOTUNE = "inductor-autotune"
-INDUCTOR_PGO = "inductor-pgo"
-INDUCTOR_PRECOMPILE = "inductor-precompile"
-INDUCTOR_CPP = "inductor-cpp"
-INDUCTOR_OTHER = "inductor-other"
 
-#: Counter-only names (no entries): the nvFuser fusion cache's in-process hits and misses.
-NVFUSER_FUSION = "nvfuser-fusion"
+_CORE = (
+    Kind(
+        TRITON_META,
+        "remembered tool versions, libtriton digest and CPU ISA probes (this machine only)",
+        machine_local=True,
+        inner=True,
+    ),
+)
 
-KINDS: dict[str, Kind] = {
-    k.name: k
-    for k in (
-        Kind(TRITON, "a compiled Triton kernel: its group of files (IR, binary, metadata)"),
-        Kind(TRITON_AUTOTUNE, "Triton autotune timings and best config, for one GPU model"),
-        Kind(TRITON_AUX, "a Triton launcher or utility shared object (host code)", host_code=True),
-        Kind(
-            TRITON_META,
-            "remembered tool versions, libtriton digest and CPU ISA probes (this machine only)",
-            machine_local=True,
-        ),
-        Kind(NVFUSER, "a compiled nvFuser kernel (CUDA source and cubin)"),
-        Kind(NVFUSER_MANIFEST, "the list of nvFuser kernels of one toolchain fingerprint"),
-        Kind(NVFUSER_LEGACY, "a serialized legacy nvFuser FusionCache"),
-        Kind(INDUCTOR_FX, "an Inductor FX graph cache entry (torch pickle)", pickled=True),
-        Kind(INDUCTOR_AOT, "an AOTAutograd cache entry (torch pickle)", pickled=True),
-        Kind(INDUCTOR_AUTOTUNE, "Inductor autotune results and max-autotune choices"),
-        Kind(INDUCTOR_PGO, "Dynamo's profile of dynamic dimensions (automatic dynamic)", pickled=True),
-        Kind(INDUCTOR_PRECOMPILE, "a Dynamo caching-precompile artifact (torch pickle)", pickled=True),
-        Kind(INDUCTOR_CPP, "an Inductor CPU kernel: a C++ shared object (host code)", host_code=True),
-        Kind(INDUCTOR_OTHER, "another torch.compile cache artifact (torch pickle)", pickled=True),
-    )
-}
+
+def _declared() -> tuple[dict[str, Kind], frozenset[str]]:
+    """The kinds every registered integration declares (:mod:`kcache.registry`), and the
+    counter-only names among them."""
+    kinds = {k.name: k for k in _CORE}
+    counters = set()
+    for d in registry.declarations():
+        for name, (what, traits) in d.kinds.items():
+            if "counter_only" in traits:
+                counters.add(name)
+                continue
+            kinds[name] = Kind(name, what, **{t: True for t in traits})
+    return kinds, frozenset(counters)
+
+
+KINDS, COUNTER_ONLY = _declared()
 
 #: Names that ``--kind`` accepts: the kinds of entries and the counter-only names.
-KNOWN = frozenset(KINDS) | {NVFUSER_FUSION}
+KNOWN = frozenset(KINDS) | COUNTER_ONLY
 
 
 def get(name: str) -> Kind:

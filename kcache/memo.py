@@ -27,6 +27,7 @@ from . import kinds as _kinds
 
 if TYPE_CHECKING:
     from .store.api import Cache
+    from .store.hit import Hit
 
 KIND = _kinds.TRITON_META
 
@@ -66,10 +67,10 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def trusted(cache: Any) -> bool:
+def trusted(cache: Cache) -> bool:
     """Whether machine-local answers may be read from (and written to) ``cache``: not from a
     store that failed its ownership checks (another user could plant them)."""
-    return bool(getattr(cache, "trust_host_code", False))
+    return cache.trust_host_code
 
 
 def usable(cache: Cache | None) -> Cache | None:
@@ -77,7 +78,7 @@ def usable(cache: Cache | None) -> Cache | None:
     return cache if cache is not None and trusted(cache) else None
 
 
-def credit(cache: Any, hit: Any) -> None:
+def credit(cache: Cache, hit: Hit) -> None:
     """A remembered answer was used: the time it took to get when it was made is saved
     ("saved" in ``kcache stats``; memos are not counted as hits, their time is)."""
     from . import counters
@@ -85,7 +86,7 @@ def credit(cache: Any, hit: Any) -> None:
     try:
         saved = counters.credit(hit.record.kind, hit.record.compile_s)
         if saved:
-            cache.counts.add(hit.record.kind, saved_s=saved)
+            cache.count(hit.record.kind, saved_s=saved)
     except Exception:  # broad: the credit is a statistic; the answer is used all the same
         pass
 

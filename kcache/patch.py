@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .log import logger
 
@@ -53,6 +53,11 @@ def _mark(replacement: Any, orig: Any) -> None:
             # A builtin or a slotted object: the patch is still undone by identity, only
             # :func:`original` cannot see through it.
             pass
+
+
+def replacing(value: Any) -> Callable[[Any], Any]:
+    """A ``make`` for :meth:`Patches.wrap` that puts ``value`` in place, whatever was there."""
+    return lambda _current: value
 
 
 class Patches:
@@ -142,18 +147,25 @@ class Patches:
         return len(self._done)
 
 
-class CacheSlot:
+#: What a slot holds: the face of the store an integration is typed against (``CacheSlot[Cache]``,
+#: :class:`kcache.store.api.Cache`); this module, below the store, names no face itself.
+C = TypeVar("C")
+
+
+class CacheSlot(Generic[C]):
     """Where an integration keeps the getter of the active cache it was given at attach (see
     :class:`Integration`): calling the slot gives the cache in use now, or None (kcache off, not
     attached). A getter rather than the cache: enabling, disabling and switching stores reach
-    every integration without attaching again."""
+    every integration without attaching again. Declared with the face its integration uses
+    (``cache: CacheSlot[Cache] = CacheSlot()``): the type checker then holds every use of the
+    cache to that face."""
 
     __slots__ = ("_get",)
 
     def __init__(self) -> None:
-        self._get: Callable[[], Any] | None = None
+        self._get: Callable[[], C | None] | None = None
 
-    def bind(self, get_cache: Callable[[], Any]) -> Callable[[], None]:
+    def bind(self, get_cache: Callable[[], C | None]) -> Callable[[], None]:
         """Use ``get_cache`` from now on; returns the function that lets go of it (only if it is
         still the one bound)."""
         self._get = get_cache
@@ -168,7 +180,7 @@ class CacheSlot:
     def bound(self) -> bool:
         return self._get is not None
 
-    def __call__(self) -> Any:
+    def __call__(self) -> C | None:
         get = self._get
         return get() if get is not None else None
 
@@ -183,7 +195,7 @@ class Hooks:
 
     def __init__(
         self,
-        slot: CacheSlot | Callable[[], CacheSlot],
+        slot: CacheSlot[Any] | Callable[[], CacheSlot[Any]],
         install: Callable[[Any], None],
         uninstall: Callable[[], None],
     ) -> None:
@@ -208,13 +220,12 @@ class Hooks:
 
 
 class Integration:
-    """What an integration declares to the facade, which names it by string only
-    (:data:`kcache.integrations.REGISTRY`) and imports it when one of its triggers is imported.
+    """An integration's code, as the facade attaches it. What must be known before it is
+    imported (its switch, the modules whose import attaches it, its kinds) it declares in its
+    package's ``declare.py``, which names this object by string (:mod:`kcache.registry`); it is
+    imported when one of its triggers is.
 
-    - ``name``: its name in the registry; ``switch``: the :func:`kcache.enable` argument that
-      turns it on (``triton``, ``nvfuser``, ``torch``; the name by default);
-    - ``triggers``: the modules whose import attaches it;
-    - ``kinds``: the kinds of entries it keeps;
+    - ``name``: its name in the registry;
     - ``attach(get_cache) -> detach``: called once per :func:`kcache.enable` (before anything
       else of it runs, even with its switch off: the integration's own objects may be used
       directly): it keeps the getter of the active cache, and ``detach`` undoes all it did;
@@ -224,26 +235,20 @@ class Integration:
       entry of that kind, or None (what ``kcache verify`` is handed).
     """
 
-    __slots__ = ("attach", "checks", "kinds", "name", "on_import", "switch", "triggers")
+    __slots__ = ("attach", "checks", "name", "on_import")
 
     def __init__(
         self,
         name: str,
         *,
-        triggers: tuple[str, ...],
-        kinds: tuple[str, ...],
         attach: Callable[[Callable[[], Any]], Callable[[], None]],
         on_import: Callable[[Any], None],
-        switch: str | None = None,
         checks: Callable[[], dict[str, Callable[[Any], str | None]]] | None = None,
     ) -> None:
         self.name = name
-        self.switch = switch or name
-        self.triggers = triggers
-        self.kinds = kinds
         self.attach = attach
         self.on_import = on_import
         self.checks = checks
 
     def __repr__(self) -> str:
-        return f"Integration({self.name!r}, switch={self.switch!r}, triggers={len(self.triggers)})"
+        return f"Integration({self.name!r})"

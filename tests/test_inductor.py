@@ -23,15 +23,15 @@ import pytest
 
 import kcache
 from kcache import inductor
-from kcache.kinds import (
+from kcache.inductor.declare import (
     INDUCTOR_AOT,
     INDUCTOR_AUTOTUNE,
     INDUCTOR_CPP,
     INDUCTOR_FX,
     INDUCTOR_PGO,
     INDUCTOR_PRECOMPILE,
-    TRITON_META,
 )
+from kcache.kinds import TRITON_META
 from kcache.store import Store
 
 PYTHON = sys.executable

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from kcache.kinds import INDUCTOR_AOT, INDUCTOR_CPP, INDUCTOR_FX
+from kcache.inductor.declare import INDUCTOR_AOT, INDUCTOR_CPP, INDUCTOR_FX
 
 PYTHON = sys.executable
 HERE = Path(__file__).parent / "torch_compile"

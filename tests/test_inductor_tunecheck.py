@@ -28,8 +28,8 @@ if importlib.util.find_spec("torch") is None:  # (not imported here: the childre
 
 from kernels.harness import PYTHON, REPO, clean_env, copy_store, entries_of_kind  # noqa: E402
 
+from kcache.inductor.declare import INDUCTOR_AUTOTUNE  # noqa: E402
 from kcache.inductor.tunecheck import problem  # noqa: E402
-from kcache.kinds import INDUCTOR_AUTOTUNE  # noqa: E402
 from kcache.store import Store  # noqa: E402
 from kcache.store.records import Record, file_info  # noqa: E402
 from kcache.store.tiers import redis as rt  # noqa: E402

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from kcache import integrations
+from kcache import integrations, registry
 from kcache.patch import CacheSlot, Integration
 
 
@@ -41,20 +41,57 @@ def _child(code: str, tmp_path: Path, **env: str) -> dict[str, Any]:
     return json.loads(res.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("name", sorted(integrations.REGISTRY))
-def test_each_registered_integration_declares_what_the_start_up_table_copies(name: str) -> None:
-    """The start-up hook registers triggers from STARTUP without importing any integration: the
-    copy must be what each one declares."""
+@pytest.mark.parametrize("name", sorted(registry.REGISTRY))
+def test_each_registered_integration_is_where_its_declaration_says(name: str) -> None:
+    """The start-up hook registers triggers from the declarations without importing any
+    integration; the ``Integration`` a declaration names is the registered one, and it names its
+    switch, its triggers and (but for prewarm, whose memos are the shared machine-local kind) its
+    kinds."""
+    declared = registry.declared(name)
     integ = integrations.load(name)
     assert isinstance(integ, Integration)
     assert integ.name == name
-    assert integrations.STARTUP[name] == (integ.switch, integ.triggers)
-    assert integ.kinds, "an integration names the kinds it keeps"
+    assert declared.switch in registry.switches() and declared.triggers
+    assert declared.kinds or name == "prewarm", "an integration names the kinds it keeps"
+    assert set(declared.uses) <= set(registry.REGISTRY) - {name}
 
 
-def test_the_registry_and_the_start_up_table_name_the_same_integrations() -> None:
-    assert list(integrations.REGISTRY) == list(integrations.STARTUP)
-    assert {switch for switch, _ in integrations.STARTUP.values()} == {"triton", "nvfuser", "torch"}
+def test_the_switches_are_the_declared_ones() -> None:
+    assert registry.switches() == ["triton", "nvfuser", "torch"]
+
+
+def test_a_declaration_is_read_without_importing_its_package(tmp_path: Path) -> None:
+    """What the KCACHE=1 hook loads: the registry reads each declare.py from its file; no
+    integration package (and none of what its __init__ imports) is loaded."""
+    res = _child(
+        """
+        import json, sys
+        from kcache import registry
+        ds = registry.declarations()
+        print(json.dumps({"pkgs": sorted(m for m in sys.modules if m.startswith("kcache.")),
+                          "triggers": {d.name: list(d.triggers) for d in ds}}))
+        """,
+        tmp_path,
+    )
+    assert not [m for m in res["pkgs"] if m.startswith(tuple(registry.REGISTRY.values()))], res["pkgs"]
+    assert set(res["pkgs"]) <= {"kcache._imports", "kcache.registry"}
+    assert res["triggers"]["triton"] == ["triton"]
+
+
+def test_enable_refuses_a_switch_no_integration_declares(tmp_path: Path) -> None:
+    res = _child(
+        f"""
+        import json, kcache
+        try:
+            kcache.enable(dir={str(tmp_path / "s")!r}, jax=False)
+            out = "enabled"
+        except TypeError as e:
+            out = str(e)
+        print(json.dumps({{"out": out, "on": kcache.is_enabled()}}))
+        """,
+        tmp_path,
+    )
+    assert "jax" in res["out"] and res["on"] is False
 
 
 def test_a_cache_slot_follows_its_getter_and_lets_go_only_of_its_own() -> None:

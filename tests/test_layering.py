@@ -6,16 +6,18 @@ The layers, from the top (see docs/design.md, "The layers"):
 
     cli          the command line
     prewarm      prewarm(spec) and the recorder
-    facade       enable()/disable()/stats(); the integration registry (names integrations by string)
+    facade       enable()/disable()/stats(); attaching the registered integrations
     users        integrations (triton, nvfuser, inductor) and maintenance/bundles: peers that never
                  import each other (each gets the store's face it needs)
     store        the store: faces, tiers, the composed cache
     ground       settings, logging and redaction, kinds, identity, counters, safe filesystem,
-                 patching and the integration record, the fail-open boundary
+                 patching and the integration record, the fail-open boundary, the registry of
+                 integrations (which reads each one's import-free ``declare.py``)
 
 A module may import its own layer and those below it. Within ``users``, each group (one
 integration, or maintenance) may import only itself and ``memo`` (the machine-local memos that
-integrations share). Nothing parses or imports the package: the test reads source text only.
+integrations share). The test reads source text only (and the registry, for the integrations'
+packages and what each declares).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from __future__ import annotations
 import ast
 import fnmatch
 from pathlib import Path
+
+from kcache import registry
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "kcache"
@@ -33,9 +37,11 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     ("prewarm", "prewarm", ("kcache/prewarm/*",)),
     ("facade", "facade", ("kcache/__init__.py", "kcache/integrations.py", "kcache/_autoload.py")),
     ("facade", "facade", ("kcache/descriptors.py",)),  # public re-export of nvfuser's descriptors
-    ("users", "triton", ("kcache/triton/*",)),
-    ("users", "nvfuser", ("kcache/nvfuser/*",)),
-    ("users", "inductor", ("kcache/inductor/*",)),
+    # each registered integration's package (but prewarm, placed above): a group of its own
+    *[
+        ("users", package.rpartition(".")[2], (package.replace(".", "/") + "/*",))
+        for package in registry.REGISTRY.values()
+    ],
     ("users", "memo", ("kcache/memo.py",)),
     ("users", "maintenance", ("kcache/maintenance/*", "kcache/bundle.py")),
     ("store", "store", ("kcache/store/*",)),
@@ -51,8 +57,10 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "kcache/counters.py",
             "kcache/forksafe.py",
             "kcache/_imports.py",
+            "kcache/registry.py",
             "kcache/patch.py",
             "kcache/boundary.py",
+            "kcache/userfile.py",  # the one checked open for files a user names
             "kcache/safefs/*",
         ),
     ),
@@ -202,3 +210,87 @@ def test_no_import_cycle_between_files() -> None:
 def test_imports_run_down_the_layers() -> None:
     bad = violations(graph())
     assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+# ----------------------------------------------------------------------------- integrations
+#: Modules outside an integration's package that may name it: the registry (its one line), and
+#: the public re-export of nvFuser's descriptors (a name users import, older than the package).
+NAMES_IT = {"kcache/registry.py"}
+REEXPORTS = {"kcache/descriptors.py": "kcache.nvfuser"}
+
+
+def _strings(path: Path) -> list[tuple[int, str]]:
+    """The string constants of a module, docstrings left out (they may name what they explain)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    docs = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                docs.add(id(first.value))
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+    ]
+
+
+def _own_names(d: registry.Declared) -> set[str]:
+    """What only an integration's package may name: its package and code, its kinds (but one
+    named as its library is, such as ``triton``: a library's name is everyone's), its components
+    and its parts of the machine's identity (a prefix such as ``env.`` is a mechanism, not a name)."""
+    names = {d.package, d.integration.partition(":")[0]}
+    names |= {k for k in d.kinds if k not in d.triggers}
+    names |= set(d.components) | {w for w in d.words if not w.endswith(".")}
+    return names
+
+
+def integration_names_outside() -> list[str]:
+    """Every place outside an integration's package (and the packages that declare they build on
+    it) that names what it declares: a string, or (but from the command line) an import of its
+    package."""
+    g = graph()
+    found = []
+    for d in registry.declarations():
+        own = PKG.joinpath(*d.package.split(".")[1:])
+        users = {PKG.joinpath(*o.package.split(".")[1:]) for o in registry.declarations() if d.name in o.uses}
+        names = _own_names(d)
+        for path in sorted(PKG.rglob("*.py")):
+            rel = _rel(path)
+            if own in path.parents or rel in NAMES_IT or users & set(path.parents):
+                continue
+            for line, value in _strings(path):
+                if any(value == n or value.startswith((n + ".", n + ":")) for n in names):
+                    found.append(f"{rel}:{line}: names {value!r} ({d.name}'s)")
+            if REEXPORTS.get(rel) == d.package or (_place(rel) or ("",))[0] == "cli":
+                continue  # the command line reaches every feature (its commands run them)
+            for dst in g[path]:
+                if own in dst.parents:
+                    found.append(f"{rel}: imports {_rel(dst)} ({d.name}'s)")
+    return found
+
+
+def test_an_integration_is_named_only_in_its_package_and_the_registry() -> None:
+    """A new integration is its package (with its declare.py) and one line of the registry:
+    nothing else of kcache (the facade, kinds, fingerprint, identity, maintenance, the store, the
+    other integrations) names its kinds, components, identity parts or package."""
+    found = integration_names_outside()
+    assert not found, "integration knowledge outside its package:\n" + "\n".join(found)
+
+
+def test_the_search_for_integration_names_sees_a_planted_one(tmp_path: Path, monkeypatch) -> None:
+    """The check itself: a module of the ground layer that names Triton's version component, or
+    imports the torch integration, is found (in a copy of the package: the tree is not touched)."""
+    import shutil
+    import sys
+
+    shutil.copytree(PKG, tmp_path / "kcache", ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "kcache" / "zz_planted.py").write_text(
+        'X = "triton_version"\n\n\ndef f() -> None:\n    from kcache.inductor import entries  # noqa\n'
+    )
+    here = sys.modules[__name__]
+    monkeypatch.setattr(here, "ROOT", tmp_path)
+    monkeypatch.setattr(here, "PKG", tmp_path / "kcache")
+    found = integration_names_outside()
+    assert any("zz_planted.py:1: names 'triton_version'" in f for f in found), found
+    assert any("zz_planted.py: imports kcache/inductor/entries.py" in f for f in found), found

@@ -425,7 +425,8 @@ def test_a_folder_being_removed_cannot_be_held(tmp_path: Path) -> None:
 
 
 def test_autotune_results_are_not_kept_when_the_gpu_is_unknown(monkeypatch) -> None:
-    from kcache import inductor, kinds
+    from kcache import inductor
+    from kcache.inductor import declare as kinds
 
     monkeypatch.setattr(inductor.entries, "_gpu", [None])
     with pytest.raises(inductor.NoGpuModel):

@@ -419,8 +419,8 @@ def test_importing_kcaches_manager_before_triton_still_installs_it(tmp_path: Pat
         "from kcache.triton.manager import KcacheCacheManager\n"
         "import triton\n"
         "assert triton.knobs.cache.manager_class is KcacheCacheManager, triton.knobs.cache.manager_class\n"
-        "from kernels.compat import triton_key_module\n"
-        "assert triton_key_module().triton_key.__kcache_original__\n"
+        "from kcache.triton import keymemo\n"
+        "assert keymemo.installed()\n"
         "print('ok')\n"
     )
     env = clean_env(tmp_path, kcache_dir=tmp_path / "store")

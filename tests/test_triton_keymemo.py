@@ -53,9 +53,8 @@ try:
     key = cache_mod.triton_key()
 finally:
     builtins.open = real_open
-original = getattr(cache_mod.triton_key, "__kcache_original__", None)
-own = getattr(original, "__wrapped__", original)() if original is not None else None
-print(json.dumps({"memo_installed": original is not None, "key": key, "own_key": own, "libtriton_reads": len(reads)}))
+from kcache.triton import keymemo
+print(json.dumps({"memo_installed": keymemo.installed(), "key": key, "own_key": keymemo.own_key(), "libtriton_reads": len(reads)}))
 """
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Hostile inputs against kcache (issue 18): bundles, Triton cache folders, settings, clocks, a
-full disk. The builders here are shared with ``tests/reliability/test_hostile_inputs.py`` and
-``tests/reliability/test_clock_and_disk.py``; :func:`phase_inputs` runs every case once (the
+full disk, files a user names. The builders here are shared with
+``tests/reliability/test_hostile_inputs.py``, ``tests/reliability/test_clock_and_disk.py`` and
+``tests/reliability/test_hostile_files.py``; :func:`phase_inputs` runs every case once (the
 chaos tool's ``inputs`` phase):
 
     python tools/chaos_inputs.py [--dir DIR] [--seed N]
@@ -33,6 +34,10 @@ clock skew
     entries: what was used within the grace period stays.
 full disk
     ``kcache clear --kind`` and ``clear --all`` on a tmpfs filled to the last byte (root only).
+user files
+    (issue 34) ``explain --against``, ``import`` and ``prewarm`` against a FIFO, a link to one,
+    ``/dev/stdin`` on a silent pipe, a 1 GiB sparse file that starts like the real thing and a
+    document nested 100,000 deep: refused at once (exit 2, one line), under 1.5 GiB.
 """
 
 from __future__ import annotations
@@ -89,11 +94,15 @@ def child_env(base: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def cli(args: list[Any], env: dict[str, Any], timeout: float = 60) -> subprocess.CompletedProcess:
-    """``python -m kcache ARGS`` (arguments may be bytes). Raises TimeoutExpired if it blocks."""
+def cli(
+    args: list[Any], env: dict[str, Any], timeout: float = 60, stdin: Any = subprocess.DEVNULL
+) -> subprocess.CompletedProcess:
+    """``python -m kcache ARGS`` (arguments may be bytes). Raises TimeoutExpired if it blocks.
+    ``stdin``: what the child reads as its standard input (a pipe's read end: ``/dev/stdin``)."""
     return subprocess.run(
-        [PYTHON, "-m", "kcache", *args], env=env, capture_output=True, timeout=timeout, check=False, cwd="/"
-    )
+        [PYTHON, "-m", "kcache", *args], env=env, capture_output=True, timeout=timeout, check=False, cwd="/",
+        stdin=stdin,
+    )  # fmt: skip
 
 
 LIMITED_CLI = r"""
@@ -119,10 +128,17 @@ sys.exit(rc)
 
 
 def cli_limited(
-    args: list[Any], env: dict[str, Any], work: Path, *, limit: int = AS_LIMIT, timeout: float = 120
+    args: list[Any],
+    env: dict[str, Any],
+    work: Path,
+    *,
+    limit: int = AS_LIMIT,
+    timeout: float = 120,
+    stdin: Any = subprocess.DEVNULL,
 ) -> tuple[subprocess.CompletedProcess, dict[str, Any]]:
     """``kcache ARGS`` in a child whose address space is limited to ``limit``; returns the process
-    and its measures: ``maxrss`` (bytes), ``wchar`` (bytes it wrote), ``rc``."""
+    and its measures: ``maxrss`` (bytes), ``wchar`` (bytes it wrote), ``rc``. Raises
+    TimeoutExpired (the child killed) if it does not end within ``timeout``."""
     work.mkdir(parents=True, exist_ok=True)
     out = work / f"measure.{os.getpid()}.{time.monotonic_ns()}.json"
     r = subprocess.run(
@@ -132,6 +148,7 @@ def cli_limited(
         timeout=timeout,
         check=False,
         cwd="/",
+        stdin=stdin,
     )
     try:
         m = json.loads(out.read_text())
@@ -149,13 +166,14 @@ def error_lines(r: subprocess.CompletedProcess) -> list[str]:
     return [ln for ln in text(r.stderr).splitlines() if ln.strip()]
 
 
-def one_line_failure(r: subprocess.CompletedProcess, names: str | None = None) -> str | None:
-    """None if the command failed as it should (exit 1, one ``kcache: error:`` line, naming
-    ``names`` if given, no traceback, no MemoryError), else what is wrong."""
+def one_line_failure(r: subprocess.CompletedProcess, names: str | None = None, want: int = 1) -> str | None:
+    """None if the command failed as it should (exit ``want``: 1 a failure, 2 a bad argument such
+    as a file that is no file to read; one ``kcache: error:`` line (``kcache prewarm: error:``),
+    naming ``names`` if given, no traceback, no MemoryError), else what is wrong."""
     lines = error_lines(r)
-    if r.returncode != 1:
-        return f"exit {r.returncode} (want 1): {lines[-3:]}"
-    if len(lines) != 1 or not lines[0].startswith("kcache: error:"):
+    if r.returncode != want:
+        return f"exit {r.returncode} (want {want}): {lines[-3:]}"
+    if len(lines) != 1 or not lines[0].startswith(("kcache: error:", "kcache prewarm: error:")):
         return f"want one error line, got {lines[-5:]}"
     if "MemoryError" in lines[0] or "Traceback" in text(r.stderr):
         return f"memory error or traceback: {lines[0]}"
@@ -881,6 +899,22 @@ def fill_to_the_last_byte(path: Path) -> int:
         return os.fstat(f.fileno()).st_size
 
 
+def fill_inodes(folder: Path, leave: int = 0) -> int:
+    """Create empty files in ``folder`` until its filesystem has no inode left, then remove
+    ``leave`` of them (that many inodes stay free). Returns how many files remain."""
+    folder.mkdir(parents=True, exist_ok=True)
+    n = 0
+    while True:
+        try:
+            os.close(os.open(folder / f"f{n}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except OSError:
+            break
+        n += 1
+    for i in range(min(leave, n)):
+        os.unlink(folder / f"f{n - 1 - i}")
+    return n - min(leave, n)
+
+
 def free_bytes(path: Path) -> int:
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
@@ -931,6 +965,133 @@ def fill_store(root: Path, env: dict[str, str], size: int = 48 * 1024) -> dict[s
     return json.loads(text(r.stdout).strip().splitlines()[-1])
 
 
+# ----------------------------------------------------------------------------------- files a user names
+# (issue 34) Every command that reads a file a user names, against each attack on that name.
+#: The commands, each with the kind of file it reads there (``{path}``: the attack's path,
+#: ``{store}``: a store of the case's own).
+USER_FILE_COMMANDS: dict[str, tuple[str, list[str]]] = {
+    "explain --against": ("fingerprint", ["explain", "--against", "{path}", "--dir", "{store}"]),
+    "import": ("bundle", ["import", "{path}", "--dir", "{store}"]),
+    "prewarm": ("spec", ["prewarm", "{path}", "--target", "cuda:90", "--dir", "{store}"]),
+}
+#: The attacks on a name: a FIFO (nobody writes), a link to one, ``/dev/stdin`` on a pipe whose
+#: writer stays open and silent, a 1 GiB sparse file that starts like the real thing (read
+#: whole, it takes a gigabyte), and a document nested 100,000 deep (Python's parsers recurse).
+USER_FILE_ATTACKS = ("fifo", "fifo-link", "stdin-pipe", "sparse-1GiB", "deep")
+#: Bundles are large by nature: a sparse one is bounded by its manifest's limits (exit 1, as any
+#: bundle whose content is refused; test_hostile_inputs.py's bombs), not by the file's size.
+USER_FILE_CONTENT_BOUNDED = {("import", "sparse-1GiB")}
+DEEP = 100_000
+
+
+def fingerprint_head() -> bytes:
+    """The start of a fingerprint file as ``kcache fingerprint --json`` writes it."""
+    return b'{\n "format": "kcache-fingerprint",\n "parts": {\n  "key_tag": "",\n  "triton_version": "'
+
+
+def deep_fingerprint(depth: int = DEEP) -> bytes:
+    return b'{"format": "kcache-fingerprint", "parts": {"x": ' + b"[" * depth + b"]" * depth + b"}}"
+
+
+SPEC_HEAD = b'version = 1\n\n[[triton]]\nkernel = "kernels:add_kernel"\nsizes = [{ N = 1024 }]\n# '
+
+
+def deep_spec(depth: int = DEEP) -> bytes:
+    return (
+        b'version = 1\n\n[[triton]]\nkernel = "kernels:add_kernel"\nsizes = '
+        + b"[" * depth
+        + b"]" * depth
+        + b"\n"
+    )
+
+
+def deep_bundle(path: Path, depth: int = 1000) -> Path:
+    """A bundle whose manifest nests ``depth`` deep (msgpack's C unpacker takes up to 1,024; what
+    is done with the value after, ``str()`` of its key tag, recursed)."""
+    nested: Any = []
+    for _ in range(depth):
+        nested = [nested]
+    body = {"format": "kcache-bundle", "schema": 1, "created": 0.0, "key_tag": nested, "records": []}
+    return write_bundle(path, [], manifest=manifest_bytes([], body=body))
+
+
+def user_file(d: Path, attack: str, fmt: str) -> tuple[str, int | None]:
+    """The path of ``attack`` for a file of ``fmt`` (fingerprint, bundle, spec) under ``d``, and
+    for ``stdin-pipe`` the read end of a pipe to give the child as its standard input (the test
+    keeps the write end open, silent, and closes both after)."""
+    d.mkdir(parents=True, exist_ok=True)
+    name = {"fingerprint": "other.json", "bundle": "other.kcb", "spec": "spec.toml"}[fmt]
+    if attack == "fifo":
+        os.mkfifo(d / name)
+        return str(d / name), None
+    if attack == "fifo-link":
+        os.mkfifo(d / "the-fifo")
+        os.symlink(d / "the-fifo", d / name)
+        return str(d / name), None
+    if attack == "stdin-pipe":
+        r, w = os.pipe()
+        _PIPES[r] = w
+        return "/dev/stdin", r
+    if attack == "sparse-1GiB":
+        head = {"fingerprint": fingerprint_head(), "spec": SPEC_HEAD, "bundle": tar_header("MANIFEST", GiB)}[
+            fmt
+        ]
+        with open(d / name, "wb") as f:
+            f.write(head)
+            f.truncate(GiB)
+        return str(d / name), None
+    if attack == "deep":
+        if fmt == "bundle":
+            return str(deep_bundle(d / name)), None
+        (d / name).write_bytes(deep_fingerprint() if fmt == "fingerprint" else deep_spec())
+        return str(d / name), None
+    raise ValueError(attack)
+
+
+_PIPES: dict[int, int] = {}
+
+
+def close_pipe(r: int | None) -> None:
+    """Close a pipe :func:`user_file` made (both ends)."""
+    if r is None:
+        return
+    for fd in (r, _PIPES.pop(r, None)):
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def user_file_case(
+    d: Path, command: str, attack: str, env: dict[str, str], timeout: float = 30
+) -> str | None:
+    """Run ``command`` against ``attack``, in a child with its address space limited (1.5 GiB) and
+    a time limit; None when it was refused as it should be (within the time, exit 2 with one
+    line naming the file: a bad argument; 1 for a bundle bounded by its content), else what
+    went wrong."""
+    fmt, args = USER_FILE_COMMANDS[command]
+    path, stdin = user_file(d, attack, fmt)
+    argv = [a.format(path=path, store=str(d / "store")) for a in args]
+    try:
+        r, m = cli_limited(
+            argv,
+            env,
+            d / "measure",
+            timeout=timeout,
+            stdin=stdin if stdin is not None else subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return f"blocked: still running after {timeout:.0f} s"
+    finally:
+        close_pipe(stdin)
+    want = 1 if (command, attack) in USER_FILE_CONTENT_BOUNDED else 2
+    why = one_line_failure(r, path, want=want)
+    if why is None and m.get("maxrss") and m["maxrss"] > RSS_SMALL:
+        why = f"peak RSS {m['maxrss'] >> 20} MiB"
+    if why is None and (d / "store").exists() and command == "import":
+        why = "a refused import made the store"
+    return why
+
+
 # ----------------------------------------------------------------------------------- the phase
 
 
@@ -964,7 +1125,26 @@ def phase_inputs(base: Path, seed: int, log: Callable[[str], None]) -> dict[str,
     case("poisoned_meta", _case_poisoned_meta)
     case("clock_skew", _case_clock_skew)
     case("full_disk", _case_full_disk)
+    case("user_files", _case_user_files)
     return {"cases": cases, "seconds": round(time.perf_counter() - t0, 1), "failures": failures}
+
+
+def _case_user_files(d: Path) -> dict[str, Any]:
+    """Every command that reads a file a user names against every attack on that name (issue
+    34): refused at once, exit 2, one line (see :func:`user_file_case`)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pairs = [(c, a) for c in USER_FILE_COMMANDS for a in USER_FILE_ATTACKS]
+
+    def one(pair: tuple[str, str]) -> str | None:
+        c, a = pair
+        sub = d / f"{c.replace(' ', '_')}-{a}"
+        return user_file_case(sub, c, a, child_env(sub))
+
+    with ThreadPoolExecutor(4) as ex:
+        whys = list(ex.map(one, pairs))
+    fails = [f"{c} {a}: {why}" for (c, a), why in zip(pairs, whys) if why]
+    return {"cases": len(pairs), "failures": fails}
 
 
 def _case_never_blocks(d: Path) -> dict[str, Any]:
@@ -981,7 +1161,7 @@ def _case_never_blocks(d: Path) -> dict[str, Any]:
     }
     for name, path in inputs.items():
         r = cli(["import", path, "--dir", str(d / "store")], env, timeout=30)
-        why = one_line_failure(r, path)
+        why = one_line_failure(r, path, want=2)  # a file that is no file to read: a bad argument
         if why:
             fails.append(f"import {name}: {why}")
     if (d / "store").exists():

@@ -229,6 +229,36 @@ def watch_compile_pool(t0: float) -> dict[str, float]:
     return times
 
 
+def stamp_exit(which: str) -> None:
+    """``CHILD_EXIT_STAMPS=FILE``: an atexit handler that appends ``which time`` to FILE, so that
+    the parent can split the exit into atexit handlers and the interpreter's finalization."""
+    path = os.environ.get("CHILD_EXIT_STAMPS")
+    if path:
+        import atexit
+
+        def stamp() -> None:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(f"{which} {time.time()}\n")
+
+        atexit.register(stamp)
+
+
+def bytecode_kept() -> bool:
+    """Whether this Python writes .pyc files beside torch's sources (a normal install)."""
+    if sys.dont_write_bytecode:
+        return False
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("torch")
+        folder = os.path.join(os.path.dirname(spec.origin or ""), "__pycache__") if spec else ""
+        return bool(folder) and os.access(
+            folder if os.path.isdir(folder) else os.path.dirname(folder), os.W_OK
+        )
+    except (ImportError, ValueError):
+        return False
+
+
 def compile_pool_started() -> bool | None:
     """Whether Inductor started its pool of compile workers in this process."""
     try:
@@ -307,6 +337,7 @@ def child_body(model_name: str, device: str, mode: str | None, shapes: int, aot:
     # wall-clock times the parent turns into the process's start (spawn to here) and exit (the
     # result to the exit: atexit handlers, the compile-worker pool's shutdown)
     t_enter = time.time()
+    stamp_exit("last")  # runs after every atexit handler registered later (torch's, kcache's)
     t_import = time.perf_counter()
     import torch
 
@@ -424,6 +455,7 @@ def child_body(model_name: str, device: str, mode: str | None, shapes: int, aot:
         out["kcache"] = {k: {n: round(v, 3) for n, v in d.items() if n in ("hits", "misses", "puts", "saved_s")}
                          for k, d in proc.items()}  # fmt: skip
     out["threads_alive"] = sorted(t.name for t in __import__("threading").enumerate())
+    stamp_exit("first")  # runs before the atexit handlers registered earlier
     out["t_enter"], out["t_return"] = t_enter, time.time()
     return out
 
@@ -512,6 +544,13 @@ class Check:
         if self.args.job_id:  # Dynamo keeps its profile of dynamic dimensions (PGO) only with a job id
             env["TORCH_COMPILE_JOB_ID"] = self.args.job_id
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        # Bytecode as an install has it: where Python cannot keep .pyc files beside the sources
+        # (the GPU machine's image: every process compiled ~2,300 modules from source, 7.7-9 s of
+        # each process, 0.2-0.5 s inside the first call), the children share a bytecode folder
+        # that the first runs fill, in every condition alike.
+        if not bytecode_kept():
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+            env.setdefault("PYTHONPYCACHEPREFIX", str(self.work / "pycache"))
         if store is not None:
             env.update(KCACHE="1", KCACHE_DIR=str(store))
         env.update(dict(kv.split("=", 1) for kv in self.args.child_env))
@@ -537,10 +576,11 @@ class Check:
         if self.args.profile and "warm" in name:  # (cold compiles under cProfile: minutes more)
             env = {**env, "CHILD_PROFILE": str(self.args.profile)}
         stderr = ""
-        exit_log = (
-            self.work / f"exit-{''.join(c if c.isalnum() else '_' for c in name)}-{time.monotonic_ns()}.jsonl"
-        )
-        env = {**env, "CHILD_EXIT_LOG": str(exit_log)}
+        stamps = self.work / f"exit-{len(self.result['runs'])}.txt"
+        env = {**env, "CHILD_EXIT_STAMPS": str(stamps)}
+        exit_log = self.work / f"exit-{len(self.result['runs'])}-handlers.jsonl"
+        if env.get("CHILD_PROFILE") or env.get("CHILD_PROFILE_WHOLE"):  # (a profile function: profiles only)
+            env["CHILD_EXIT_LOG"] = str(exit_log)
         spawned = time.time()
         try:
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(30.0, self.left()))
@@ -560,8 +600,17 @@ class Check:
                self.args.dynamic, **res}  # fmt: skip
         if "t_enter" in res:  # interpreter start (the .pth hooks) and exit (atexit, worker pools)
             res["start_s"] = round(res.pop("t_enter") - spawned, 3)
-            res["exit_s"] = round(exited - res.pop("t_return"), 3)
-            res.update(exit_handlers(exit_log))  # where exit_s went (atexit handlers, the pool's shutdown)
+            t_return = res.pop("t_return")
+            res["exit_s"] = round(exited - t_return, 3)
+            try:  # atexit handlers (between the stamps), then the interpreter's own finalization
+                marks = dict(line.split() for line in stamps.read_text().splitlines())
+                # non-daemon threads are joined before the atexit handlers run
+                res["exit_threads_s"] = round(float(marks["first"]) - t_return, 3)
+                res["exit_atexit_s"] = round(float(marks["last"]) - float(marks["first"]), 3)
+                res["exit_final_s"] = round(exited - float(marks["last"]), 3)
+            except (OSError, KeyError, ValueError):
+                pass
+            res.update(exit_handlers(exit_log))  # which handlers: atexit's, the pool's shutdown, finalizers
         # a KCACHE=1 child in which kcache never loaded (not installed: the hook is the .pth an
         # install puts in site-packages) would be counted as a kcache run while it is plain
         not_loaded = env.get("KCACHE") == "1" and "error" not in res and "kcache" not in res

@@ -176,10 +176,16 @@ def _own_triton_key_cost() -> float:
     cache_mod = importlib.import_module("triton.runtime.cache")
     if not hasattr(cache_mod, "triton_key"):  # Triton 3.4
         cache_mod = importlib.import_module("triton.compiler.compiler")
-    fn = getattr(cache_mod.triton_key, "__kcache_original__", cache_mod.triton_key)
-    fn = getattr(fn, "__wrapped__", fn)
+    own: Any = None
+    if "kcache" in sys.modules:  # the memo runs inside Triton's function: kcache gives Triton's own
+        from kcache.triton import keymemo
+
+        if keymemo.installed():
+            own = keymemo.own_key
+    if own is None:
+        own = getattr(cache_mod.triton_key, "__wrapped__", cache_mod.triton_key)
     t = time.perf_counter()
-    fn()
+    own()
     return time.perf_counter() - t
 
 

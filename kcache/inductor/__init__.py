@@ -52,9 +52,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .. import kinds as _kinds
 from ..log import logger, warn_once
-from ..patch import Hooks, Integration
+from ..patch import Hooks, Integration, replacing
+from . import declare as _kinds
 from .attached import backend_is_ours as backend_is_ours
 from .attached import cache as active_cache
 from .attached import our_backends as _ours_cls
@@ -86,26 +86,8 @@ FLAGS: dict[str, tuple[tuple[str, str], ...]] = {
     "torch._dynamo.config": (("automatic_dynamic_remote_pgo", "RemoteDynamoPGOCache"),),
 }
 
-#: The modules whose import attaches this integration (kcache/integrations.py keeps a copy).
-TRIGGERS = (
-    *FLAGS,
-    "torch._inductor.remote_cache",
-    "torch._inductor.cpp_builder",
-    "torch._dynamo.package",
-    "torch._inductor.runtime.triton_heuristics",
-    "torch._inductor.cpu_vec_isa",
-    "torch._inductor.utils",
-    "torch._inductor.codecache",
-    "torch._functorch._aot_autograd.autograd_cache",
-    "torch._dynamo.pgo",
-    "torch._inductor.runtime.autotune_cache",
-    "torch._inductor.compile_fx",
-    "torch._functorch._aot_autograd.aot_autograd_result",
-    "torch._functorch._aot_autograd.graph_compile",
-    "torch._functorch.aot_autograd",
-    "torch._inductor.async_compile",
-    "torch._inductor.codegen.triton",
-)
+#: The modules whose import attaches this integration (declared in :mod:`.declare`).
+TRIGGERS = _kinds.TRIGGERS
 
 
 def on_import(mod: Any) -> None:
@@ -208,7 +190,7 @@ def _install_backends(rc: Any) -> None:
         ):
             continue
         backend = functools.partial(backend_cls, KIND_BY_CLASS[cls_name])
-        _ours_cls[cls_name] = patches.wrap(cls, "backend_override_cls", lambda _, b=backend: b, raw=True)
+        _ours_cls[cls_name] = patches.wrap(cls, "backend_override_cls", replacing(backend), raw=True)
 
 
 def uninstall() -> None:
@@ -230,7 +212,7 @@ def uninstall() -> None:
 
 @functools.lru_cache(maxsize=1)
 def _backend_class(base: type) -> type:
-    class KcacheBackend(base):  # type: ignore[misc, valid-type]
+    class KcacheBackend(base):
         """Inductor's remote cache backend, on kcache's store (never raises)."""
 
         def __init__(self, kind: str) -> None:
@@ -259,17 +241,6 @@ def _checks() -> dict[str, Callable[[Any], str | None]]:
 
 INTEGRATION = Integration(
     "torch",
-    triggers=TRIGGERS,
-    kinds=(
-        _kinds.INDUCTOR_FX,
-        _kinds.INDUCTOR_AOT,
-        _kinds.INDUCTOR_AUTOTUNE,
-        _kinds.INDUCTOR_PGO,
-        _kinds.INDUCTOR_CPP,
-        _kinds.INDUCTOR_PRECOMPILE,
-        _kinds.INDUCTOR_OTHER,
-        _kinds.TRITON_META,  # machine-local answers (vector ISAs, host flags): kcache.memo
-    ),
     attach=_hooks.attach,
     on_import=_hooks.on_import,
     checks=_checks,

@@ -11,11 +11,14 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..patch import CacheSlot, Patches
 
-cache = CacheSlot()
+if TYPE_CHECKING:
+    from ..store.api import Cache
+
+cache: CacheSlot[Cache] = CacheSlot()
 patches = Patches("torch")
 
 switched_on: set[str] = set()  # cache classes whose switch kcache turned on in this process

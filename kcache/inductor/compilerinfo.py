@@ -77,8 +77,10 @@ class _InfoSubprocess:
 
     def check_output(self, args: Any, *rest: Any, **kwargs: Any) -> Any:
         store = _memo.usable(active_cache())
+        if store is None or rest:
+            return self._real.check_output(args, *rest, **kwargs)
         try:
-            exe = _executable(args, kwargs) if store is not None and not rest else None
+            exe = _executable(args, kwargs)
             key = memo_key(exe, tuple(args), kwargs) if exe is not None else None
             out = _memo.recall(store, key, MEMBER) if key is not None else None
         except OSError as e:  # the compiler or the memo's entry changed under us: it is asked

@@ -30,10 +30,10 @@ import sys
 import time
 from typing import Any
 
-from .. import kinds as _kinds
 from ..boundary import failed, guarded
 from ..log import logger, warn_once
 from ..patch import is_ours
+from . import declare as _kinds
 from . import pch
 from .attached import patches
 

@@ -8,12 +8,16 @@ from __future__ import annotations
 import functools
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .. import kinds as _kinds
 from ..boundary import fail_open
+from ..kinds import get as _kind
 from ..log import logger, warn_once
+from . import declare as _kinds
 from .attached import cache as active_cache
+
+if TYPE_CHECKING:
+    from ..store.api import Cache
 
 MEMBER = "value"  # the one file of an inductor entry: the bytes Inductor gave
 
@@ -93,9 +97,9 @@ def _compile_s(data: bytes) -> float:
 
 
 # ------------------------------------------------------------------------------------ get/put
-def _store() -> Any:
+def _store() -> Cache | None:
     store = active_cache()
-    if store is not None and not store.trust_host_code and _kinds.get(_kinds.INDUCTOR_FX).pickled:
+    if store is not None and not store.trust_host_code and _kind(_kinds.INDUCTOR_FX).pickled:
         # A store opened with KCACHE_ALLOW_INSECURE: torch unpickles what it is given, so
         # nothing pickled is taken from (or put into) it. Autotune JSON would be safe, but one
         # rule for the whole integration is easier to reason about.
@@ -129,7 +133,9 @@ def get(kind: str, key: str) -> bytes | None:
             return None
         skey, comps = store_key(kind, key)
         hit = store.get(kind, skey, comps)
-        data = hit.read(MEMBER) if hit is not None else None
+        if hit is None:
+            return None
+        data: bytes | None = hit.read(MEMBER)
         if data is not None and kind == _kinds.INDUCTOR_AUTOTUNE:
             from .tunecheck import servable  # torch builds Triton configs from it unchecked
 
@@ -151,7 +157,7 @@ def get(kind: str, key: str) -> bytes | None:
                 workers.compile_coming()  # a graph will be compiled: its workers are wanted now
 
 
-def _with_graphs(store: Any, key: str, data: bytes, compile_s: float) -> bool:
+def _with_graphs(store: Cache, key: str, data: bytes, compile_s: float) -> bool:
     """Fetch the FX graphs an AOTAutograd entry names (held for torch's lookups that follow).
     False, with the hit counted as a miss, when one of them cannot be served: the entry is then
     removed if a graph is gone from the store (see :mod:`.graphs`)."""
@@ -161,7 +167,7 @@ def _with_graphs(store: Any, key: str, data: bytes, compile_s: float) -> bool:
         needed = graphs.fx_keys(data)
     except graphs.Unreadable as e:
         logger.debug("torch.compile: AOTAutograd entry %s not served: %s", key, e)
-        store.counts.add(_kinds.INDUCTOR_AOT, hits=-1, misses=1, saved_s=-compile_s)
+        store.count(_kinds.INDUCTOR_AOT, hits=-1, misses=1, saved_s=-compile_s)
         return False
     fetched = []
     graphs.form_known()  # takes the form of FX keys from torch when this process saw none yet
@@ -172,13 +178,13 @@ def _with_graphs(store: Any, key: str, data: bytes, compile_s: float) -> bool:
             skey, comps = store_key(_kinds.INDUCTOR_FX, remote_key)
             hit = store.get(_kinds.INDUCTOR_FX, skey, comps)
         if hit is None:
-            store.counts.add(_kinds.INDUCTOR_AOT, hits=-1, misses=1, saved_s=-compile_s)
+            store.count(_kinds.INDUCTOR_AOT, hits=-1, misses=1, saved_s=-compile_s)
             if graphs.form_known() and policy.may_serve(_kinds.INDUCTOR_FX, remote_key):
                 forget(_kinds.INDUCTOR_AOT, key)  # its graph is gone from the store
             logger.debug("torch.compile: AOTAutograd entry %s not served: FX graph %s absent", key, fx_key)
             return False
         # the AOT entry's compile time includes its graphs': credited once, with the AOT hit
-        store.counts.add(_kinds.INDUCTOR_FX, saved_s=-hit.record.compile_s)
+        store.count(_kinds.INDUCTOR_FX, saved_s=-hit.record.compile_s)
         fetched.append((remote_key, hit.read(MEMBER)))
     for remote_key, blob in fetched:
         graphs.hold(remote_key, blob)
@@ -187,15 +193,13 @@ def _with_graphs(store: Any, key: str, data: bytes, compile_s: float) -> bool:
 
 @fail_open("inductor-forget", "kcache's removal of an entry torch could not use")
 def forget(kind: str, key: str) -> None:
-    """Remove what the store holds for Inductor's ``key`` (torch could not use it). Never raises."""
-    try:
-        store = _store()
-        if store is None or store.readonly:
-            return
-        skey, _ = store_key(kind, key)
-        store.remove([store.entry_id(kind, skey)])
-    except OSError as e:  # the store's folder could not be changed: the entry is judged again
-        logger.debug("torch.compile: could not remove %s %s: %s", kind, key, e)
+    """Remove what the store holds for Inductor's ``key`` (torch could not use it). Never raises
+    (a folder that cannot be changed: the entry is judged again at its next lookup)."""
+    store = _store()
+    if store is None or store.readonly:
+        return
+    skey, _ = store_key(kind, key)
+    store.forget(kind, skey)
 
 
 @fail_open("inductor-put", "kcache's storing of a torch.compile cache entry")
@@ -242,7 +246,7 @@ def put(kind: str, key: str, data: Any) -> None:
         return
 
 
-def _graphs_kept(store: Any, key: str, blob: bytes) -> bool:
+def _graphs_kept(store: Cache, key: str, blob: bytes) -> bool:
     """The FX graphs an AOTAutograd entry names are all in the store (torch put them first)."""
     from . import graphs
 
@@ -253,8 +257,7 @@ def _graphs_kept(store: Any, key: str, blob: bytes) -> bool:
         return False
     for fx_key in needed:
         skey, _ = store_key(_kinds.INDUCTOR_FX, graphs.fx_remote_key(fx_key))
-        rec, _why = store.read_record(store.entry_id(_kinds.INDUCTOR_FX, skey))
-        if rec is None:
+        if not store.has(_kinds.INDUCTOR_FX, skey):
             logger.debug("torch.compile: AOTAutograd entry %s not kept: FX graph %s not stored", key, fx_key)
             return False
     return True

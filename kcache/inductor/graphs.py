@@ -121,6 +121,8 @@ def _learn_from_torch() -> None:
     import sys
 
     codecache = sys.modules.get("torch._inductor.codecache")
+    if codecache is None:
+        return
     try:
         fmt = getattr(codecache.FxGraphCache.get_remote_cache(), "_key_fmt", None)
     except Exception:  # broad: torch's remote-cache factory varies between versions and configs

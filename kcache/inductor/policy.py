@@ -47,10 +47,10 @@ import os
 import sys
 from typing import Any
 
-from .. import kinds as _kinds
 from ..boundary import failed, guarded
 from ..forksafe import module_lock
-from ..patch import is_ours
+from ..patch import is_ours, replacing
+from . import declare as _kinds
 from .attached import patches
 
 _lock = module_lock(__name__, "_lock")
@@ -379,7 +379,7 @@ def rebind(mod: Any = None) -> None:
             continue
         for fn_name, (own, decide) in list(_decisions.items()):
             if m.__dict__.get(fn_name) is own:
-                patches.wrap(m, fn_name, lambda _, decide=decide: decide)
+                patches.wrap(m, fn_name, replacing(decide))
             elif m.__dict__.get(fn_name) is decide:  # imported by name after the wrap
                 patches.adopt(m, fn_name, own)
 

@@ -43,9 +43,9 @@ import re
 import sys
 from typing import Any
 
-from .. import kinds as _kinds
 from ..boundary import failed, guarded, raised_strict
 from ..log import logger, warn_once
+from . import declare as _kinds
 
 KIND = _kinds.INDUCTOR_PRECOMPILE
 _SOURCE_ID = re.compile(r"[0-9A-Za-z_.-]{1,200}")
@@ -101,7 +101,7 @@ def on_import(mod: Any) -> None:
                     failed(TOPIC, WHAT, e)
         return load(fn)
 
-    install = getattr(pkg, "install", None)
+    install: Any = getattr(pkg, "install", None)
 
     def install_(self: Any, backends: Any) -> None:
         try:
@@ -136,10 +136,10 @@ _UNIQUE_NAME = re.compile(
 def _past_installed_names(package: Any) -> None:
     """Move Dynamo's unique-name counter past the numbers of the names it made that are in the
     globals of the modules the package installed into (see the module doc)."""
-    bt = sys.modules.get("torch._dynamo.bytecode_transformation")
+    bt: Any = sys.modules.get("torch._dynamo.bytecode_transformation")
     counter = getattr(bt, "_unique_id_counter", None)
     codes = getattr(package, "_codes", None)
-    if not isinstance(counter, itertools.count) or not isinstance(codes, dict):
+    if bt is None or not isinstance(counter, itertools.count) or not isinstance(codes, dict):
         return  # a Dynamo whose internals differ: nothing moved (the names are cosmetic)
     highest = -1
     for entry in codes.values():

@@ -122,11 +122,12 @@ def memo_torch_key(original: Any) -> bytes:
     codecache = sys.modules.get(MODULE)
     torch = sys.modules.get("torch")
     root = getattr(codecache, "_TORCH_PATH", None)
+    where = getattr(codecache, "__file__", None)
     store = _memo.usable(active_cache())
-    if store is None or not isinstance(root, str) or torch is None:
+    if store is None or not isinstance(root, str) or not isinstance(where, str) or torch is None:
         return original()
     try:
-        inductor_root = os.path.dirname(os.path.abspath(codecache.__file__))
+        inductor_root = os.path.dirname(os.path.abspath(where))
         files = covered(root, inductor_root)
         key = memo_key(files, root, str(torch.__version__))
         value = _memo.recall(store, key, MEMBER, _is_key)

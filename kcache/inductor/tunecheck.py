@@ -34,7 +34,11 @@ import json
 import math
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..store.api import Cache
+    from ..store.hit import Hit
 
 MAX_ENTRY = 64 << 10  # bytes (torch's own: a few hundred)
 MAX_KEYS = 256
@@ -199,7 +203,7 @@ def _problem(blob: bytes) -> str | None:
     return None
 
 
-def servable(store: Any, hit: Any, blob: bytes) -> bool:
+def servable(store: Cache, hit: Hit, blob: bytes) -> bool:
     """Whether the cached autotune result ``blob`` (of the entry ``hit``) may be handed to torch.
     One that fails :func:`problem`, or whose content was quarantined in this process, is
     quarantined and counted as a miss instead: Inductor tunes again. Never raises."""
@@ -211,7 +215,7 @@ def servable(store: Any, hit: Any, blob: bytes) -> bool:
 def checks(member: str) -> dict[str, Callable[[Any], str | None]]:
     """kind -> ``check(hit)`` for ``kcache verify``: why torch could not safely use this
     verified autotune result (its file ``member``), or None."""
-    from .. import kinds
+    from . import declare as kinds
 
     def autotune(hit: Any) -> str | None:
         why = problem(hit.read(member)) if member in hit.names else f"no {member}"

@@ -28,13 +28,16 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import kinds as _kinds
 from .. import memo as _memo
 from ..boundary import failed, guarded
 from ..log import logger
 from .attached import cache as active_cache
+
+if TYPE_CHECKING:
+    from ..store.api import Cache
 
 KIND = _kinds.TRITON_META
 MODULE = "torch._inductor.cpu_vec_isa"
@@ -127,14 +130,14 @@ class _ProbeSubprocess:
         to remember it in; None for any other call (it goes to :mod:`subprocess` untouched)."""
         lib = None if rest else _probed_library(self._mod, args)
         store = _memo.usable(active_cache()) if lib else None
-        if store is None:
+        if store is None or lib is None:
             return None
         key = memo_key(lib, args[0], kwargs.get("env"), self._mod.VecISA._avx_py_load)
         value = _memo.recall(store, key, MEMBER, _is_code)
         return store, key, int(value) if value is not None else None
 
     @staticmethod
-    def _remember(store: Any, key: str, code: Any, seconds: float) -> None:
+    def _remember(store: Cache, key: str, code: Any, seconds: float) -> None:
         if not isinstance(code, int) or code < 0:  # killed by a signal: maybe by something passing
             return
         # The store skips what it cannot write: anything raised here is a bug (raised when strict).

@@ -59,7 +59,12 @@ def on_import(mod: Any) -> None:
     kernels = getattr(mod, "CompiledTritonKernels", None)
     if _own or not callable(warm) or not isinstance(raw_wakeup, classmethod) or not callable(triton):
         return
-    if kernels is None or not hasattr(cls, "process_pool") or not hasattr(cls.process_pool, "cache_info"):
+    if (
+        kernels is None
+        or cls is None
+        or not hasattr(cls, "process_pool")
+        or not hasattr(cls.process_pool, "cache_info")
+    ):
         logger.debug("torch.compile: this Inductor's compile pool is not one kcache knows")
         return
 

@@ -27,6 +27,7 @@ from ..store import Record
 from ..store.api import Admin
 from ..store.index import MAX_MISSES
 from ..store.records import entry_id
+from ..userfile import UserFileError
 from .common import MaintenanceError, jsonable
 from .identity import applies, describe, read_document, this_machine
 
@@ -49,22 +50,46 @@ class Other:
             self._closer()
 
 
+#: The largest fingerprint file read (``kcache fingerprint --json`` writes about 2 KiB).
+MAX_FINGERPRINT = 1 << 20
+
+
 def load_other(path: str) -> Other:
     """Open OTHER: a store folder, a fingerprint file (JSON) or a bundle. Raises
-    :class:`MaintenanceError` with one line when it is none of them."""
+    :class:`MaintenanceError` with one line when it is none of them, and
+    :class:`~kcache.userfile.UserFileError` (exit 2) when it is not a regular file (a FIFO, a
+    link to one, ``/dev/stdin`` on a pipe: refused, never waited on), a fingerprint over
+    :data:`MAX_FINGERPRINT` (never read whole) or one nested too deep."""
+    from ..userfile import open_checked, parse_json, read_fd
+
     p = os.path.abspath(os.path.expanduser(path))
-    if os.path.isdir(p):
-        return _store_side(p)
     try:
-        with open(p, "rb") as f:
-            head = f.read(1)
+        is_dir = os.path.isdir(p)
+    except ValueError:  # a NUL in the name: the checked open below says so
+        is_dir = False
+    if is_dir:
+        return _store_side(p)
+    what = "a fingerprint file or a bundle"
+    fd = open_checked(p, what=what)  # a folder swapped in since is refused here, not followed
+    try:
+        head = os.read(fd, 1)
+        size = os.fstat(fd).st_size
     except OSError as e:
+        os.close(fd)
         raise MaintenanceError(f"{path}: {e.strerror or e}") from None
     if head == b"{":
+        if size > MAX_FINGERPRINT:
+            os.close(fd)
+            raise UserFileError(
+                f"{p} is larger than {MAX_FINGERPRINT} bytes ({size}); not read as a fingerprint file"
+            )
+        os.lseek(fd, 0, os.SEEK_SET)
+        data = read_fd(fd, MAX_FINGERPRINT, p, "a fingerprint file")
         try:
-            with open(p, encoding="utf-8") as f:
-                doc = json.load(f)
-        except (OSError, ValueError) as e:
+            doc = parse_json(data, p, "a fingerprint file")
+        except ValueError as e:
+            if isinstance(e, UserFileError):
+                raise
             raise MaintenanceError(f"{path}: not a fingerprint file ({e})") from None
         parts = read_document(doc)
         if parts is None:
@@ -72,6 +97,7 @@ def load_other(path: str) -> Other:
                 f"{path}: not a fingerprint file (write one with `kcache fingerprint --json`)"
             )
         return Other(p, "fingerprint", parts=parts, key_tag=parts.get("key_tag"))
+    os.close(fd)
     from ..bundle import BundleError, open_bundle
 
     try:

@@ -22,7 +22,7 @@ def version_components() -> tuple[str, ...]:
     """Components that describe libraries, by which an entry can be stale (never arch or GPU)."""
     from .. import fingerprint
 
-    return tuple(fingerprint.VERSION_COMPONENTS)
+    return fingerprint.version_components()
 
 
 def stale_reasons(

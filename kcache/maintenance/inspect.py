@@ -43,7 +43,7 @@ def list_entries(
     name matches it (see :mod:`.select`)."""
     from .select import entry_name, name_matches
 
-    out = []
+    out: list[dict[str, Any]] = []
     rows = store.index().rows(kind=kind, order=SORTS[sort], limit=None if name else (limit or None))
     for row in rows:
         if name is not None:
@@ -131,9 +131,9 @@ def find_entries(
                 problems[ident] = why
     idx = store.index()
     if not recs:
-        for row in idx.rows(kind=kind):
-            if row.record is not None and row.record.key.startswith(prefix):
-                recs[row.id] = row.record
+        for listed in idx.rows(kind=kind):
+            if listed.record is not None and listed.record.key.startswith(prefix):
+                recs[listed.id] = listed.record
     out = []
     for ident, rec in sorted(recs.items())[: limit or None]:
         row = idx.row(ident)

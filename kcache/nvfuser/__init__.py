@@ -10,7 +10,6 @@ import sys
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from .. import kinds as _kinds
 from ..patch import CacheSlot, Hooks, Integration
 
 if TYPE_CHECKING:
@@ -60,8 +59,6 @@ def flush() -> int:
 
 INTEGRATION = Integration(
     "nvfuser",
-    triggers=("nvfuser_direct", "nvfuser"),
-    kinds=(_kinds.NVFUSER, _kinds.NVFUSER_MANIFEST, _kinds.NVFUSER_LEGACY, _kinds.NVFUSER_FUSION),
     attach=_hooks.attach,
     on_import=_hooks.on_import,
 )

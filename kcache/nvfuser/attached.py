@@ -5,7 +5,12 @@ detach)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..patch import CacheSlot, Patches
 
-cache = CacheSlot()
+if TYPE_CHECKING:
+    from ..store.api import Cache
+
+cache: CacheSlot[Cache] = CacheSlot()
 patches = Patches("nvfuser")

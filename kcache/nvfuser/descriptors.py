@@ -373,9 +373,9 @@ def _static_key(args: Sequence[Any], static: Any, ex: tuple) -> tuple:
     # must never hold a reference to a tensor.
     n = len(args)
     vals = tuple([None if i >= n or _classify(args[i]) == 1 else args[i] for i in sorted(st)])
-    full = (ex, st, vals)
+    full: tuple[Any, ...] | None = (ex, st, vals)
     try:
-        k = _CALL_MEMO.get(full)
+        k = _CALL_MEMO.get((ex, st, vals))
     except TypeError:  # an unhashable static value: _static_descriptor raises the clear error
         k = None
         full = None

@@ -34,11 +34,10 @@ from typing import Any
 
 from kcache import counters
 from kcache.nvfuser import descriptors as _d
+from kcache.nvfuser.declare import NVFUSER_FUSION as COUNTER_KIND  # counter kind in ``kcache stats``
 
 __all__ = ["FusionCache", "flush_all"]
 
-#: counter kind in ``kcache stats``
-COUNTER_KIND = "nvfuser-fusion"
 #: the memo path pushes counts to kcache.counters when its tick is a multiple of this plus one
 _PUSH_EVERY = 4095
 
@@ -224,8 +223,9 @@ class FusionCache:
                 self._arm(e, args)
             next(self._hitc)
             return e[1]
-        e = self._memo.get(ex)
-        if e is not None:
+        found = self._memo.get(ex)
+        if found is not None:
+            e = found
             # The most recent entry needs no tick: it was stamped when it became the most recent
             # and no other entry has been used since.
             e[4][1] = t = next(self._hitc)
@@ -250,7 +250,7 @@ class FusionCache:
         is kept in ``e[5]``), 0 none possible (not all arguments are torch tensors, no torch,
         guards off or unusable).
         """
-        make = _tensor_guards_cls() if self._use_guards else False
+        make: Any = _tensor_guards_cls() if self._use_guards else False
         g: Any = 0
         if make:
             try:

@@ -25,8 +25,8 @@ from types import ModuleType
 from typing import Any
 
 from ..log import logger, warn_once
+from .declare import NVFUSER_LEGACY as KIND
 
-KIND = "nvfuser-legacy"
 MEMBER = "fusion_cache.fb"
 MAX_FUSIONS = 16384  # the binding's default for FusionCache.get
 
@@ -111,8 +111,7 @@ class LegacyFusionCache:
             return False
         lk = store.lock(KIND, self.key, timeout=20.0)
         try:
-            with contextlib.suppress(Exception):
-                store.remove([store.entry_id(KIND, self.key)])
+            store.forget(KIND, self.key)
             hit = store.put(
                 KIND,
                 self.key,

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # The modules a spec names may print: with --json, stdout carries the summary only.
         with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
-            summary = runner.prewarm(
+            summary = runner.run(
                 args.spec,
                 target=args.target,
                 jobs=args.jobs,

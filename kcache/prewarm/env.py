@@ -4,7 +4,7 @@ both read: Triton's cache-invalidating variables, and the marker of a prewarm wo
 Its own module so that neither of the two imports the other. The recorder is loaded in every
 ``KCACHE=1`` process that imports Triton: this module imports nothing heavy (Triton is imported
 only when :func:`current_invalidating_env` is called). Which variables are in Triton's key is
-read in one place, :func:`kcache.fingerprint.triton_env` (``kcache fingerprint`` shows them too).
+read in one place, :func:`kcache.triton.identity.triton_env` (``kcache fingerprint`` shows them too).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 
-from ..fingerprint import TRITON_EXTRA_ENV as EXTRA_ENV
-from ..fingerprint import triton_env as current_invalidating_env
-from ..fingerprint import triton_env_lister as env_vars_function
+from ..triton.identity import TRITON_EXTRA_ENV as EXTRA_ENV
+from ..triton.identity import triton_env as current_invalidating_env
+from ..triton.identity import triton_env_lister as env_vars_function
 
 __all__ = ["EXTRA_ENV", "KNOWN_ENV", "WORKER_ENV", "current_invalidating_env", "env_vars_function"]
 

@@ -1,4 +1,4 @@
-"""Prewarm's part in a program that uses kcache (registered in :mod:`kcache.integrations`): when
+"""Prewarm's part in a program that uses kcache (named in :mod:`.declare`, which :mod:`kcache.registry` reads): when
 Triton is imported, warn once if the store was prewarmed with another Triton build
 (:func:`.meta.check_store_build`), or, with ``KCACHE_RECORD`` set, record the kernels the program
 compiles into a spec (:func:`.record.attach`). Imports nothing heavy.
@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..kinds import TRITON_META
 from ..log import logger
 from ..patch import CacheSlot, Integration
 
-_cache = CacheSlot()
+if TYPE_CHECKING:
+    from ..store.api import Cache
+
+_cache: CacheSlot[Cache] = CacheSlot()
 _undo: list[Callable[[], None]] = []
 
 
@@ -59,9 +61,6 @@ def _on_triton(_mod: ModuleType) -> None:
 
 INTEGRATION = Integration(
     "prewarm",
-    switch="triton",
-    triggers=("triton",),
-    kinds=(TRITON_META,),
     attach=_attach,
     on_import=_on_triton,
 )

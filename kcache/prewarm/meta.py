@@ -23,6 +23,7 @@ from ..log import logger, warn_once
 
 if TYPE_CHECKING:
     from ..store import Store
+    from ..store.api import Cache
 
 ANY_KEY = "prewarm-build:any"
 DEFAULT_PROTECT_S = 7 * 86400.0
@@ -40,7 +41,12 @@ def libtriton_path() -> str | None:
         from ..triton.keymemo import _libtriton_path
 
         return _libtriton_path(cache_mod)
-    except Exception:  # broad: importing Triton runs its code (a broken install raises anything)
+    except Exception as e:  # broad: importing Triton runs its code; a broken install is expected
+        from ..boundary import expected
+
+        expected(
+            e, (ImportError, OSError), "prewarm-libtriton", "kcache's lookup of libtriton", then="not checked"
+        )
         return None
 
 
@@ -75,7 +81,7 @@ def current_build(*, compute: bool = True) -> dict[str, Any]:
     return out
 
 
-def record_build(store: Store, target: str | None) -> dict[str, Any]:
+def record_build(store: Cache, target: str | None) -> dict[str, Any]:
     """Note in ``store`` the build this prewarm uses. Returns it."""
     b = current_build(compute=True)
     if not b.get("libtriton_sha256") or not b.get("python_abi"):
@@ -91,7 +97,7 @@ def record_build(store: Store, target: str | None) -> dict[str, Any]:
     return b
 
 
-def check_store_build(store: Store | None) -> str | None:
+def check_store_build(store: Cache | None) -> str | None:
     """Warn once if ``store`` was prewarmed with another Triton build than this process's. Cheap:
     two lookups, no hashing (without a memoised libtriton digest only the ABI and version count).
     Returns the warning, or None."""

@@ -34,7 +34,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import Any
 
 from .._imports import forget, when_imported
@@ -287,7 +287,7 @@ class Recorder:
     def _build(self, jit: Any, kw: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
         import inspect
 
-        f = sys._getframe(1)
+        f: FrameType | None = sys._getframe(1)
         run = None
         while f is not None:
             loc = f.f_locals
@@ -319,7 +319,7 @@ class Recorder:
         ref, why = import_name(obj, jit.fn)
         if ref is None:
             return None, why
-        if outer is not None:
+        if outer is not None and outer_frame is not None:
             loc = outer_frame.f_locals
             names = getattr(outer, "arg_names", params)
             given = dict(zip(names, loc.get("args", ())))
@@ -455,6 +455,7 @@ def fit_grid(grid: Any, given: Mapping[str, Any], tuner: Any) -> list[Any] | Non
         {k for m, cfg in zip(metas, configs) for k, v in cfg.kwargs.items() if isinstance(v, int) and v > 0}
     )
     cdiv = FUNCS["cdiv"]
+    singles: list[tuple[str, Callable[..., Any]]]
     singles = [(f"cdiv({a}, {c})", lambda m, a=a, c=c: cdiv(m[a], m[c])) for a in ints for c in ckeys]
     singles += [(a, lambda m, a=a: m[a]) for a in ints]
     out: list[Any] = []
@@ -502,7 +503,7 @@ def chain_hooks(recorder: Recorder) -> Callable[[], None]:
     rt = knobs.runtime
     base = type(rt)
     if getattr(base, "_kcache_chained", False):
-        base._kcache_recorder = recorder  # type: ignore[attr-defined]
+        base._kcache_recorder = recorder
         return lambda: setattr(base, "_kcache_recorder", None)
 
     def make(slot: str, before: bool) -> property:
@@ -518,8 +519,10 @@ def chain_hooks(recorder: Recorder) -> Callable[[], None]:
             def hook(**kw: Any) -> Any:
                 try:
                     (rec.capture if before else rec.commit)(kw)
-                except Exception as e:  # recording never breaks the program
-                    logger.debug("KCACHE_RECORD hook: %s", e)
+                except Exception as e:  # the edge (Triton calls it): recording never breaks the program
+                    from ..boundary import failed
+
+                    failed("record-hook", "KCACHE_RECORD's recording of a kernel", e, then="not recorded")
                 return user(**kw) if user is not None else None
 
             return hook

@@ -33,6 +33,12 @@ from .summary import ItemResult, Progress, Summary
 from .workers import run_workers
 
 
+class StoreUnusable(UsageError):
+    """The store cannot be prewarmed into (refused, or read-only). ``kcache.prewarm`` reports it
+    in its summary (every item failed, with this reason) unless ``KCACHE_STRICT=1``; ``kcache
+    prewarm`` exits 2 with it."""
+
+
 class Executor:
     """Runs items in this process. Set up once: the store, Triton's manager, the stand-in driver."""
 
@@ -62,16 +68,18 @@ class Executor:
 
         from .meta import protect_puts, record_build
 
-        if not kcache.is_enabled() or (
-            self.store_dir
-            and os.path.abspath(str(kcache.active_store().root)) != os.path.abspath(self.store_dir)
+        active = kcache.active_store()
+        if active is None or (
+            self.store_dir and os.path.abspath(str(active.root)) != os.path.abspath(self.store_dir)
         ):
             if not kcache.enable(dir=self.store_dir):
-                raise UsageError(f"the store at {self.store_dir} cannot be used: {_why_not(self.store_dir)}")
+                raise StoreUnusable(
+                    f"the store at {self.store_dir} cannot be used: {_why_not(self.store_dir)}"
+                )
             self._enabled_here = True
         self.store = kcache.active_store()
         if self.store.readonly:
-            raise UsageError(
+            raise StoreUnusable(
                 f"the store at {self.store.root} is read-only (KCACHE_READONLY): nothing can be prewarmed into it"
             )
         self._undo.append(protect_puts(self.store, self.protect_s))
@@ -233,6 +241,29 @@ def prewarm(
     paths: Sequence[str] | None = None,
     in_process: bool | None = None,
 ) -> Summary:
+    """Prepare what ``spec`` (a path, TOML text, a mapping or a parsed spec) lists; see
+    :func:`run`. A store that cannot be used (refused, read-only) never raises into the program:
+    one warning, and a summary whose every item failed, saying why (``exit_code`` 1), as when
+    its workers find it so; with ``KCACHE_STRICT=1`` it raises :class:`StoreUnusable`."""
+    return run(
+        spec, target=target, jobs=jobs, dry_run=dry_run, dir=dir, progress=progress, protect_s=protect_s,
+        paths=paths, in_process=in_process, fail_open=True,
+    )  # fmt: skip
+
+
+def run(
+    spec: Any,
+    *,
+    target: str | None = None,
+    jobs: int = 1,
+    dry_run: bool = False,
+    dir: str | None = None,
+    progress: Any = None,
+    protect_s: float | None = None,
+    paths: Sequence[str] | None = None,
+    in_process: bool | None = None,
+    fail_open: bool = False,
+) -> Summary:
     """Prepare what ``spec`` (a path, TOML text, a mapping or a parsed spec) lists.
 
     ``target`` (``"cuda:90"``...) compiles for that GPU on a machine without it, in a child
@@ -284,7 +315,14 @@ def prewarm(
                 summary.env_unset = unset
                 # KCACHE_RECORD is for programs: a prewarm does not record itself
                 stack.enter_context(env_set(WORKER_ENV, "1"))
-                _run_inline(sp, items, arch, store_dir, protect, summary, prog)
+                try:
+                    _run_inline(sp, items, arch, store_dir, protect, summary, prog)
+                except StoreUnusable as e:
+                    from ..boundary import strict
+
+                    if not fail_open or strict():
+                        raise
+                    _unusable(e, items, summary, prog)
             else:
                 run_workers(sp, groups, arch, jobs, store_dir, protect, list(paths or ()), summary, prog)
         finally:
@@ -292,6 +330,19 @@ def prewarm(
     summary.items.sort(key=lambda r: r.id)
     summary.seconds = time.perf_counter() - t0
     return summary
+
+
+def _unusable(e: StoreUnusable, items: Sequence[Item], summary: Summary, prog: Progress) -> None:
+    """The fallback of :func:`prewarm` for a store it cannot use: every item failed, saying why
+    (what its workers report for such a store), and one warning (``kcache.enable`` gave it for a
+    refused store; a read-only one is said here)."""
+    from ..log import warn_once
+
+    warn_once("store", f"prewarm: nothing prepared: {e}")
+    for it in items:
+        r = ItemResult(it.id, it.entry.label, it.label, it.entry.kind, "failed", f"UsageError: {e}")
+        summary.items.append(r)
+        prog.update(r)
 
 
 def _check_request(sp: Spec, target: str | None, jobs: Any) -> tuple[int | None, str | None]:
@@ -341,7 +392,8 @@ def _other_store_enabled(store_dir: str) -> bool:
     """kcache is on in this process, with another store: the items run in workers."""
     import kcache
 
-    return kcache.is_enabled() and os.path.abspath(str(kcache.active_store().root)) != store_dir
+    active = kcache.active_store()
+    return active is not None and os.path.abspath(str(active.root)) != store_dir
 
 
 def _run_inline(

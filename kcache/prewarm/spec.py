@@ -201,35 +201,25 @@ MAX_SPEC_BYTES = 16 << 20  # a spec is text a person or a recording wrote: a few
 
 
 def _read_spec_file(path: str, source: str) -> str:
-    """The spec file's text: a regular file of at most :data:`MAX_SPEC_BYTES`, opened as ``kcache
-    import`` opens its input (a FIFO is refused, not waited on; ``/dev/zero`` is refused, not
-    read until memory runs out)."""
-    from ..store.fs import UnsafePath, open_input
+    """The spec file's text: a regular file of at most :data:`MAX_SPEC_BYTES`, through kcache's
+    one checked open for files a user names (:mod:`kcache.userfile`: a FIFO or ``/dev/stdin`` on a
+    pipe is refused, not waited on; ``/dev/zero`` is refused, not read until memory runs out)."""
+    from ..userfile import UserFileError, read_text
 
     try:
-        fd = open_input(path, MAX_SPEC_BYTES)
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(MAX_SPEC_BYTES + 1)  # a file that grows meanwhile: still bounded
-        if len(data) > MAX_SPEC_BYTES:
-            raise UnsafePath(f"{path} is larger than {MAX_SPEC_BYTES} bytes")
-        return data.decode("utf-8")
-    except FileNotFoundError:
-        raise SpecError(f"{source}: no such file") from None
-    except UnsafePath as e:
-        raise SpecError(f"{source}: not read: {e}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(f"{source}: cannot read: {e}") from None
+        return read_text(path, limit=MAX_SPEC_BYTES, what="a prewarm spec")
+    except UserFileError as e:
+        raise SpecError(str(e)) from None
 
 
 def loads_toml(text: str, source: str) -> dict[str, Any]:
+    """The spec's TOML, its nesting bounded before it is parsed (tomllib recurses)."""
+    from ..userfile import UserFileError, parse_toml
+
     try:
-        import tomllib  # type: ignore[import-not-found]
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[import-not-found,no-redef]
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise SpecError(f"{source}: malformed TOML: {e}") from None
+        return parse_toml(text, source, "a prewarm spec", SpecError)
+    except UserFileError as e:
+        raise SpecError(str(e)) from None
 
 
 def parse(raw: Mapping[str, Any], source: str = "<spec>") -> Spec:
@@ -297,7 +287,7 @@ def _entry_head(ek: EntryKind, i: int, t: Mapping[str, Any], err: Err) -> tuple[
     if sum(r in t for r in ek.refs) > 1:
         raise err(f"{label} {ek.refs[-1]}", f"give either {' or '.join(ek.refs)}, not both")
     _check_import_path(ref, f"{label} {ref_key}", err)
-    return ref_key, ref, label
+    return ref_key, str(ref), label  # a str: checked just above
 
 
 def _check_name(t: Mapping[str, Any], label: str, err: Err) -> None:

@@ -63,7 +63,7 @@ def _stand_in_class() -> type:
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia import driver as nvd
 
-    class StandInCudaDriver(nvd.CudaDriver):  # type: ignore[misc,name-defined]
+    class StandInCudaDriver(nvd.CudaDriver):
         """Triton's CUDA driver for a GPU that is not there: device 0, stream 0, one target."""
 
         def __init__(self, arch: int, utils: Any = None) -> None:  # no super(): no libcuda, no torch.cuda
@@ -179,7 +179,9 @@ def make_tensor(t: TensorArg, device: str, *, torch: Any = None) -> Any:
     ``device="meta"``: no memory (the data pointer is the byte offset: 0 is aligned). On a GPU the
     contents are generated (``fill``; default random normal for floats, zeros otherwise)."""
     if torch is None:
-        import torch
+        import torch as _torch
+
+        torch = _torch
     dtype = _torch_dtype(torch, t.dtype)
     shape = [int(s) for s in t.shape]
     strides = [int(s) for s in (t.strides if t.strides is not None else contiguous_strides(shape))]

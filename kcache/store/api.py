@@ -5,7 +5,8 @@ small declared interface; here ``typing.Protocol``, checked by the type checker 
 wants it, at run time):
 
 - :class:`Cache`: what integrations use (Triton, nvFuser, torch.compile, the machine-local memos,
-  prewarm): look up, keep, replace and forget entries, single flight, a scratch folder, counters.
+  prewarm): look up, keep, replace, forget and quarantine entries, single flight, a lock for a
+  read-modify-write, a listing of keys, a scratch folder, counters.
 - :class:`Admin`: what maintenance commands and bundles use: walk, read and remove entries by id,
   the catalogue (the index), the bound, clean-up.
 - :class:`Tier`: what a backend behind the local store offers the composed cache (a Redis
@@ -16,18 +17,24 @@ wants it, at run time):
 :class:`Cache` and :class:`Admin`; code outside the store is typed against the face it uses, so
 that a change inside the store stops at its edge.
 
-Failure contract: :class:`Cache` methods never raise for a failure the store expects (a corrupt
-or foreign entry, a full or read-only disk, a server that does not answer): they miss or skip,
-count it and warn once. Anything else (a bug) propagates to the library-facing edge
-(:mod:`kcache.boundary`), which fails open, or raises under ``KCACHE_STRICT=1``. A :class:`Tier`
-returns None for a miss and raises for a failure; the composed cache counts it as a miss.
+Failure contract, one rule at every level. What the store expects of the world (a full,
+read-only or vanished disk, a corrupt or foreign entry, a locked or corrupt index: the
+exceptions of :data:`kcache.store.errors.EXPECTED`; a shared tier that does not answer) is never
+raised to a caller: :class:`Cache` and :class:`Admin` methods miss or skip, count it and warn
+once. Anything else is a bug: it propagates to the library-facing edge
+(:mod:`kcache.boundary`), which fails open, or raises under ``KCACHE_STRICT=1``; where the store
+must go on instead (its flush thread, a close, eviction after a put), the catch sorts what it met
+by the boundary's rule (:func:`kcache.store.errors.expected`): an expected failure is the miss it
+is, a bug is raised under ``KCACHE_STRICT=1`` and otherwise warned once and counted as an error.
+A :class:`Tier` returns None for a miss and counts its own failures; for a failure it may raise
+only the tier machinery's typed "unavailable" error (:mod:`kcache.store.tiers`), which the
+composed cache counts as a miss. Anything else a tier raises is a bug, by the same rule.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Union
 
@@ -46,8 +53,9 @@ Entry = tuple["Record", dict[str, bytes]]
 
 
 class Tier(Protocol):
-    """A backend behind the local store (see :mod:`kcache.store.tiers`). Each method handles its
-    own failures (counted under ``remote_*``, one warning) and never raises into the cache."""
+    """A backend behind the local store (see :mod:`kcache.store.tiers`). Each method counts its
+    own failures (``remote_*``, one warning); it raises only as the module's failure contract
+    says (a typed "unavailable": a miss)."""
 
     def fetch_entry(self, kind: str, key: str, ident: str) -> Entry | None:
         """The entry for ``ident``, checked (signature, record, every member's checksum), or
@@ -75,10 +83,35 @@ class Tier(Protocol):
         """Flush what is queued (bounded) and let go of connections and threads."""
 
 
-class Cache(Protocol):
-    """What integrations use."""
+class Flight(Protocol):
+    """One process's turn at an entry in single flight (:meth:`Cache.single_flight`)."""
 
-    root: Path
+    @property
+    def hit(self) -> Hit | None:
+        """The entry (found at once, or made by another process or machine while this one
+        waited); None: this process makes it, holding the locks until :meth:`release` or the
+        put."""
+
+    def release(self) -> None:
+        """Let go of the locks (a make that failed; idempotent)."""
+
+    def __enter__(self) -> Hit | None: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class Held(Protocol):
+    """A lock this process holds (:meth:`Cache.lock`)."""
+
+    def release(self) -> None: ...
+
+
+class Cache(Protocol):
+    """What integrations use (each keeps the cache it is given in a ``CacheSlot[Cache]``)."""
+
+    @property
+    def root(self) -> Path:
+        """The store's folder (for messages: never opened by name)."""
 
     @property
     def readonly(self) -> bool: ...
@@ -87,6 +120,11 @@ class Cache(Protocol):
     def trust_host_code(self) -> bool:
         """False for a store used only because ``KCACHE_ALLOW_INSECURE=1``: no host code or pickle
         is taken from it or put into it."""
+
+    @property
+    def closed(self) -> bool:
+        """The store was closed (``kcache.disable()``, exit): an integration that kept it since
+        its attach writes nothing more into it."""
 
     def get(
         self,
@@ -98,6 +136,11 @@ class Cache(Protocol):
         files: bool = False,
     ) -> Hit | None:
         """The verified entry for (kind, key), or None (counted; a corrupt entry is removed)."""
+
+    def has(self, kind: str, key: str) -> bool:
+        """Whether this machine's store holds an entry for (kind, key) (its record read and
+        checked, not its members; no tier asked, nothing counted): Inductor keeps an AOTAutograd
+        entry only with the FX graphs it names."""
 
     def put(
         self,
@@ -117,13 +160,38 @@ class Cache(Protocol):
     def forget(self, kind: str, key: str) -> None:
         """Remove the entry for (kind, key) (the library could not use it)."""
 
-    def single_flight(self, kind: str, key: str) -> AbstractContextManager[Hit | None]:
-        """``with cache.single_flight(kind, key) as hit:`` the entry, if another process or machine
-        made it while this one waited; else None, and this process makes it while holding the
-        locks (released when the block ends, or at the put)."""
+    def quarantine(self, rec: Record, why: str) -> None:
+        """Take the entry ``rec`` (a hit) out of service: the library could not use it (removed
+        here and from the shared tiers, never served to this process again)."""
+
+    def single_flight(
+        self,
+        kind: str,
+        key: str,
+        components: Components = None,
+        *,
+        files: bool = False,
+        owner: object = None,
+    ) -> Flight:
+        """Look (kind, key) up; on a miss, one process of this machine (and one machine of those
+        sharing a tier) makes it while the others wait for it. ``with cache.single_flight(kind,
+        key) as hit:`` (or the flight's ``hit`` and ``release()``): the entry, found or made by
+        another while this one waited; else None, and this process makes it, holding the locks
+        until the put or the release. ``owner``: the maker (Triton's cache manager): a thread
+        makes one entry at a time, so its flights of another owner are failed makes, released."""
+
+    def lock(self, kind: str, key: str, timeout: float) -> Held | None:
+        """The cross-process lock for (kind, key), held: a read-modify-write of one entry (a
+        manifest that grows). None after ``timeout`` seconds or on a read-only store."""
+
+    def keys(self, kind: str, prefix: str = "") -> list[str]:
+        """The keys of the entries of ``kind`` that start with ``prefix``, newest first, as the
+        store's catalogue lists them: a fallback listing (best effort: an entry is listed about
+        a second after its put; a catalogue that cannot be read lists nothing)."""
 
     def scratch_dir(self) -> str:
-        """A private folder of this process for files on their way into the store."""
+        """A private folder of this process for files on their way into the store (``OSError``
+        when it cannot be made)."""
 
     def count(self, kind: str, **deltas: float) -> None:
         """Add to the counters of ``kind`` (``kcache stats``)."""
@@ -132,10 +200,16 @@ class Cache(Protocol):
 class Admin(Protocol):
     """What maintenance commands and bundles use."""
 
-    root: Path
-    index_dir: Path
+    @property
+    def root(self) -> Path: ...
+
+    @property
+    def index_dir(self) -> Path: ...
+
     max_size: int
-    key_tag: str
+
+    @property
+    def key_tag(self) -> str: ...
 
     @property
     def readonly(self) -> bool: ...

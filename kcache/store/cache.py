@@ -38,6 +38,7 @@ from . import quarantine as _quarantine
 from . import tunables as T
 from .api import Components, Files
 from .disk import DiskTier
+from .errors import expected, warn_failed
 from .hit import Hit
 from .index import Index
 from .locks import Lock
@@ -189,8 +190,9 @@ class TieredCache:
         for flight in held:
             try:
                 flight.release()
-            except Exception as e:  # broad: closing goes on whatever a release met
-                logger.debug("flight release at close: %s", e)
+            except Exception as e:  # broad: closing goes on whatever a release met (a bug reported)
+                if expected(e, "close", "kcache's release of a single flight at close"):
+                    logger.debug("flight release at close: %s", e)
         for tier in self.tiers:
             try:
                 tier.close()
@@ -253,6 +255,18 @@ class TieredCache:
                 self._count_miss(kind, key, components)
         return hit
 
+    def has(self, kind: str, key: str) -> bool:
+        """Whether this machine's store holds an entry for (kind, key): its record read and
+        checked, not its members; no tier asked, nothing counted. Never raises for a failure of
+        the store (an unreadable record: False)."""
+        rec, _why = self.disk.read_record(self.entry_id(kind, key))
+        return rec is not None
+
+    def keys(self, kind: str, prefix: str = "") -> list[str]:
+        """The keys of ``kind``'s entries that start with ``prefix``, newest first, as the
+        catalogue lists them (see :meth:`Catalogue.keys`). Never raises for a failure of the store."""
+        return self.disk.catalogue.keys(kind, prefix)
+
     def _lookup(self, kind: str, key: str, *, touch: bool, remote: bool, files: bool) -> Hit | None:
         hit = self.disk.get(kind, key, touch=touch, files=files)
         if hit is not None and _quarantine.is_bad(hit.record):
@@ -277,7 +291,9 @@ class TieredCache:
         if components is not None and not self.readonly:
             try:
                 comps = dict(components() if callable(components) else components)
-            except Exception:  # broad: components are for explain only; a lookup never fails for them
+            except Exception as e:  # broad: an integration's code; for explain only, a lookup goes on
+                # nothing is expected of it: what it raises is a bug (raised under KCACHE_STRICT=1)
+                expected(e, "components", f"kcache's key components of a {kind} entry", then="not logged")
                 comps = {}
             self.disk.note_miss(kind, key, comps)
 
@@ -358,7 +374,8 @@ class TieredCache:
         try:
             self.disk.remove([self.entry_id(kind, key)])
         except Exception as e:  # broad: forgetting is best effort, the caller redoes the work
-            logger.debug("could not remove %s %s: %s", kind, key, e)
+            if expected(e, "forget", "kcache's removal of an entry the library could not use"):
+                logger.debug("could not remove %s %s: %s", kind, key, e)
 
     def quarantine(self, rec: Record, why: str) -> None:
         """Take the entry ``rec`` out of service: its use raised (see :mod:`.quarantine`)."""
@@ -371,8 +388,9 @@ class TieredCache:
                     self.disk.remove([rec.id])
             for tier in self.tiers:
                 tier.mark_bad(rec.kind, rec.id)
-        except Exception as e:  # broad: best effort, the caller compiles either way
-            logger.debug("quarantine of %s: %s", rec.id, e)
+        except Exception as e:  # broad: best effort, the caller compiles either way (a bug reported)
+            if expected(e, "quarantine", "kcache's quarantine of an entry", then="the library compiles"):
+                logger.debug("quarantine of %s: %s", rec.id, e)
 
     def scratch_dir(self) -> str:
         return self.disk.scratch_dir()
@@ -465,7 +483,7 @@ class TieredCache:
             if lk.acquire(LOCK_TIMEOUT_S, poll=finished):
                 return lk, None
         except OSError as e:
-            warn_once("lock-error", f"cannot lock in {self.disk.locks}: {e}")
+            warn_failed(self.disk.root, e, None, "lock-error", f"cannot lock in {self.disk.locks}: {e}")
             return None, None
         if found:
             return None, found[0]
@@ -513,7 +531,7 @@ class TieredCache:
                 f"waited {timeout:.0f}s for another process compiling the same kernel; compiling here",
             )
         except OSError as e:
-            warn_once("lock-error", f"cannot lock in {self.disk.locks}: {e}")
+            warn_failed(self.disk.root, e, None, "lock-error", f"cannot lock in {self.disk.locks}: {e}")
         return None
 
     # ------------------------------------------------------------------ the Admin face (the disk tier's)

@@ -11,9 +11,11 @@ between threads.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sqlite3
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable, Container, Iterator
@@ -25,24 +27,58 @@ from . import fs
 from . import tunables as T
 from .clock import Clock
 from .entries import Entries
-from .errors import StoreError
+from .errors import StoreError, expected, filesystem_full, warn_failed, warn_full
 from .housekeeping import iter_entry_ids
-from .index import DB_NAME, Index, IndexTooNew, is_corrupt_db
+from .index import DB_NAME, CorruptIndex, Index, IndexTooNew, is_corrupt_db
 from .records import Record
 
 _OLD_INDEX_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")  # the diskcache index of kcache 0.1
 
 
-_DB_FILES = (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm")
+#: Every path SQLite opens for the index (sqlite.org/tempfiles.html): the database, its rollback
+#: journal, write-ahead log and shared-memory file, all beside it. A super-journal
+#: (``<db>-mjHHHHHHHHH``, a transaction over attached databases) is never made by kcache, but a
+#: hot journal names one, and SQLite then opens it: :func:`_db_files` finds those by prefix.
+_DB_FILES = (DB_NAME, DB_NAME + "-journal", DB_NAME + "-wal", DB_NAME + "-shm")
+_SUPER_JOURNAL = DB_NAME + "-mj"
+
+
+def _db_files(ifd: int) -> list[str]:
+    """The names of the index's files present in the folder ``ifd``: :data:`_DB_FILES` and any
+    super-journal."""
+    try:
+        names = os.listdir(ifd)
+    except OSError:
+        return list(_DB_FILES)
+    return [n for n in names if n in _DB_FILES or n.startswith(_SUPER_JOURNAL)]
 
 
 def _unlink_db(ifd: int, *, strict: bool = False) -> None:
-    """Delete the index's database files in the folder ``ifd`` (never what a link points to).
-    ``strict``: only a missing file is ignored (a rebuild must not claim a new index that it
-    could not make); else every failure is (best effort, on the way to a miss)."""
-    for name in _DB_FILES:
-        with contextlib.suppress(FileNotFoundError if strict else OSError):
-            os.unlink(name, dir_fd=ifd)
+    """Delete the index's files in the folder ``ifd``, whatever each is (a folder at ``-journal``
+    too; never what a link points to). ``strict``: a file that stays raises (a rebuild must not
+    claim a new index that it could not make); else every failure is ignored (best effort, on
+    the way to a miss)."""
+    for name in _db_files(ifd):
+        if not fs.rmtree_at(ifd, name) and strict:
+            raise OSError(errno.EIO, f"cannot remove the index's {name}", name)
+
+
+def _not_ours(ifd: int, owners: frozenset[int] | None) -> list[str]:
+    """The index's paths (:func:`_db_files`) where something other than a regular file of ours
+    sits: a folder, a link, a FIFO, a device, another user's file. SQLite would fail on it
+    (a folder at ``-journal``: "disk I/O error" for every statement), follow it or write it."""
+    out = []
+    for name in _db_files(ifd):
+        try:
+            st = os.stat(name, dir_fd=ifd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            out.append(name)
+            continue
+        if not stat.S_ISREG(st.st_mode) or (owners is not None and st.st_uid not in owners):
+            out.append(name)
+    return out
 
 
 class Catalogue:
@@ -67,7 +103,7 @@ class Catalogue:
         #: Called at each of the flush thread's turns, before the index is written (eviction,
         #: clean-up), and after a reconcile (recount): set by the disk tier.
         self.on_turn: Callable[[], None] = lambda: None
-        self.after_reconcile: Callable[[], None] = lambda: None
+        self.after_reconcile: Callable[[], object] = lambda: None
         self._lock = threading.RLock()  # the buffers below
         self._index_lock = threading.RLock()  # one SQLite connection: one thread at a time
         self._index: Index | None = None
@@ -188,7 +224,7 @@ class Catalogue:
                 self._index = None  # a forked child never uses its parent's connection
                 ifd = self.folders.fd("index")
                 if self.readonly:
-                    self._index = self._open_index_readonly(ifd)
+                    self._index = self._reading_index(ifd)
                 else:
                     if ifd is None:
                         raise StoreError("the store has no index folder")
@@ -216,6 +252,42 @@ class Catalogue:
             _unlink_db(ifd, strict=True)
         return self.index()
 
+    def _reading_index(self, ifd: int | None) -> Index:
+        """The index a store opened read-only reads (``kcache stats``, ``inspect``, ``explain``):
+        the database as it is; when there is none (a new store, a disk that was full when it was
+        to be made), it is a newer kcache's, or it cannot be read (corrupt, empty, half made when
+        inodes ran out, a folder where its journal goes), the entry folders, read into a private
+        in-memory index: the command answers from what the store holds (its counters aside),
+        with one warning when the index is damaged, and changes nothing. The next process that writes the store
+        replaces the database (:meth:`_open_index`); ``kcache verify`` reads the database itself
+        (:meth:`index_readonly`) and reports it."""
+        why = None
+        if ifd is not None:
+            try:
+                bad = _not_ours(ifd, self.folders.owners)
+                if bad:
+                    why = f"{', '.join(sorted(bad))}: not a file of ours"
+                elif DB_NAME in _db_files(ifd):
+                    return self._open_index_readonly(ifd)
+            except IndexTooNew as e:  # a newer kcache's: read as absent, never rewritten
+                warn_once(
+                    "index-newer", f"{e}: stats and eviction are off in this process (entries are used)"
+                )
+            except Exception as e:  # broad: whatever the database is, the entries answer instead
+                why = f"{type(e).__name__}: {e}"
+        if why is not None and ifd is not None and filesystem_full(ifd):
+            # Half made when the disk (or its inodes) ran out: the store's one full-disk warning.
+            warn_full(self.folders.root_name, OSError(errno.ENOSPC, f"the index cannot be read: {why}"))
+        elif why is not None:
+            warn_once(
+                "index-unreadable",
+                f"the index at {self.folders.index_dir} cannot be read ({why}); reading the entries "
+                "instead (the next process that writes to the store rebuilds it)",
+            )
+        idx = Index.open_readonly(None)
+        idx.created = True  # filled from the entry folders by index()
+        return idx
+
     def index_readonly(self) -> Index:
         """A new connection to the index that never writes, creates or checkpoints anything (it
         works on a full disk and while another process holds the index); close it when done."""
@@ -224,6 +296,12 @@ class Catalogue:
     def _open_index_readonly(self, ifd: int | None) -> Index:
         if ifd is None:
             return Index.open_readonly(None)
+        bad = _not_ours(ifd, self.folders.owners)
+        if bad:
+            # A folder at -wal: SQLite's read-only open fails ("unable to open database file")
+            # where the writable one would remove it first. Damage, as `verify` reports it and
+            # `--fix` repairs it (the rebuild removes whatever is there).
+            raise CorruptIndex(f"not a file of ours at {', '.join(sorted(bad))}")
         try:
             st = os.stat(DB_NAME, dir_fd=ifd, follow_symlinks=False)
         except FileNotFoundError:
@@ -246,18 +324,12 @@ class Catalogue:
         for name in _OLD_INDEX_FILES:  # kcache 0.1's diskcache index: superseded, rebuilt from entries
             with contextlib.suppress(OSError):
                 os.unlink(name, dir_fd=ifd)
-        for name in _DB_FILES:
-            try:
-                st = os.stat(name, dir_fd=ifd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if not stat.S_ISREG(st.st_mode) or (
-                self.folders.owners is not None and st.st_uid not in self.folders.owners
-            ):
-                # A link or someone else's file where the database goes: SQLite would follow or
-                # write it. Remove it (only our folder's entry, never what it points to).
-                warn_once("index-unsafe", f"{self.folders.index_dir}/{name} is not a file of ours; removed")
-                fs.rmtree_at(ifd, name)
+        for name in _not_ours(ifd, self.folders.owners):
+            # A link, a folder or someone else's file where one of the index's files goes:
+            # SQLite would follow it, write it or fail on it. Removed (only our folder's entry,
+            # never what it points to) before SQLite opens anything.
+            warn_once("index-unsafe", f"{self.folders.index_dir}/{name} is not a file of ours; removed")
+            fs.rmtree_at(ifd, name)
         path = fs.fd_path(ifd, DB_NAME, fallback=str(self.folders.index_dir))
         try:
             return Index.open(path, timeout=self.index_timeout)
@@ -270,6 +342,25 @@ class Catalogue:
             )
             _unlink_db(ifd)
             return Index.open(path, timeout=self.index_timeout)
+
+    def keys(self, kind: str, prefix: str = "") -> list[str]:
+        """The keys of the entries of ``kind`` that start with ``prefix``, newest first, from a
+        connection that never writes (it works on a full disk and while another process holds
+        the index). Best effort: an entry is listed about a second after its put; an index that
+        cannot be read lists nothing (one warning). Never raises for a failure of the store."""
+        out: list[str] = []
+        try:
+            idx = self.index_readonly()
+            try:
+                for row in idx.rows(kind=kind, order="store_time DESC"):
+                    if row.record is not None and row.record.key.startswith(prefix):
+                        out.append(row.record.key)
+            finally:
+                idx.close()
+        except Exception as e:  # broad: sorted (sqlite3 and a corrupt database raise many kinds)
+            if expected(e, "keys", "kcache's listing of entries", then="listing none"):
+                warn_once("index-list", f"cannot list entries from the store's index: {e}")
+        return out
 
     def _records_on_disk(self, skip: Container[str] = ()) -> Iterator[tuple[Record, float | None]]:
         """(record, its mtime: the entry's last use) of every intact entry whose id is not in
@@ -293,13 +384,11 @@ class Catalogue:
             if batch:
                 idx.insert_many(batch)
         except Exception as e:  # broad: a rebuild is best effort (sqlite3, the disk, a hostile record)
-            # Said under the topic the index's other failures use: a full disk (ENOSPC, or
-            # EFBIG that SQLite reports as an I/O error) is one warning, not one per step.
-            topic = "disk-full" if "full" in str(e).lower() else f"index:{type(e).__name__}"
-            warn_once(
-                topic,
-                f"could not fill the new index from the entries ({e}); `kcache verify --fix` does",
-            )
+            if not expected(e, "index-fill", "kcache's filling of a new index"):
+                return
+            # A full disk is one warning for the store, whichever part meets it first.
+            why = f"could not fill the new index from the entries ({e}); `kcache verify --fix` does"
+            warn_failed(self.folders.root_name, e, self.folders.fd("index"), f"index:{type(e).__name__}", why)
 
     def call(self, fn: Callable[[Index], Any]) -> Any:
         """``fn(index)``, or None when the index cannot be used now (never raises). One
@@ -318,6 +407,8 @@ class Catalogue:
             self._index_off_until = float("inf")
             return None
         except Exception as e:  # broad: the index is optional (stats, eviction): sorted below, never fatal
+            if not expected(e, "index", "kcache's use of its index", then="continuing without it"):
+                return None  # a bug: reported (raised under KCACHE_STRICT=1)
             msg = str(e).lower()
             if isinstance(e, sqlite3.OperationalError) and ("locked" in msg or "busy" in msg):
                 # Other processes are writing (many ranks at once): expected, not worth a
@@ -338,11 +429,10 @@ class Catalogue:
                     )
                 return None
             self._index_off_until = time.monotonic() + T.INDEX_BACKOFF_S
-            full = "full" in msg  # SQLITE_FULL: the disk is full, said once for the store
-            warn_once(
-                "disk-full" if full else f"index:{type(e).__name__}",
-                f"the store's index is unavailable ({type(e).__name__}: {e}); continuing without it",
-            )
+            # A full disk (SQLITE_FULL; or no inode left for the log: "unable to open database
+            # file") is said once for the store, with its entries' and locks' failures.
+            why = f"the store's index is unavailable ({type(e).__name__}: {e}); continuing without it"
+            warn_failed(self.folders.root_name, e, self.folders.fd("index"), f"index:{type(e).__name__}", why)
             if is_corrupt_db(e):
                 with self._index_lock, self._lock:
                     if self._index is not None and self._index_pid == os.getpid():
@@ -372,7 +462,7 @@ class Catalogue:
                     try:
                         t = threading.Thread(target=self._flush_loop, name="kcache-flush", daemon=True)
                         t.start()
-                    except Exception as e:  # no threads left (a pids limit), or at shutdown
+                    except RuntimeError as e:  # no threads left (a pids limit), or at shutdown
                         # Tried again at the next put or lookup; until then rows wait in memory
                         # (and are written at close).
                         self._flusher_pid = None
@@ -397,8 +487,9 @@ class Catalogue:
                 if time.monotonic() >= self._next_reconcile:
                     self._next_reconcile = time.monotonic() + T.RECONCILE_CHECK_S
                     self.reconcile()
-            except Exception:  # flush never raises; a thread must not die loudly either
-                pass
+            except Exception as e:  # broad: the flush thread goes on (its parts sort their own failures)
+                if not sys.is_finalizing():  # a bug: reported once (under KCACHE_STRICT=1 it ends the thread)
+                    expected(e, "flush", "kcache's flush thread")
 
     def reconcile(self, force: bool = False) -> int:
         """Add a row for each entry on disk that has none, and return how many were added.
@@ -430,15 +521,22 @@ class Catalogue:
         try:
             batch.extend(self._records_on_disk(skip=known))
         except Exception as e:  # broad: as a rebuild (sqlite3, the disk, a hostile record)
-            logger.debug("reconcile: %s", e)
-        if batch and self.call(lambda idx: idx.insert_many(batch) or True) is None:
+            if expected(e, "reconcile", "kcache's reconcile of its index"):
+                logger.debug("reconcile: %s", e)
+
+        def insert(idx: Index) -> bool:
+            idx.insert_many(batch)
+            return True
+
+        if batch and self.call(insert) is None:
             return 0
         if batch:
             logger.info("added %d index rows for entries written by processes that ended early", len(batch))
         try:
             self.after_reconcile()
-        except Exception as e:  # a recount is best effort: the next reconcile tries again
-            logger.debug("recount: %s", e)
+        except Exception as e:  # broad: a recount is best effort: the next reconcile tries again
+            if expected(e, "recount", "kcache's recount of the store's bytes"):
+                logger.debug("recount: %s", e)
         return len(batch)
 
     def flush(self, force: bool = False) -> None:
@@ -472,7 +570,7 @@ class Catalogue:
         clock.refresh()
         off = clock.offset if before is None else before
         touches = {k: (t + off, n) for k, (t, n) in touches.items()}
-        misses = [(t + off, *rest) for t, *rest in misses]
+        misses = [(t + off, kind, key, comps) for t, kind, key, comps in misses]
 
         def write(idx: Index) -> bool:
             with idx.transaction():

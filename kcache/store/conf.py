@@ -68,43 +68,41 @@ def parse(text: str, where: str = NAME) -> tuple[dict[str, Any], list[str]]:
 def read_at(root_fd: int | None, owners: frozenset[int] | None = None) -> tuple[dict[str, Any], str]:
     """(settings, raw text) of the store whose root folder is ``root_fd``; ({}, "") when it has
     none or the file may not be trusted (one warning)."""
+    import errno
+
+    from ..userfile import UserFileError, open_checked, read_fd
+
     if root_fd is None:
         return {}, ""
+    what = f"the store's {NAME}"
     try:
-        fd = os.open(
-            NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), dir_fd=root_fd
-        )
-    except FileNotFoundError:
-        return {}, ""
-    except OSError as e:
-        warn_once(
-            "store-conf", f"the store's {NAME} cannot be read ({e.strerror or e}); its settings are not used"
-        )
+        # kcache's one checked open (a FIFO or a folder there is refused, never waited on), with
+        # no link followed: the file belongs to the store, not to wherever a link leads.
+        fd = open_checked(NAME, limit=MAX_BYTES, what=what, dir_fd=root_fd, follow=False)
+    except UserFileError as e:
+        if e.errno == errno.ENOENT:
+            return {}, ""
+        warn_once("store-conf", f"{e}; its settings are not used")
         return {}, ""
     try:
         st = os.fstat(fd)
         uids = owners if owners is not None else frozenset({os.geteuid()})
-        if (
-            not stat.S_ISREG(st.st_mode)
-            or st.st_uid not in uids
-            or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-        ):
+        if st.st_uid not in uids or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            os.close(fd)
             warn_once(
                 "store-conf",
                 f"the store's {NAME} is not a file of the store's owner that only they may write; not used",
             )
             return {}, ""
-        if st.st_size > MAX_BYTES:
-            warn_once("store-conf", f"the store's {NAME} is over {MAX_BYTES} bytes; not used")
-            return {}, ""
-        text = os.read(fd, MAX_BYTES + 1).decode("utf-8", "replace")
     except OSError as e:
-        warn_once(
-            "store-conf", f"the store's {NAME} cannot be read ({e.strerror or e}); its settings are not used"
-        )
-        return {}, ""
-    finally:
         os.close(fd)
+        warn_once("store-conf", f"{what} cannot be read ({e.strerror or e}); its settings are not used")
+        return {}, ""
+    try:
+        text = read_fd(fd, MAX_BYTES, NAME, what).decode("utf-8", "replace")  # closes fd
+    except UserFileError as e:
+        warn_once("store-conf", f"{e}; its settings are not used")
+        return {}, ""
     values, problems = parse(text)
     if problems:
         warn_once("store-conf-bad", f"ignored in the store's settings: {'; '.join(problems[:3])}")

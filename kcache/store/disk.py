@@ -61,7 +61,7 @@ from .catalogue import Catalogue
 from .clock import Clock
 from .conf import read_at as read_conf
 from .entries import Entries
-from .errors import CorruptEntry, RefusedEntry, StoreError
+from .errors import CorruptEntry, RefusedEntry, StoreError, expected, warn_failed
 from .eviction import Evictor, entry_bytes
 from .hit import Hit, HitMemo, ServeFailed
 from .index import Index
@@ -252,8 +252,9 @@ class DiskTier:
         if not self.readonly:
             try:  # the bound holds after the last writer ends, not only at the next one's put
                 self.evictor.at_exit()
-            except Exception as e:  # broad: closing goes on whatever eviction met
-                logger.debug("eviction at exit: %s", e)
+            except Exception as e:  # broad: closing goes on whatever eviction met (a bug reported)
+                if expected(e, "evict-at-exit", "kcache's eviction at exit"):
+                    logger.debug("eviction at exit: %s", e)
         self.flush(force=True)
         cat = self.catalogue
         with cat._index_lock, cat._lock:
@@ -323,7 +324,10 @@ class DiskTier:
             try:
                 self._on_corrupt(ident, kind, str(e), e.ident)
             except Exception as e2:  # broad: quarantine is best effort, the lookup is a miss either way
-                logger.debug("quarantine of %s: %s", ident, e2)
+                if expected(
+                    e2, "quarantine", "kcache's removal of a corrupt entry", then="a miss all the same"
+                ):
+                    logger.debug("quarantine of %s: %s", ident, e2)
             return None
         except ServeFailed as e:
             warn_once("serve", f"cannot make the files of a cached kernel ({e}); compiling instead")
@@ -431,11 +435,8 @@ class DiskTier:
             self.counts.add(kind, errors=1)
             return None, False
         except (OSError, ValueError) as e:
-            full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-            warn_once(
-                "disk-full" if full else f"write:{type(e).__name__}",
-                f"cannot write to the store at {self.root} ({e}); kernels are compiled but not cached",
-            )
+            why = f"cannot write to the store at {self.root} ({e}); kernels are compiled but not cached"
+            warn_failed(self.root, e, None, f"write:{type(e).__name__}", why)  # a full disk: one for all
             self.counts.add(kind, errors=1)
             return None, False
         if not committed:
@@ -448,8 +449,9 @@ class DiskTier:
         self.catalogue.note_put(rec, self.clock.now())
         try:
             self.evictor.after_put(entry_bytes(rec), ident)
-        except Exception as e:  # broad: the bound is kept by the next put or the flush thread
-            logger.debug("eviction after put: %s", e)
+        except Exception as e:  # broad: the put stands; the bound is kept by the next put or the flush thread
+            if expected(e, "evict-after-put", "kcache's eviction after a put", then="the put stands"):
+                logger.debug("eviction after put: %s", e)
         self.catalogue.maybe_flush()
         return hit, True
 

@@ -415,6 +415,7 @@ class Entries:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(shard, 0o700, dir_fd=efd)
                 self._check_shard(shard, os.stat(shard, dir_fd=efd, follow_symlinks=False))
+            assert tmp is not None  # made by the loop above (or it raised)
             if not self._commit(tmp, ident, rec.kind, rec.key):
                 try:
                     return self.read(ident, rec.kind, rec.key, touch=touch_existing), False

@@ -416,25 +416,6 @@ def atomic_write(path: str, data: bytes | None = None, *, writer=None, mode: int
         os.close(dfd)
 
 
-def open_input(path: str, limit: int | None = None) -> int:
-    """Open a file the user named as input (a bundle, a Triton cache file) for reading: never
-    blocks on a FIFO or device, refuses anything that is not a regular file (``/dev/zero``, a
-    FIFO, a folder) and, with ``limit``, a file larger than that. Returns the descriptor."""
-    fd = os.open(path, os.O_RDONLY | O_CLOEXEC | getattr(os, "O_NONBLOCK", 0))
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafePath(f"{path} is not a regular file")
-        if limit is not None and st.st_size > limit:
-            raise UnsafePath(f"{path} is larger than {limit} bytes")
-        # Back to blocking reads for a regular file (O_NONBLOCK only guarded the open).
-        os.set_blocking(fd, True)
-    except BaseException:  # re-raised: it only cleans up on the way
-        os.close(fd)
-        raise
-    return fd
-
-
 def pid_alive(pid: int) -> bool:
     """True unless no process ``pid`` exists (one of another user counts as alive)."""
     try:

@@ -19,16 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from . import fs
 from . import tunables as T
+from .errors import ServeFailed as ServeFailed  # (where it was first defined: importers keep it)
 from .records import RECORD_NAME, Record
 
 if TYPE_CHECKING:
     from .clock import Clock
     from .opening import Folders
     from .served import Served
-
-
-class ServeFailed(Exception):
-    """A verified hit whose files could not be made (a full disk everywhere, a closed store)."""
 
 
 class Hit:
@@ -109,7 +106,7 @@ class _Held:
         self.record_path = f"{rid[:2]}/{rid}/{RECORD_NAME}"
 
 
-class _HeldBlobs(dict):  # type: ignore[type-arg]
+class _HeldBlobs(dict):
     """A remembered hit's bytes, read again from its held entry folder when asked (and checked
     against the record as they are read): the memo holds no file's bytes."""
 
@@ -161,7 +158,7 @@ class HitMemo:
         written once it is committed: kcache writes only new files, and a removal or a
         replacement renames the folder away). None otherwise: a full lookup."""
         m = self._memo.get((kind, key))
-        if m is None:
+        if m is None or m.pin is None:  # (only held hits are remembered)
             return None
         efd = self._folders.fd("entries")
         if efd is None:

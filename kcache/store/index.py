@@ -98,7 +98,8 @@ def _decode_row(ident: Any, kind: Any, size: Any, created: Any, at: Any, hits: A
     kind_s = kind if isinstance(kind, str) else "?"
     num = lambda v, t: v if isinstance(v, t) and not isinstance(v, bool) else t(0)  # noqa: E731
     size_i, created_f, at_f, hits_i = num(size, int), num(created, float), num(at, float), num(hits, int)
-    rec, err = None, None
+    rec: Record | None = None
+    err: str | None = None
     if not valid_id(ident):
         err = "index row id is not an entry id"
     elif not isinstance(blob, bytes):
@@ -107,7 +108,8 @@ def _decode_row(ident: Any, kind: Any, size: Any, created: Any, at: Any, hits: A
         try:
             rec = Record.decode(blob)
             if rec.id != ident:
-                rec, err = None, f"index row holds the record of {rec.id[:12]}"
+                err = f"index row holds the record of {rec.id[:12]}"
+                rec = None
         except CorruptRecord as e:
             err = str(e)
     return Row(ident_s, kind_s, size_i, created_f, at_f, hits_i, rec, err)
@@ -310,12 +312,12 @@ class Index:
         args: tuple[Any, ...] = ()
         if kind:
             q, args = q + " WHERE kind = ?", (kind,)
-        return [tuple(r) for r in self.conn.execute(q, args).fetchall()]  # type: ignore[misc]
+        return [tuple(r) for r in self.conn.execute(q, args).fetchall()]
 
     def oldest(self, limit: int, before: float) -> list[tuple[str, float, int]]:
         """(id, last_used, size) of the least recently used rows, oldest first."""
         return [
-            tuple(r)  # type: ignore[misc]
+            tuple(r)
             for r in self.conn.execute(
                 "SELECT id, last_used, size FROM entries WHERE last_used < ? ORDER BY last_used ASC LIMIT ?",
                 (before, limit),

@@ -21,11 +21,14 @@ what was served), it calls the cache's ``quarantine(rec, why)``
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..forksafe import module_lock
 from ..log import warn_once
 from .records import Record
+
+if TYPE_CHECKING:
+    from .api import Cache
 
 _lock = module_lock(__name__, "_lock")
 _bad: set[tuple[str, tuple[str, ...]]] = set()
@@ -59,14 +62,14 @@ def remember(rec: Record, why: str) -> None:
     )
 
 
-def refuse(store: Any, rec: Record, why: str) -> None:
+def refuse(store: Cache, rec: Record, why: str) -> None:
     """A hit that the library cannot use after all: quarantined (``store.quarantine``) and
     counted as the miss it turned out to be."""
     store.quarantine(rec, why)
-    store.counts.add(rec.kind, hits=-1, misses=1)
+    store.count(rec.kind, hits=-1, misses=1)
 
 
-def judge(store: Any, rec: Record, problem: Callable[[], str | None], what: str) -> bool:
+def judge(store: Cache, rec: Record, problem: Callable[[], str | None], what: str) -> bool:
     """Whether a verified hit may be served: not when this very content was quarantined in this
     process, nor when ``problem()`` says why the library could not use it (or raises: judging
     hostile bytes with the library's own rules, any error says why not); then it is refused

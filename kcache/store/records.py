@@ -19,6 +19,7 @@ import re
 import struct
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -64,6 +65,7 @@ def crc32(data: bytes) -> int:
     return zlib.crc32(data) & 0xFFFFFFFF
 
 
+xxh3: Callable[[bytes], int] | None
 try:
     from xxhash import xxh3_64_intdigest as xxh3
 except ImportError:  # optional: crc32 alone then
@@ -99,7 +101,11 @@ def file_info(name: str, blob: bytes) -> FileInfo:
     import hashlib
 
     return FileInfo(
-        name, len(blob), crc32(blob), hashlib.sha256(blob).hexdigest(), xxh3(blob) if xxh3 else None
+        name,
+        len(blob),
+        crc32(blob),
+        hashlib.sha256(blob).hexdigest(),
+        xxh3(blob) if xxh3 is not None else None,
     )
 
 
@@ -201,7 +207,7 @@ class Record:
                 raise CorruptRecord(
                     f"unknown record schema {d.get('schema') if isinstance(d, dict) else d!r}"
                 )
-            files = []
+            files: list[FileInfo] = []
             append, match, new, info = files.append, _NAME_RE.match, FileInfo.__new__, FileInfo
             for member in d["files"]:
                 # (type() is, not isinstance, and the FileInfo filled in place: a hit decodes a

@@ -233,4 +233,4 @@ def is_network_fs(
     path: Path | str, mounts_file: str = "/proc/self/mounts", *, resolved: bool = False
 ) -> bool:
     t = fs_type(path, mounts_file, resolved=resolved)
-    return bool(t) and (t in NETWORK_FS or t.split(".")[0] in NETWORK_FS)
+    return t is not None and t != "" and (t in NETWORK_FS or t.split(".")[0] in NETWORK_FS)

@@ -1,6 +1,6 @@
 """kcache's Triton integration: a cache manager, autotune results, launchers, a triton_key memo.
 
-:data:`INTEGRATION` (registered in :mod:`kcache.integrations`) installs it when the program
+:data:`INTEGRATION` (named in :mod:`.declare`, which :mod:`kcache.registry` reads) installs it when the program
 imports triton (now, if it already has); nothing here imports triton until then.
 
 A program that points Triton at a cache folder while it runs (``triton.knobs.cache.dir = d``,
@@ -29,7 +29,6 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from .. import kinds as _kinds
 from .._imports import when_imported
 from ..boundary import guarded
 from ..log import logger, warn_once
@@ -180,8 +179,6 @@ _hooks = Hooks(attached.cache, lambda mod: install(mod), lambda: uninstall())
 
 INTEGRATION = Integration(
     "triton",
-    triggers=("triton",),
-    kinds=(_kinds.TRITON, _kinds.TRITON_AUTOTUNE, _kinds.TRITON_AUX, _kinds.TRITON_META),
     attach=_hooks.attach,
     on_import=_hooks.on_import,
     checks=entrycheck.checks,

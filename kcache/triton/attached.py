@@ -13,11 +13,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..patch import CacheSlot, Patches
 
-cache = CacheSlot()
+if TYPE_CHECKING:
+    from ..store.api import Cache
+
+cache: CacheSlot[Cache] = CacheSlot()
 patches = Patches("triton")
 
 _UNSET = object()
@@ -43,8 +46,9 @@ def forget_folder() -> None:
 
 def serves_folder() -> bool:
     """kcache serves the Triton cache folder in use now (see kcache/triton/__init__.py): the one
-    Triton had when kcache attached, or Inductor's own pick; not one the program chose while
-    running, nor the ``<folder>/triton`` of torch's fresh-cache scopes."""
+    this process was started with, the one Triton had when kcache attached, or Inductor's own
+    pick; not one the program chose while running, nor the ``<folder>/triton`` of torch's
+    fresh-cache scopes."""
     try:
         from triton import knobs
 
@@ -52,6 +56,12 @@ def serves_folder() -> bool:
     except Exception:  # broad: any Triton whose knobs cannot say: kcache's (as before it looked)
         return True
     if current is None:
+        return True
+    if current == launch_folder():
+        # Named by whoever started the process (TRITON_CACHE_DIR=<Inductor's folder>/triton in
+        # a launcher, as tools/gpu_compile_check.py does): the program's setting, not a scope
+        # of torch's, though it has the same shape (a served process built cuda_utils with gcc
+        # and compiled every kernel Inductor's folder did not hold: issue 33).
         return True
     inductor = folder(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
     if inductor is not None:
@@ -61,6 +71,26 @@ def serves_folder() -> bool:
         if re.fullmatch(r"/triton/[0-9]+", rest.replace(os.sep, "/")):
             return True  # Inductor's own: <TORCHINDUCTOR_CACHE_DIR>/triton/<device>
     return _folder_at_install is _UNSET or current == _folder_at_install
+
+
+_launch: list[str | None] = []
+
+
+def launch_folder() -> str | None:
+    """``TRITON_CACHE_DIR`` as this process was started with it (Linux keeps the environment a
+    process was started with in ``/proc/self/environ``; ``os.environ`` has what the program set
+    since, torch's ``fresh_cache()`` among it). None where it was unset or cannot be known."""
+    if not _launch:
+        value = None
+        try:
+            with open("/proc/self/environ", "rb") as f:
+                for item in f.read().split(b"\0"):
+                    if item.startswith(b"TRITON_CACHE_DIR="):
+                        value = folder(os.fsdecode(item.split(b"=", 1)[1]))
+        except OSError:  # not Linux: the folder at attach decides, as before
+            value = None
+        _launch.append(value)
+    return _launch[0]
 
 
 def wait_for_manager(finish: Callable[[], None]) -> None:

@@ -37,9 +37,14 @@ import json
 import keyword
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..forksafe import module_lock
+
+if TYPE_CHECKING:
+    from ..store.api import Cache
+    from ..store.hit import Hit
+    from ..store.records import Record
 
 MAX_METADATA = 1 << 20  # bytes of <name>.json (Triton's own: a few KiB)
 MAX_KEYS = 4096  # keys in it (Triton's own: about 60)
@@ -194,7 +199,7 @@ def _problem(
     if not with_triton:
         binary_ext = {"cuda": "cubin", "hip": "hsaco"}.get(backend)
     else:
-        b, gpu_target = _backend(backend, arch, warp)
+        b, gpu_target = _backend(backend, arch, cast(int, warp))  # an int: checked above
         binary_ext = b.binary_ext
         b.pack_metadata(_Metadata(meta, gpu_target))
         if backend == "cuda":
@@ -217,7 +222,7 @@ def _problem(
 _served = threading.local()
 
 
-def note_served(store: Any, rec: Any) -> None:
+def note_served(store: Cache, rec: Record) -> None:
     """``get_group`` served ``rec`` from ``store`` in the current ``triton.compile()`` call."""
     lst = getattr(_served, "items", None)
     if lst is not None:
@@ -244,7 +249,8 @@ def _raised_by_loader(e: BaseException, codes: frozenset[Any]) -> bool:
 def _guard(orig: Any, codes: frozenset[Any]) -> Any:
     def compile(*args: Any, **kwargs: Any) -> Any:
         outer = getattr(_served, "items", None)
-        _served.items = served = []
+        served: list[tuple[Any, Any]] = []
+        _served.items = served
         try:
             try:
                 return orig(*args, **kwargs)
@@ -292,7 +298,7 @@ def install_compile_guard() -> None:
             patches.wrap(mod, attr, lambda _: guarded)
 
 
-def servable(store: Any, filename: str, hit: Any, target: str | None) -> bool:
+def servable(store: Cache, filename: str, hit: Hit, target: str | None) -> bool:
     """Whether ``get_group`` may hand the group ``hit`` (a verified store hit) to Triton. One
     that this Triton cannot load, or whose very content was quarantined in this process, is
     quarantined (again) and counted as a miss instead: Triton compiles. Never raises."""

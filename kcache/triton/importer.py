@@ -27,7 +27,6 @@ up by this one; their records carry the Triton version read from the kernel's me
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
@@ -36,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..store import fs
 from ..store.records import valid_name
+from ..userfile import UserFileError, parse_json, read_bytes
 from .kinds import KIND_AUTOTUNE, KIND_AUX, KIND_GROUP, kind_of, store_key
 
 if TYPE_CHECKING:
@@ -53,12 +53,16 @@ MAX_GROUP = 1 << 30
 
 def _read(path: Path, limit: int) -> bytes:
     """A regular file's bytes, at most ``limit``: a FIFO, a device or a link is refused (OSError),
-    never read or waited on."""
+    never read or waited on (kcache's one checked open, :mod:`kcache.userfile`)."""
     try:
-        data, _st = fs.read_at(None, str(path), limit)
-    except fs.UnsafePath as e:
+        return read_bytes(path, limit=limit, what="a Triton cache file", follow=False)
+    except UserFileError as e:
         raise OSError(str(e)) from None
-    return data
+
+
+def _json(path: Path) -> Any:
+    """A JSON file of the folder, its nesting bounded before it is parsed (``ValueError``)."""
+    return parse_json(_read(path, MAX_JSON), str(path), "a Triton cache file")
 
 
 def _host_code(root: Path, key: str, name: str, limit: int) -> tuple[bytes | None, str | None]:
@@ -128,7 +132,7 @@ def _regular(path: Path) -> bool:
 def _resolve_group(key_dir: Path, grp_file: Path) -> tuple[dict[str, Path] | None, str | None]:
     """The group's members as {name: path inside key_dir}, or (None, why not)."""
     try:
-        data = json.loads(_read(grp_file, MAX_JSON))
+        data = _json(grp_file)
         children = data["child_paths"]
         if not isinstance(children, dict) or not children:
             raise ValueError("no child_paths")
@@ -152,7 +156,7 @@ def _metadata(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
     try:
-        meta = json.loads(_read(path, MAX_JSON))
+        meta = _json(path)
         return meta if isinstance(meta, dict) else {}
     except (OSError, ValueError):
         return {}
@@ -314,7 +318,7 @@ def import_triton_cache(
                     )
                     continue
                 try:
-                    data = json.loads(_read(path, MAX_JSON))
+                    data = _json(path)
                     if not isinstance(data, dict) or "configs_timings" not in data:
                         raise ValueError("no configs_timings")
                 except (OSError, ValueError) as e:

@@ -3,23 +3,24 @@
 ``triton_key()`` hashes Triton's Python sources (about 10 ms) and the whole libtriton shared
 object (hundreds of MB, almost all of the cost). kcache keeps the library's sha256 in the store,
 keyed by what identifies the file (real path, inode, size, mtime and ctime in ns, Triton
-version), and runs Triton's OWN ``triton_key`` with that one file read replaced: the
-sources are still hashed as Triton hashes them, so an edited source still changes the key, and
-the algorithm is whatever the installed Triton's is (the result is checked to contain the
+version, this boot), and runs Triton's OWN ``triton_key`` code with that one file read replaced:
+the sources are still hashed as Triton hashes them, so an edited source still changes the key,
+and the algorithm is whatever the installed Triton's is (the result is checked to contain the
 digest where the file's hash would be; if not, Triton's own result is used).
 
-Triton's autotuner and torch's Inductor bind ``triton_key`` by name: every loaded module whose
-``triton_key`` is Triton's function gets the memo too, and modules imported later bind the
-patched attribute of ``triton.runtime.cache`` themselves.
+Every caller gets it, however it holds Triton's function (the autotuner's and torch's bound
+names, an alias, a closure, a thread): the memo goes into the function itself, not into the names
+that point at it (:func:`install_key_memo`).
 """
 
 from __future__ import annotations
 
 import builtins
-import functools
 import hashlib
 import os
 import sys
+import threading
+import types
 import uuid
 from typing import Any
 
@@ -29,7 +30,6 @@ from ..boundary import failed
 from ..forksafe import module_lock
 from ..log import logger
 from ..memo import boot_id, remember, sha256_file
-from ..patch import is_ours
 from .attached import cache as active_cache
 
 KIND = _kinds.TRITON_META
@@ -94,11 +94,12 @@ class _SentinelFile:
         return None
 
 
-def memo_triton_key(original: Any, cache_mod: Any) -> str:
-    """Triton's own ``original()`` with libtriton's digest taken from the memo."""
+def memo_triton_key(own: Any, cache_mod: Any) -> str:
+    """Triton's own key function ``own`` (a copy of its code) run with libtriton's digest taken
+    from the memo."""
     path = _libtriton_path(cache_mod)
     if path is None:
-        return original()
+        return str(own())
     digest, _ = libtriton_digest(path)
     chunk = b"kcache-sentinel-" + uuid.uuid4().hex.encode()
     fake_digest = hashlib.sha256(chunk).hexdigest()
@@ -113,14 +114,13 @@ def memo_triton_key(original: Any, cache_mod: Any) -> str:
             pass  # real open() below meets the same error, as without kcache
         return real_open(file, *args, **kwargs)
 
-    target = getattr(original, "__wrapped__", original)
-    g = target.__globals__
+    g = own.__globals__
     with _lock:
         had = "open" in g
         old = g.get("open")
         g["open"] = open_
         try:
-            result = target()
+            result = own()
         finally:
             if had:
                 g["open"] = old
@@ -128,42 +128,125 @@ def memo_triton_key(original: Any, cache_mod: Any) -> str:
                 g.pop("open", None)
     if fake_digest not in result:
         logger.info("triton_key memo: Triton hashed libtriton differently; using its own key")
-        return original()
-    return result.replace(fake_digest, digest)
+        return str(own())
+    return str(result.replace(fake_digest, digest))
+
+
+# Where Triton's function finds kcache once the memo is in: a name in the module's globals (the
+# function's code, once replaced, looks it up there).
+_ENTRY = "_kcache_triton_key"
+
+
+def _entry_point() -> Any:  # the code Triton's triton_key runs once the memo is in (see below)
+    return _kcache_triton_key()  # type: ignore[name-defined]  # noqa: F821  (Triton's globals)
+
+
+def _trampoline_code() -> Any:
+    code = _entry_point.__code__.replace(co_name="triton_key")
+    # Named as Triton's function in tracebacks and profiles, and found in this file
+    # (co_qualname: Python 3.11+).
+    if hasattr(code, "co_qualname"):  # 3.11+; mypy checks for 3.10, where replace() lacks it
+        code = code.replace(co_qualname="triton_key")  # type: ignore[call-arg]
+    return code
+
+
+_TRAMPOLINE = _trampoline_code()
+_busy = threading.local()
+
+
+def _key_function(cache_mod: Any) -> tuple[Any, types.FunctionType] | None:
+    """(Triton's ``triton_key`` as callers hold it, the plain function inside its lru_cache), or
+    None where that is not the shape this memo knows (then Triton's own runs, as without kcache)."""
+    held = getattr(cache_mod, "triton_key", None)
+    raw = getattr(held, "__wrapped__", None)
+    if not isinstance(raw, types.FunctionType) or raw.__code__.co_freevars or raw.__code__.co_argcount:
+        return None
+    if raw.__globals__ is not vars(cache_mod):
+        return None
+    return held, raw
+
+
+def installed() -> bool:
+    """Whether Triton's ``triton_key`` runs through the memo in this process."""
+    mod = _key_module(import_it=False)
+    found = _key_function(mod) if mod is not None else None
+    return found is not None and found[1].__code__ is _TRAMPOLINE
+
+
+def own_key() -> str | None:
+    """Triton's own key, computed afresh by its own code without the memo (tests compare the two);
+    None when Triton is not loaded."""
+    mod = _key_module(import_it=False)
+    found = _key_function(mod) if mod is not None else None
+    if found is None:
+        return None
+    raw = found[1]
+    code = _own_code.get(id(raw), raw.__code__) if raw.__code__ is _TRAMPOLINE else raw.__code__
+    return str(types.FunctionType(code, raw.__globals__, raw.__name__)())
+
+
+_own_code: dict[int, Any] = {}  # id(Triton's plain function) -> the code it had before the memo
+
+
+def _key_module(*, import_it: bool = True) -> Any:
+    """The module that defines ``triton_key``: triton.runtime.cache (3.5+) or
+    triton.compiler.compiler (3.4)."""
+    import importlib
+
+    for name in ("triton.runtime.cache", "triton.compiler.compiler"):
+        mod = importlib.import_module(name) if import_it else sys.modules.get(name)
+        if mod is not None and hasattr(mod, "triton_key"):
+            return mod
+    return None
 
 
 def install_key_memo() -> None:
-    """Replace ``triton_key`` in triton.runtime.cache and in every module that bound it by name."""
-    import importlib
+    """Make Triton's own ``triton_key`` take libtriton's digest from the memo, for every caller.
 
+    Triton's function is an ``lru_cache`` around a plain function, and callers hold it under
+    many names: ``triton.runtime.cache.triton_key``, the autotuner's and torch's
+    ``triton_compat``'s copies of the name, whatever a program or library bound before kcache was
+    enabled (an alias, a closure, a class attribute, torch's ``prefetchable_cache`` running it
+    in a thread). Replacing names reaches only those kcache can see; so the plain function's
+    code is replaced instead, by a trampoline into :func:`memo_triton_key`, which runs a copy of
+    Triton's original code. Every holder of the ``lru_cache`` then gets the memo, and the
+    ``lru_cache`` keeps the result as it keeps Triton's own: asked once per process, whoever asks.
+    Undone with the other patches (the code goes back; a key computed meanwhile stays, and it is
+    Triton's own key)."""
     from .attached import patches
 
-    # 3.5+ define triton_key in triton.runtime.cache; 3.4 in triton.compiler.compiler.
-    cache_mod = importlib.import_module("triton.runtime.cache")
-    if not hasattr(cache_mod, "triton_key"):
-        cache_mod = importlib.import_module("triton.compiler.compiler")
-    original = getattr(cache_mod, "triton_key", None)
-    if original is None or is_ours(original):
+    cache_mod = _key_module()
+    if cache_mod is None:
         return
+    found = _key_function(cache_mod)
+    if found is None:
+        logger.info("triton_key memo: Triton's triton_key has a shape the memo does not know; not installed")
+        return
+    _, raw = found
+    if raw.__code__ is _TRAMPOLINE:
+        return
+    own = types.FunctionType(raw.__code__, raw.__globals__, raw.__name__)
+    _own_code[id(raw)] = raw.__code__
 
-    @functools.cache
-    def triton_key() -> str:
+    def entry() -> str:
         # Expected: a file that cannot be read (libtriton, one of Triton's sources, the memo's
-        # entry): Triton's own function reads them itself. Anything else is the memo's bug, even
-        # when Triton's function raised it (it ran with the memo's open()): reported, or raised
-        # when strict. Either way Triton's own function then gives the key, or its own error.
+        # entry): Triton's own code reads them itself. Anything else is the memo's bug, even
+        # when Triton's code raised it (it ran with the memo's open()): reported, or raised
+        # when strict. Either way Triton's own code then gives the key, or its own error.
+        # Re-entered on this thread (an import Triton's code makes asks for the key again):
+        # Triton's own code, as without kcache (the memo's lock is held further up).
+        if getattr(_busy, "on", False):
+            return str(own())
+        _busy.on = True
         try:
-            return memo_triton_key(original, cache_mod)
+            return memo_triton_key(own, cache_mod)
         except OSError as e:
             logger.info("triton_key memo failed (%s); using Triton's", e)
         except Exception as e:  # the edge (Triton asks for its key)
             failed(TOPIC, WHAT, e)
-        return original()
+        finally:
+            _busy.on = False
+        return str(own())
 
-    for mod in list(sys.modules.values()):
-        if mod is not None and getattr(mod, "triton_key", None) is original:
-            try:
-                patches.wrap(mod, "triton_key", lambda _: triton_key)
-            except Exception:  # broad: a foreign module may refuse the attribute
-                pass
-    patches.wrap(cache_mod, "triton_key", lambda _: triton_key)
+    patches.set(cache_mod, _ENTRY, entry)
+    patches.set(raw, "__code__", _TRAMPOLINE)

@@ -3,9 +3,7 @@ Triton import here)."""
 
 from __future__ import annotations
 
-from ..kinds import TRITON as KIND_GROUP
-from ..kinds import TRITON_AUTOTUNE as KIND_AUTOTUNE
-from ..kinds import TRITON_AUX as KIND_AUX
+from .declare import KIND_AUTOTUNE, KIND_AUX, KIND_GROUP
 
 __all__ = ["KIND_AUTOTUNE", "KIND_AUX", "KIND_GROUP", "kind_of", "store_key"]
 

@@ -15,7 +15,7 @@ Returned paths are real files with Triton's names (Triton reads an artifact's ty
 suffix). When the store is off, read-only or full, ``put`` still returns a real file in the
 scratch folder, so Triton never notices. ``override`` and ``dump`` managers are Triton's own.
 
-A group lookup is a single flight (:meth:`kcache.store.cache.TieredCache.single_flight`): on a
+A group lookup is a single flight (:meth:`kcache.store.api.Cache.single_flight`): on a
 miss, this process holds the kernel's lock until ``put_group``, and processes (and, with a shared
 tier, machines) that miss on the same kernel at once wait for its entry instead of compiling it
 too. A compile that raises never reaches ``put_group``, and its manager may live on (a traceback
@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from triton.runtime.cache import CacheManager, FileCacheManager
 
@@ -45,12 +45,15 @@ from .._imports import turn_on
 from ..boundary import fail_open, guarded
 from ..forksafe import module_lock
 from ..log import logger, warn_once
-from ..store import Store
 from . import groupcheck, tunecheck, tuning
 from .attached import cache as active_cache
 from .attached import finish_pending, serves_folder
 from .components import components_for, take, target_for
 from .kinds import KIND_AUTOTUNE, KIND_AUX, KIND_GROUP, kind_of, store_key
+
+if TYPE_CHECKING:
+    from ..store.api import Cache, Flight
+    from ..store.hit import Hit
 
 __all__ = ["KIND_AUTOTUNE", "KIND_AUX", "KIND_GROUP", "KcacheCacheManager", "kind_of"]
 
@@ -59,7 +62,7 @@ _scratch_roots: dict[str | None, str] = {}  # store root (None: no writable stor
 _scratch_pid = 0
 
 
-def _scratch(store: Store | None) -> str:
+def _scratch(store: Cache | None) -> str:
     """This process's scratch folder: the store's private one (same filesystem: members are
     hard-linked into entries; reached through the store's pinned descriptor) when writable,
     else a private temporary folder. Removed at exit."""
@@ -167,7 +170,7 @@ class KcacheCacheManager(CacheManager):
             self._store = active_cache()
         self._dir: str | None = None
         self._staged: dict[str, str] = {}
-        self._flight: Any = None  # the group's single flight, held from a miss to put_group
+        self._flight: Flight | None = None  # the group's single flight, held from a miss to put_group
         self._miss_t: dict[str, float] = {}
 
     # -- helpers ------------------------------------------------------------------------------
@@ -280,6 +283,13 @@ class KcacheCacheManager(CacheManager):
         store = self._store
         if store is None:
             return None
+        if _always_compile():
+            # TRITON_ALWAYS_COMPILE=1: Triton compiles whatever a lookup gives, so none is made
+            # (it cost a read of the entry, and a hit was counted for a kernel Triton compiled):
+            # counted as the miss it is, with no lock taken for other processes to wait on.
+            store.count(KIND_GROUP, misses=1)
+            self._miss_t[filename] = time.perf_counter()
+            return None
         skey = store_key(self.key, filename)
         self._release()  # (a manager asked twice: its earlier flight is over)
         flight = store.single_flight(
@@ -348,12 +358,25 @@ class KcacheCacheManager(CacheManager):
             pass
 
 
+def _always_compile() -> bool:
+    """Triton compiles every kernel in spite of its cache (``TRITON_ALWAYS_COMPILE=1``, read as
+    Triton reads it, at each compile). The only such switch of Triton's (3.4-3.9): the variables
+    that change what is compiled (``MLIR_ENABLE_DUMP``, ``TRITON_DISABLE_LINE_INFO``, ...) are
+    in its key, so they miss on their own."""
+    try:
+        from triton import knobs
+
+        return bool(knobs.compilation.always_compile)
+    except Exception:  # broad: a Triton whose knobs differ: as if unset (Triton reads its own)
+        return False
+
+
 # Groups judged loadable in this process (record id -> that very record): a group served again
 # from the store's memo (the same record object, its files unchanged) is not parsed again.
 _servable_seen: dict[str, Any] = {}
 
 
-def _servable(store: Store, filename: str, hit: Any, target: Callable[[], str | None]) -> bool:
+def _servable(store: Cache, filename: str, hit: Hit, target: Callable[[], str | None]) -> bool:
     """:func:`groupcheck.servable`, once per group and process: a hit of a group already judged
     here (the same record object: the store's memo of held hits) only says again that it was
     served."""
@@ -373,7 +396,7 @@ def _servable(store: Store, filename: str, hit: Any, target: Callable[[], str | 
     return True
 
 
-def _untrusted_store(store: Store) -> None:
+def _untrusted_store(store: Cache) -> None:
     # Issue 17: a store used only because KCACHE_ALLOW_INSECURE=1 said so (it failed its
     # ownership, mode or parent-folder checks) never gives launchers; say so once, not silently.
     warn_once(

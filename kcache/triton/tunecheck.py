@@ -26,7 +26,11 @@ from __future__ import annotations
 import inspect
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..store.api import Cache
+    from ..store.hit import Hit
 
 MAX_FILE = 1 << 20  # bytes (Triton's own: a few hundred per config)
 MAX_CONFIGS = 4096
@@ -117,7 +121,7 @@ def _problem(blob: bytes) -> str | None:
     return None
 
 
-def servable(store: Any, filename: str, hit: Any) -> bool:
+def servable(store: Cache, filename: str, hit: Hit) -> bool:
     """Whether ``get_file`` may hand the cached autotune result ``hit`` to Triton. One this
     Triton's autotuner cannot use, or whose content was quarantined in this process, is
     quarantined and counted as a miss instead: Triton tunes again. Never raises."""

@@ -64,6 +64,7 @@ def start_gluon_import() -> None:
         or ENTRY in sys.modules
         or FALLBACK in sys.modules
         or os.environ.get("KCACHE_NO_TRITON_WARMUP")
+        or _compiles_anyway()
     ):
         return
     _started = True
@@ -82,6 +83,17 @@ def start_gluon_import() -> None:
     if not _fork_hook[0] and hasattr(os, "register_at_fork"):
         _fork_hook[0] = True
         os.register_at_fork(before=_finish_before_fork, after_in_child=_after_fork_child)
+
+
+def _compiles_anyway() -> bool:
+    """``TRITON_ALWAYS_COMPILE=1``: every kernel compiles in the program's thread, which imports
+    gluon itself at the first one (the compiler needs it): a pre-import could only race it."""
+    try:
+        from triton import knobs
+
+        return bool(knobs.compilation.always_compile)
+    except Exception:  # broad: a Triton whose knobs differ: the warm-up as before
+        return False
 
 
 def _run() -> None:
@@ -116,16 +128,28 @@ def _unguard() -> None:
         builtins.__import__ = _orig_import
 
 
+# The other way into the cycle: Triton's compiler imports gluon from the middle of its code
+# generator's module body (the ``CodeGenerator`` class), and gluon imports the code generator. A
+# program's thread that waited for the pre-import from in there held the code generator's module
+# lock that the pre-import needed: both stood still until the bounded wait ran out (5 s at every
+# compile racing the pre-import, every kernel under TRITON_ALWAYS_COMPILE=1: issue 33). Waiting
+# before the code generator's import begins holds nothing the pre-import needs.
+CODEGEN = "triton.compiler.code_generator"
+
+
 def _wants_gluon(name: str, globals: Any, fromlist: Any, level: int) -> bool:
+    """The import enters the gluon <-> code generator cycle (see :data:`CODEGEN`)."""
     if level:
         pkg = (globals or {}).get("__package__") or ""
         if not pkg.startswith("triton"):
             return False
         base = pkg.rsplit(".", level - 1)[0] if level > 1 else pkg
         name = f"{base}.{name}" if name else base
-    if name.startswith("triton.experimental"):
+    if name.startswith("triton.experimental") or name == CODEGEN:
         return True
-    return name == "triton" and bool(fromlist) and "experimental" in fromlist
+    if name == "triton":
+        return bool(fromlist) and "experimental" in fromlist
+    return name == "triton.compiler" and bool(fromlist) and "code_generator" in fromlist
 
 
 def _guard(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
@@ -204,7 +228,7 @@ def _memo(driver: Any, orig: Any) -> Any:
 
         store = cache()
         key = _key(driver) if store is not None and store.trust_host_code else None
-        if key is not None:
+        if key is not None and store is not None:
             try:
                 hit = store.get(_kinds.TRITON_META, key, count=False)
                 if hit is not None:
@@ -221,7 +245,7 @@ def _memo(driver: Any, orig: Any) -> Any:
             except Exception as e:  # broad: a memo; Triton's own search runs when it cannot answer
                 logger.debug("libcuda memo: %s", e)
         dirs = orig()
-        if key is not None and dirs:
+        if key is not None and store is not None and dirs:
             store.put(
                 _kinds.TRITON_META,
                 key,

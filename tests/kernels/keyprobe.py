@@ -50,14 +50,10 @@ def main() -> None:
     t = time.perf_counter()
     memo_key = cache_mod.triton_key()
     out["t_memo"] = time.perf_counter() - t
-    original = getattr(cache_mod.triton_key, "__kcache_original__", None)
-    out["memo_installed"] = original is not None
-    if original is not None:
-        t = time.perf_counter()
-        own_key = getattr(original, "__wrapped__", original)()  # Triton's own, computed afresh
-        out["t_original"] = time.perf_counter() - t
-    else:
-        own_key = memo_key
+    out["memo_installed"] = keymemo.installed()
+    t = time.perf_counter()
+    own_key = keymemo.own_key()  # Triton's own, computed afresh by its own code
+    out["t_original"] = time.perf_counter() - t
     out.update(
         memo_key=memo_key,
         own_key=own_key,
@@ -65,13 +61,13 @@ def main() -> None:
         hashed_libtriton=len(hashed),
         triton_file=cache_mod.__file__,
         # 3.5+ bind it by name at import; 3.4 imports it from the compiler module at each call
-        autotuner_has_memo=getattr(autotuner, "triton_key", cache_mod.triton_key) is cache_mod.triton_key,
+        autotuner_has_memo=getattr(autotuner, "triton_key", cache_mod.triton_key)() == memo_key,
     )
     if a.torch and "torch_error" not in out:
         import torch._inductor.codecache as codecache
         import torch._inductor.runtime.triton_compat as compat
 
-        out["compat_has_memo"] = compat.triton_key is cache_mod.triton_key
+        out["compat_has_memo"] = compat.triton_key() == memo_key
         out["codecache_key_equal"] = codecache.triton_key() == own_key
     print(json.dumps(out))
 

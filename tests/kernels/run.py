@@ -185,11 +185,9 @@ def _state() -> dict[str, Any]:
     import kcache
 
     try:
-        from .compat import triton_key_module
+        from kcache.triton import keymemo
 
-        cache_mod = triton_key_module()
-
-        memo = bool(hasattr(cache_mod.triton_key, "__kcache_original__"))
+        memo = keymemo.installed()
     except Exception:
         memo = False
     try:

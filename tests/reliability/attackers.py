@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import NOBODY, no_traceback, run_py
+from .conftest import NOBODY, cannot_run, no_traceback, run_py
 
 STALE = 2 * 86400  # seconds: victim files look two days old (past any "stale leftover" age)
 
@@ -51,7 +51,7 @@ def as_user(uid: int, fn: Callable[[], Any]) -> None:
     """Run ``fn()`` in a forked child that has dropped to ``uid`` (and gid ``uid``, no groups)
     for good. Raises AssertionError if it failed (its traceback is on stderr)."""
     if os.geteuid() != 0:
-        pytest.skip("acting as another user needs root")
+        cannot_run("acting as another user needs root")
     pid = os.fork()
     if pid == 0:  # pragma: no cover (the child)
         code = 1
@@ -151,7 +151,7 @@ def shared_folder(path: Path, mode: int, owner: int | None = None) -> Path:
 def needs_root(planter: str = "nobody") -> None:
     """Skip unless this test can act as the second user (CI runs as root)."""
     if planter != "self" and os.geteuid() != 0:
-        pytest.skip("acting as another user needs root")
+        cannot_run("acting as another user needs root")
 
 
 # ------------------------------------------------------------------------------ the command line
@@ -238,7 +238,7 @@ class Probe:
     def __init__(self, tmp: Path) -> None:
         build = pytest.importorskip("triton.runtime.build")
         if not hasattr(build, "compile_module_from_src") or not shutil.which("gcc"):
-            pytest.skip("needs Triton's compile_module_from_src and gcc")
+            cannot_run("needs Triton's compile_module_from_src and gcc")
         self.marker = tmp / "PWNED"
         self.good = GOOD_SRC
         evil_c = tmp / "evil.c"

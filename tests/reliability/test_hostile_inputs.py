@@ -219,9 +219,10 @@ def test_poisoned_meta_never_taken_from_the_shared_tier(
     "what", ["dev-zero", "fifo", "fifo-with-writer", "folder", "link-to-dev-zero", "dev-urandom"]
 )
 def test_import_of_a_non_file_never_blocks(what: str, tmp_path: Path) -> None:
-    """``kcache import X`` where X is not a regular file: exit 1, one line naming X, within the
-    time limit (the test fails, it does not hang, if it blocks), no store made. Before efe2a87
-    /dev/zero and the FIFOs blocked forever (and /dev/zero filled memory)."""
+    """``kcache import X`` where X is not a regular file: exit 2 (a bad argument, issue 34: it
+    was 1), one line naming X, within the time limit (the test fails, it does not hang, if it
+    blocks), no store made. Before efe2a87 /dev/zero and the FIFOs blocked forever (and
+    /dev/zero filled memory)."""
     path = {"dev-zero": "/dev/zero", "dev-urandom": "/dev/urandom", "folder": str(tmp_path)}.get(what)
     writer = None
     if what.startswith("fifo"):
@@ -237,7 +238,8 @@ def test_import_of_a_non_file_never_blocks(what: str, tmp_path: Path) -> None:
     finally:
         if writer is not None:
             os.close(writer)
-    _refused(r, path)
+    why = ci.one_line_failure(r, path, want=2)
+    assert why is None, why
     assert not (tmp_path / "store").exists()
 
 

@@ -35,6 +35,7 @@ from .conftest import (
     NOBODY,
     PYTHON,
     base_env,
+    cannot_run,
     chown_tree,
     compile_in_child,
     kenv,
@@ -463,7 +464,7 @@ def test_launcher_libraries_load_only_from_a_trusted_store(tmp_path: Path) -> No
     library never loaded, its payload never run)."""
     build = pytest.importorskip("triton.runtime.build")
     if not hasattr(build, "compile_module_from_src") or not shutil.which("gcc"):
-        pytest.skip("needs Triton's compile_module_from_src and gcc")
+        cannot_run("needs Triton's compile_module_from_src and gcc")
     import sysconfig
 
     marker = tmp_path / "LOADED"

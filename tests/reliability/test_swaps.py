@@ -56,6 +56,7 @@ from .attackers import (
 from .conftest import (
     NOBODY,
     base_env,
+    cannot_run,
     chown_tree,
     kenv,
     no_traceback,
@@ -279,7 +280,7 @@ def test_store_under_a_folder_others_can_write_is_refused(case: str, tmp_path: P
 
     mode, owner, gmode, refused = PARENTS[case]
     if owner and os.geteuid() != 0:
-        pytest.skip("a folder of another user's needs root")
+        cannot_run("a folder of another user's needs root")
     grand = tmp_path / "g"
     parent = grand / "p"
     parent.mkdir(parents=True)

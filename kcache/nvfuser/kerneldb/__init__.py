@@ -24,7 +24,7 @@ environment changed (:mod:`.direct`); or ``tmpdir``, the fallback, with ``TMPDIR
 ``kernel_db`` option is turned on per call, never in the environment (:mod:`.hooks`).
 
 The folder-level functions (:func:`seed`, :func:`harvest`, :func:`read_rows`,
-:func:`list_members`) take a folder and a :class:`~kcache.store.Store` and need no nvFuser.
+:func:`list_members`) take a folder and the store (its :class:`~kcache.store.api.Cache` face) and need no nvFuser.
 
 The modules, in the order they build on each other:
 

@@ -11,7 +11,6 @@ again from it. The manifest is replaced (read, merge, remove, put) under the sto
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import re
 import time
@@ -21,15 +20,16 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from ... import kinds as _kinds
-from ...log import logger, warn_once
+from ...log import warn_once
+from ..declare import NVFUSER, NVFUSER_MANIFEST
 from .fingerprint import SCHEMA, Fingerprint
 from .folder import Kernel
 
 if TYPE_CHECKING:
-    from ...store import Store
+    from ...store.api import Cache
 
-KIND = _kinds.NVFUSER
-MANIFEST_KIND = _kinds.NVFUSER_MANIFEST
+KIND = NVFUSER
+MANIFEST_KIND = NVFUSER_MANIFEST
 LOCK_TIMEOUT_S = 20.0
 
 
@@ -58,7 +58,7 @@ def key_components(fp: Fingerprint, k: Kernel | None = None) -> dict[str, Any]:
     return comps
 
 
-def put_kernel(store: Store, fp: Fingerprint, k: Kernel) -> str | None:
+def put_kernel(store: Cache, fp: Fingerprint, k: Kernel) -> str | None:
     """Store one kernel: ``"added"``, ``"already"`` (another process committed the same kernel
     first: the store keeps the first, immutable), or None when the store refused."""
     meta = msgpack.packb(
@@ -107,7 +107,7 @@ def kernel_from_hit(hit: Any, content_hash: str) -> Kernel | None:
     return k
 
 
-def read_manifest(store: Store, fp: Fingerprint, count: bool = True) -> list[str] | None:
+def read_manifest(store: Cache, fp: Fingerprint, count: bool = True) -> list[str] | None:
     hit = store.get(MANIFEST_KIND, fp.hash, count=count)
     if hit is None:
         return None
@@ -121,23 +121,16 @@ def read_manifest(store: Store, fp: Fingerprint, count: bool = True) -> list[str
         return None
 
 
-def _index_members(store: Store, fp: Fingerprint) -> list[str]:
-    """Members of ``fp`` as the store's index knows them (the fallback listing)."""
+def _index_members(store: Cache, fp: Fingerprint) -> list[str]:
+    """Members of ``fp`` as the store's catalogue lists them (the fallback listing)."""
     prefix = fp.hash + "/"
-    out = []
-    try:
-        for _ident, _at, _hits, _size, rec, _err in store.index().rows(kind=KIND, order="store_time DESC"):
-            if rec is not None and rec.key.startswith(prefix):
-                h = rec.key[len(prefix) :]
-                if _kinds.valid_id(h):
-                    out.append(h)
-    except Exception as e:  # broad: the index only lists; sqlite3 and a corrupt database raise many kinds
-        logger.info("nvfuser: cannot list kernels from the index: %s", e)
+    out = [key[len(prefix) :] for key in store.keys(KIND, prefix)]
+    out = [h for h in out if _kinds.valid_id(h)]
     out.reverse()  # oldest first, as a manifest lists them
     return out
 
 
-def list_members(store: Store, fp: Fingerprint) -> tuple[list[str], str]:
+def list_members(store: Cache, fp: Fingerprint) -> tuple[list[str], str]:
     """Content hashes stored for ``fp`` (oldest first) and where the list came from:
     ``manifest``, or ``index`` when there is no readable manifest."""
     members = read_manifest(store, fp)
@@ -155,7 +148,7 @@ def list_members(store: Store, fp: Fingerprint) -> tuple[list[str], str]:
 
 
 def update_manifest(
-    store: Store, fp: Fingerprint, add: Iterable[str] = (), drop: Iterable[str] = ()
+    store: Cache, fp: Fingerprint, add: Iterable[str] = (), drop: Iterable[str] = ()
 ) -> list[str] | None:
     """Add members to (and remove confirmed-absent members from) ``fp``'s manifest, under the
     store's lock for it. Returns the new member list, or None if it could not be written."""
@@ -174,8 +167,8 @@ def update_manifest(
         gone = set()
         for h in drop:
             if h in cur:
-                hit, _problem = store.read_any(store.entry_id(KIND, entry_key(fp, h)))
-                if hit is None:  # missing or corrupt: confirmed here, under the lock
+                if store.get(KIND, entry_key(fp, h), count=False) is None:
+                    # missing or corrupt (a corrupt one is removed): confirmed here, under the lock
                     gone.add(h)
         seen = set()
         new = []
@@ -190,8 +183,7 @@ def update_manifest(
             use_bin_type=True,
         )
         if existed:
-            with contextlib.suppress(Exception):
-                store.remove([store.entry_id(MANIFEST_KIND, fp.hash)])
+            store.forget(MANIFEST_KIND, fp.hash)
         hit = store.put(
             MANIFEST_KIND,
             fp.hash,

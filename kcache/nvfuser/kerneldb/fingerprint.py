@@ -59,7 +59,8 @@ class Fingerprint:
 def split_options(value: str | None) -> list[str]:
     """Split an ``NVFUSER_ENABLE``/``DISABLE`` value at top-level commas (``opt(a,b)`` is one)."""
     out: list[str] = []
-    depth, cur = 0, []
+    depth = 0
+    cur: list[str] = []
     for ch in value or "":
         if ch == "," and depth == 0:
             out.append("".join(cur).strip())
@@ -129,7 +130,7 @@ def _module_dist(module: ModuleType | None) -> str | None:
                             tops = fh.read().split()
                     except OSError:
                         tops = []
-                    if not tops or module.__name__.split(".")[0] in tops:
+                    if not tops or module is not None and module.__name__.split(".")[0] in tops:
                         return f"{name.group(1).lower()}=={ver.group(1)}"
     return _fp.current("nvfuser_version")
 

@@ -20,7 +20,7 @@ from ...forksafe import module_lock
 from ...log import logger, warn_once
 
 if TYPE_CHECKING:
-    from ...store import Store
+    from ...store.api import Cache
 from .fingerprint import current_fingerprint
 from .session import Session
 
@@ -41,7 +41,7 @@ class _ModuleState:
     def __init__(self, module: ModuleType) -> None:
         self.module = module
         self.name = module.__name__
-        self.store: Store | None = None
+        self.store: Cache | None = None
         self.session: Session | None = None
         self.failed = False
 

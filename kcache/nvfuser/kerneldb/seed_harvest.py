@@ -8,12 +8,13 @@ time 0, so that a later read by nvFuser shows.
 
 :func:`harvest` stores the rows nvFuser added, counts the seeded kernels nvFuser read as hits (the
 others are not touched, so eviction ages out kernels nobody loads) and updates the manifest.
-Neither needs nvFuser: they take a folder and a :class:`~kcache.store.Store`.
+Neither needs nvFuser: they take a folder and the store (its :class:`~kcache.store.api.Cache` face).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import time
@@ -35,7 +36,7 @@ from .fingerprint import Fingerprint
 from .folder import DB_FILE, HEADER, Kernel, load_kernel, read_rows
 
 if TYPE_CHECKING:
-    from ...store import Store
+    from ...store.api import Cache
 
 
 @dataclass
@@ -65,7 +66,7 @@ def _zero_atime(path: str) -> None:
         os.utime(path, ns=(0, st.st_mtime_ns))
 
 
-def seed(store: Store, db_dir: str | os.PathLike, fp: Fingerprint) -> SeedResult:
+def seed(store: Cache, db_dir: str | os.PathLike, fp: Fingerprint) -> SeedResult:
     """Write every kernel stored for ``fp`` into ``db_dir`` in nvFuser's format (a fresh db.csv
     with ``seed_<i>`` files). ``db_dir`` is created if needed and must hold no db.csv yet.
     Corrupt or mismatching entries are skipped (and reported in ``missing``)."""
@@ -115,7 +116,7 @@ class HarvestResult:
 
 
 def harvest(
-    store: Store,
+    store: Cache,
     db_dir: str | os.PathLike,
     fp: Fingerprint,
     known: set[str] | None = None,
@@ -157,7 +158,7 @@ def harvest(
         key = entry_key(fp, h)
         # Counted: a miss (with its key components, for `kcache explain`) is what this process
         # had; a hit only when another process stored the same kernel since this one started.
-        if store.get(KIND, key, components=lambda k=k: key_components(fp, k)) is not None:
+        if store.get(KIND, key, components=functools.partial(key_components, fp, k)) is not None:
             res.already += 1
         else:
             how = put_kernel(store, fp, k)

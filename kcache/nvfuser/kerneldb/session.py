@@ -34,7 +34,7 @@ from .libs import codegen_path
 from .seed_harvest import HarvestResult, SeedResult, harvest, seed
 
 if TYPE_CHECKING:
-    from ...store import Store
+    from ...store.api import Cache
 
 ROOT_PREFIX = "kcache-nvfuser-"
 SESSION_FILE = "kcache-session.json"
@@ -43,8 +43,8 @@ SESSION_FILE = "kcache-session.json"
 class Session:
     """One process's private KernelDb folder for one nvFuser module, and what it seeded and stored."""
 
-    def __init__(self, store: Store, fp: Fingerprint, root: str, module_name: str = "nvfuser_direct") -> None:
-        self.store = store
+    def __init__(self, store: Cache, fp: Fingerprint, root: str, module_name: str = "nvfuser_direct") -> None:
+        self.store: Cache | None = store  # None once detached (kcache.disable())
         self.fp = fp
         self.root = root
         self.db_dir = os.path.join(root, DB_DIR)
@@ -74,7 +74,7 @@ class Session:
 
     # -- setting up ---------------------------------------------------------------------------
     @classmethod
-    def create(cls, store: Store, fp: Fingerprint, module_name: str = "nvfuser_direct") -> Session:
+    def create(cls, store: Cache, fp: Fingerprint, module_name: str = "nvfuser_direct") -> Session:
         base = tempfile.gettempdir()  # Python's value is computed (and cached) before any TMPDIR change
         root = tempfile.mkdtemp(prefix=f"{ROOT_PREFIX}{os.getpid()}-", dir=base)
         s = cls(store, fp, root, module_name)
@@ -94,6 +94,8 @@ class Session:
 
     def seed(self) -> SeedResult:
         with self._lock:
+            if self.store is None:  # detached: nothing to seed from
+                return self.seed_result
             r = seed(self.store, self.db_dir, self.fp)
             self.seed_result = r
             self.known |= set(r.seeded)
@@ -308,7 +310,7 @@ def _owned_by_nobody(root: str, pid: int) -> bool:
         os.close(fd)  # also releases the probe's lock
 
 
-def adopt_stale(store: Store, fp: Fingerprint, base: str, exclude: str = "") -> int:
+def adopt_stale(store: Cache, fp: Fingerprint, base: str, exclude: str = "") -> int:
     """Harvest, then remove, private folders that dead processes of this user left in ``base``
     (a crash skips the harvest at exit). Folders of another fingerprint are only removed."""
     n = 0

@@ -653,7 +653,8 @@ class RemoteTier:
                 self._cond.wait()
             if not self._queue:
                 return None
-            batch, size = [], 0
+            batch: list[Any] = []
+            size = 0
             while self._queue and len(batch) < BATCH_ITEMS and (not batch or size < BATCH_BYTES):
                 item = self._queue.popleft()
                 n = item[4].size if item[0] == "put" else 0

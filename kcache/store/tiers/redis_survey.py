@@ -14,6 +14,7 @@ every node. Counts are of what was seen: a partial walk's are lower bounds.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from . import redis_cluster, redis_io
@@ -237,7 +238,7 @@ def _parse_nodes(text: Any) -> list[dict[str, Any]]:
             if lo.isdigit():
                 slots += (int(hi) if hi.isdigit() else int(lo)) - int(lo) + 1
         role = "master" if "master" in flags else "replica" if "slave" in flags else "node"
-        row = {"address": address, "role": role, "flags": [f for f in flags if f != "myself"]}
+        row: dict[str, Any] = {"address": address, "role": role, "flags": [f for f in flags if f != "myself"]}
         row.update(slots=slots, _master_id=master)
         rows.append(row)
         by_id[node_id] = address
@@ -249,6 +250,7 @@ def _parse_nodes(text: Any) -> list[dict[str, Any]]:
 
 
 def _cluster_info(text: Any) -> dict[str, Any]:
+    items: Iterable[tuple[Any, Any]]
     if isinstance(text, dict):
         items = text.items()
     else:
