@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from kcache.kinds import INDUCTOR_AOT, INDUCTOR_CPP, INDUCTOR_FX
+from kcache.inductor.declare import INDUCTOR_AOT, INDUCTOR_CPP, INDUCTOR_FX
 
 PYTHON = sys.executable
 SERVED = Path(__file__).parent / "torch_compile" / "served.py"

@@ -40,13 +40,16 @@ import shutil
 import subprocess
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import memo as _memo
 from ..boundary import failed, guarded
 from ..forksafe import module_lock
 from ..log import logger
 from .attached import cache as active_cache
+
+if TYPE_CHECKING:
+    from ..store.api import Cache
 
 MODULE = "torch._inductor.codecache"
 MEMBER = "preprocessed"
@@ -159,14 +162,12 @@ def _stat(path: str) -> str:
 
 def memo_key(cmd: str, src_dir: str) -> str | None:
     """The memo's key for the preprocessor command ``cmd`` (its temporary folder made neutral)."""
-    try:
-        first = shlex.split(cmd)[0]
-    except (ValueError, IndexError):
-        return None
-    exe = shutil.which(first)
+    from .hostflags import compiler_of, resolve
+
+    first = compiler_of(cmd)
+    exe = shutil.which(first) if first is not None else None
     if exe is None:
         return None
-    from .hostflags import resolve
 
     host = resolve(cmd)  # -march=native: the predefined macros are this CPU's
     if host is None:
@@ -189,7 +190,7 @@ def _unchanged(value: bytes) -> bool:
         return False
 
 
-def _preprocess(store: Any, builder: Any, orig: Any) -> None:
+def _preprocess(store: Cache, builder: Any, orig: Any) -> None:
     target = builder.get_target_file_path()
     src_dir = os.path.dirname(target)
     cmd = builder.get_command_line()
