@@ -331,6 +331,15 @@ def test_prewarm_a_torch_compile_spec_then_serve_warm(tmp_path: Path) -> None:
     assert report["fxgraph_cache"] == {"fxgraph_cache_hit": 2}, report
 
 
+def _serve(env: dict[str, str]) -> dict[str, Any]:
+    """The example's serving process: its report (first calls, FX graph cache counters)."""
+    r = subprocess.run(
+        [PYTHON, "serve.py"], capture_output=True, text=True, env=env, timeout=600, cwd=EXAMPLE
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def _prewarm(env: dict[str, str]) -> dict[str, Any]:
     r = subprocess.run(
         [PYTHON, "-m", "kcache", "prewarm", "spec.toml", "--json"],
@@ -350,10 +359,7 @@ def test_prewarm_stores_what_it_prepares_whatever_inductor_s_folder_holds(tmp_pa
     folder = tmp_path / "ind-machine"  # the machine's Inductor folder, warmed by a serving process
     first = env_for(tmp_path, tmp_path / "store-1", folder)
     first.pop("TORCH_COMPILE_JOB_ID")
-    r = subprocess.run(
-        [PYTHON, "serve.py"], capture_output=True, text=True, env=first, timeout=600, cwd=EXAMPLE
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    _serve(first)
     assert (folder / "fxgraph").is_dir() and (folder / "aotautograd").is_dir(), "Inductor's folder is warm"
     first.pop("KCACHE")  # the prewarm turns kcache on itself, into the store it is given
     second = dict(first, KCACHE_DIR=str(tmp_path / "store-2"))
@@ -368,11 +374,7 @@ def test_prewarm_stores_what_it_prepares_whatever_inductor_s_folder_holds(tmp_pa
     ].get(INDUCTOR_FX), again["totals"]
     serve_env = env_for(tmp_path, tmp_path / "store-2", tmp_path / "ind-new")
     serve_env.pop("TORCH_COMPILE_JOB_ID")
-    r = subprocess.run(
-        [PYTHON, "serve.py"], capture_output=True, text=True, env=serve_env, timeout=600, cwd=EXAMPLE
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    report = json.loads(r.stdout.strip().splitlines()[-1])
+    report = _serve(serve_env)
     assert report["fxgraph_cache"] == {"fxgraph_cache_hit": 2}, report
     stats = kc(serve_env, "stats")
     assert stats["by_kind"][INDUCTOR_CPP]["entries"] == stored[INDUCTOR_CPP], "no kernel was compiled anew"

@@ -33,7 +33,6 @@ from typing import Any
 
 from .. import memo as _memo
 from ..boundary import failed
-from ..forksafe import module_lock
 from ..log import logger
 from .attached import cache as active_cache
 
@@ -45,7 +44,6 @@ EXTRA = ("codegen/aoti_runtime/interface.cpp", "script.ld")
 #: The fail-open boundary's topic (kcache/boundary.py): torch computes its key itself then.
 TOPIC, WHAT = "inductor-torch-key", "kcache's memo of torch_key"
 
-_lock = module_lock(__name__, "_lock")
 _SUFFIXES = tuple(importlib.machinery.all_suffixes())
 
 
@@ -104,16 +102,8 @@ def _computed_by_torch(original: Any, codecache: Any, files: list[str]) -> tuple
             opened.append(os.fspath(file) if isinstance(file, (str, os.PathLike)) else repr(file))
         return real_open(file, *args, **kwargs)
 
-    with _lock:
-        had, old = "open" in g, g.get("open")
-        g["open"] = open_
-        try:
-            value = original()
-        finally:
-            if had:
-                g["open"] = old
-            else:
-                g.pop("open", None)
+    with _memo.open_replaced(g, open_):
+        value = original()
     return value, bool(opened) and all(p in paths for p in opened)
 
 
