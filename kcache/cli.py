@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kcache {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (add_arguments, run) in COMMANDS.items():
-        doc = " ".join((run.__doc__ or "").split())
+        doc = " ".join((run.__doc__ or "").split()).rstrip(".")  # the description adds its own
         examples = EXAMPLES.get(name)
         p = sub.add_parser(
             name,
@@ -103,8 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: Short names a ccache user reaches for.
-ALIASES = {"trim": ["cleanup"]}
+#: The names ccache and pip-cache users type by habit, where the command does the same thing
+#: (`kcache --help` lists them next to the command). pip's `purge` is `kcache clear --all`: no
+#: alias, since `clear` without a selector refuses on purpose.
+ALIASES = {"trim": ["cleanup"], "inspect": ["list"], "clear": ["remove"], "stats": ["info"]}
 
 EPILOG = """\
 the environment (read by every process; `kcache config` shows each setting and where it came from):

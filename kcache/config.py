@@ -152,6 +152,14 @@ def format_size(n: float) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 entry``, ``2 entries``, ``1 file``, ``3 files``: a count and its noun, agreed."""
+    if n == 1:
+        return f"1 {noun}"
+    many = plural or (noun[:-1] + "ies" if noun.endswith("y") and noun[-2:-1] not in "aeiou" else noun + "s")
+    return f"{n:,} {many}"
+
+
 def _flag(text: str) -> bool:
     t = text.strip().lower()
     if t in ("1", "true", "yes", "on"):
@@ -185,12 +193,13 @@ class Settings:
         allow_insecure: bool = False,
         sources: dict[str, str] | None = None,
         problems: list[str] | None = None,
-        remote_password: str | None = None,
         remote_prefix: str = DEFAULT_REMOTE_PREFIX,
         remote_max_entry: int = DEFAULT_REMOTE_MAX_ENTRY,
         remote_timeout: float = DEFAULT_REMOTE_TIMEOUT_MS,
         remote_lock_lease: float = DEFAULT_REMOTE_LOCK_LEASE_S,
         remote_problems: list[str] | None = None,
+        recache: bool = False,
+        logfile: str | None = None,
     ) -> None:
         self.enabled = enabled
         self.dir = default_dir(os.environ) if dir is None else dir
@@ -205,21 +214,30 @@ class Settings:
         self.sources = {} if sources is None else sources
         self.problems = [] if problems is None else problems
         # The shared tier's settings. A bad one turns the shared tier off (listed in
-        # remote_problems), never local caching.
-        self.remote_password = remote_password
+        # remote_problems), never local caching. Its backend's own (KCACHE_REMOTE_PASSWORD for
+        # Redis) are in remote_options, by the backend's name for them.
+        self.remote_options: dict[str, str] = {}
+        self.remote_option_sources: dict[str, str] = {}
         self.remote_prefix = remote_prefix
         self.remote_max_entry = remote_max_entry
         self.remote_timeout = remote_timeout  # milliseconds
         self.remote_lock_lease = remote_lock_lease  # seconds; 0: no cross-machine single flight
         self.remote_problems = [] if remote_problems is None else remote_problems
+        self.recache = recache  # compile and overwrite what a lookup would have served
+        self.logfile = logfile  # kcache's log lines go to this file too
 
     def __repr__(self) -> str:
         return f"Settings({self.as_dict()!r})"
 
+    @property
+    def remote_password(self) -> str | None:
+        """The Redis backend's ``KCACHE_REMOTE_PASSWORD`` (in :attr:`remote_options`)."""
+        return self.remote_options.get("password")
+
     def as_dict(self) -> dict[str, Any]:
-        """Values safe to print (the secret and the Redis password are shown only as set/unset;
-        a password inside the remote URL is masked)."""
-        return {
+        """Values safe to print (the secret and a backend's secret settings are shown only as
+        set/unset; a password inside the remote URL is masked)."""
+        out = {
             "enabled": self.enabled,
             "dir": str(self.dir),
             "max_size": self.max_size,
@@ -230,12 +248,26 @@ class Settings:
             "log": self.log,
             "record": self.record,
             "allow_insecure": self.allow_insecure,
-            "remote_password": "set" if self.remote_password else None,
             "remote_prefix": self.remote_prefix,
             "remote_max_entry": self.remote_max_entry,
             "remote_timeout": self.remote_timeout,
             "remote_lock_lease": self.remote_lock_lease,
+            "recache": self.recache,
+            "logfile": self.logfile,
         }
+        out.update(self.backend_values())
+        return out
+
+    def backend_values(self) -> dict[str, Any]:
+        """The backend's own settings as ``remote_<name>``, safe to print (secrets: ``set``)."""
+        from . import remotes
+
+        backend = remotes.for_url(self.remote) if self.remote and "://" in self.remote else None
+        out: dict[str, Any] = {}
+        for setting in getattr(backend, "settings", ()):
+            value = self.remote_options.get(setting.name)
+            out[f"remote_{setting.name}"] = ("set" if value else None) if setting.secret else value
+        return out
 
     @property
     def remote_usable(self) -> bool:
@@ -255,84 +287,61 @@ ENV = {
     "log": "KCACHE_LOG",
     "record": "KCACHE_RECORD",
     "allow_insecure": "KCACHE_ALLOW_INSECURE",
-    "remote_password": "KCACHE_REMOTE_PASSWORD",
     "remote_prefix": "KCACHE_REMOTE_PREFIX",
     "remote_max_entry": "KCACHE_REMOTE_MAX_ENTRY",
     "remote_timeout": "KCACHE_REMOTE_TIMEOUT",
     "remote_lock_lease": "KCACHE_REMOTE_LOCK_LEASE",
+    "recache": "KCACHE_RECACHE",
+    "logfile": "KCACHE_LOGFILE",
 }
 
 #: The shared tier's settings: a bad value turns the shared tier off, not caching.
 REMOTE = frozenset(n for n in ENV if n.startswith("remote"))
 #: Settings whose values are never printed (a problem with one names the variable only).
-_SECRET_NAMES = frozenset({"secret", "remote_password"})
+_SECRET_NAMES = frozenset({"secret"})
 # No '{' or '}': Redis Cluster hashes only the first {...} of a key, and the shared tier's keys carry
 # their entry id in one, so that an entry and its lock live on one node (docs/remote.md).
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:/-]{1,64}$")
 
 
 def _remote_url(raw: Any) -> str | None:
+    """``KCACHE_REMOTE``: a URL whose scheme a backend declares, checked by that backend
+    (:mod:`kcache.remotes`), or ``package.module:Class`` (a user's backend, imported later)."""
     text = str(raw).strip()
     if not text:
         return None
     _remember_url_secrets(text)
-    if _CLUSTER_URL_RE.match(text):
-        return _cluster_url(text)
-    # The schemes redis-py's parse_url takes, in any case (it lowers them, as RFC 3986 says).
-    if not re.match(r"(?i)^(redis|rediss|unix)://", text):
-        raise ValueError(
-            "expected redis://host:port/db, rediss://..., unix:///path or "
-            f"redis+cluster://host:port[,host:port...], got {redact(text)!r}"
-        )
-    from urllib.parse import urlsplit
+    from . import remotes
 
-    try:
-        u = urlsplit(text)
-        port = u.port  # raises ValueError on a bad port (its text may hold part of a password)
-    except ValueError:
-        raise ValueError(f"not a Redis URL (a bad port or host): {redact(text)!r}") from None
-    if u.scheme.lower() == "unix":
-        if not u.path.startswith("/"):
-            raise ValueError(f"unix:// needs an absolute socket path, got {redact(text)!r}")
-    else:
-        if not u.hostname:
-            raise ValueError(f"no host in {redact(text)!r} (expected redis://host:port/db)")
-        if port is not None and not 0 < port < 65536:
-            raise ValueError(f"bad port in {redact(text)!r}")
-        db = u.path.strip("/")
-        if db and not db.isdigit():
-            raise ValueError(f"the database must be a number, got {redact(db)[:40]!r}")
-    return text
+    if remotes.is_class_name(text):
+        return text
+    backend = remotes.for_url(text)
+    if backend is None:
+        raise ValueError(f"expected {remotes.expected()}; got {redact(text)!r}")
+    checked: str = backend.check_url(text)
+    return checked
 
 
-#: A Redis Cluster (or Valkey cluster): ``redis+cluster://[user:password@]host:port[,host:port...]``,
-#: ``rediss+cluster://`` with TLS; the hosts are where the client starts, it finds the others.
-_CLUSTER_URL_RE = re.compile(r"(?i)^rediss?\+cluster://")
-_CLUSTER_HOST_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::([0-9]{1,5}))?$")
+def _remote_options(s: Settings, env: Mapping[str, str]) -> None:
+    """The settings of the backend ``s.remote`` names (``KCACHE_REMOTE_PASSWORD`` for Redis, ...),
+    into ``s.remote_options``; a user's class reads its own."""
+    from . import remotes
 
-
-def _cluster_url(text: str) -> str:
-    from urllib.parse import parse_qs, urlsplit
-
-    try:
-        u = urlsplit(text)
-        query = parse_qs(u.query)
-    except ValueError:
-        raise ValueError(f"not a Redis Cluster URL: {redact(text)!r}") from None
-    hosts = u.netloc.rpartition("@")[2]
-    if not hosts:
-        raise ValueError(f"no host in {redact(text)!r} (expected redis+cluster://host:port,host:port)")
-    for h in hosts.split(","):
-        m = _CLUSTER_HOST_RE.match(h)
-        if m is None or (m.group(2) is not None and not 0 < int(m.group(2)) < 65536):
-            raise ValueError(f"not a host:port in {redact(text)!r}: {redact('x://' + h)[4:][:60]!r}")
-    if u.path.strip("/") not in ("", "0") or query.get("db", ["0"]) != ["0"]:
-        raise ValueError(f"a Redis Cluster has only database 0, got {redact(text)!r}")
-    return text
+    if not s.remote or remotes.is_class_name(s.remote):
+        return
+    backend = remotes.for_url(s.remote)
+    for setting in getattr(backend, "settings", ()):
+        raw = env.get(setting.env)
+        if raw is None or raw == "":
+            continue
+        if setting.secret:
+            remember_secret(raw)
+        s.remote_options[setting.name] = str(raw)
+        s.remote_option_sources[setting.name] = f"env {setting.env}"
 
 
 def _convert(name: str, raw: Any) -> Any:
-    if name == "enabled" or name == "readonly" or name == "allow_insecure":
+    if name in ("enabled", "readonly", "allow_insecure", "recache"):
         return raw if isinstance(raw, bool) else _flag(str(raw))
     if name == "dir":
         if not str(raw).strip():
@@ -353,9 +362,6 @@ def _convert(name: str, raw: Any) -> Any:
         return int(value) if unit == "size" else value
     if name == "remote":
         return _remote_url(raw)
-    if name == "remote_password":
-        remember_secret(raw)
-        return str(raw) or None
     if name == "remote_prefix":
         text = str(raw)
         if not _PREFIX_RE.match(text):
@@ -372,6 +378,8 @@ def _convert(name: str, raw: Any) -> Any:
         return text
     if name == "record":
         return str(raw) or None
+    if name == "logfile":
+        return str(_logfile(raw))
     if name == "key_tag":
         text = str(raw)
         try:
@@ -380,6 +388,18 @@ def _convert(name: str, raw: Any) -> Any:
             raise ValueError("not valid UTF-8 (it salts every key, which is text)") from None
         return text
     return str(raw)
+
+
+def _logfile(raw: Any) -> Path:
+    """``KCACHE_LOGFILE``: a file path (made absolute; the file is opened, for appending, by
+    :func:`kcache.log.configure`). A folder is a bad value."""
+    text = str(raw)
+    if not text.strip() or "\0" in text:
+        raise ValueError("expected a file path")
+    p = Path(os.path.expanduser(text)).absolute()
+    if p.is_dir():
+        raise ValueError(f"{p} is a directory, not a file")
+    return p
 
 
 def load(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -409,6 +429,8 @@ def load(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
             s.sources[name] = "argument"
         except (ValueError, OverflowError, TypeError) as e:
             _problem(s, name, f"{name}={_shown(name, value)!r}: {e}")
+    if s.remote and not s.remote_problems:
+        _remote_options(s, env)
     if s.problems:
         s.enabled = False
     return s

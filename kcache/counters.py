@@ -28,6 +28,13 @@ class Counters:
                 self._buf[(kind, name)] += value
                 self._process[(kind, name)] += value
 
+    def add_here(self, kind: str, **deltas: float) -> None:
+        """Add ``deltas`` to this process's totals only (:meth:`process_totals`), never to the
+        store's: a prewarm's lookups, which are checks of what the store holds, not uses."""
+        with self._lock:
+            for name, value in deltas.items():
+                self._process[(kind, name)] += value
+
     def hit(self, kind: str, saved_s: float) -> None:
         """:meth:`add` of ``hits=1, saved_s=saved_s``, as a store hit counts (no keyword dict)."""
         h, s = (kind, "hits"), (kind, "saved_s")
@@ -120,6 +127,18 @@ def credit(kind: str, compile_s: float) -> float:
         absorbed = min(_budget[0], c)
         _budget[0] -= absorbed
     return c - absorbed
+
+
+def covered(kind: str, compile_s: float, saved: float) -> float:
+    """The part of a hit's compile time that :func:`credit` did not credit because a served
+    graph's time covers it (0.0 for kinds that are never nested)."""
+    if not _kinds.get(kind).inner:
+        return 0.0
+    try:
+        c = float(compile_s) - saved
+    except (TypeError, ValueError):
+        return 0.0
+    return c if 0.0 < c < float("inf") else 0.0
 
 
 def graph_lookup(served_s: float | None) -> None:

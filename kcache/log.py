@@ -1,10 +1,15 @@
-"""kcache's logger: one ``kcache`` logger on stderr, level from ``KCACHE_LOG``, and warn-once."""
+"""kcache's logger: one ``kcache`` logger on stderr (and, with ``KCACHE_LOGFILE``, in that file
+too), level from ``KCACHE_LOG``, and warn-once."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import Any
 
 from .forksafe import module_lock
 
@@ -12,6 +17,7 @@ logger = logging.getLogger("kcache")
 _warned: set[str] = set()
 _lock = module_lock(__name__, "_lock")
 _configured = False
+_file: list[Any] = []  # [path, handler] of KCACHE_LOGFILE's handler, once attached
 
 LEVELS = {"warning": logging.WARNING, "info": logging.INFO, "debug": logging.DEBUG, "error": logging.ERROR}
 
@@ -44,6 +50,35 @@ def configure(level: str | None = None) -> None:
         _configured = True
     name = (level or os.environ.get("KCACHE_LOG") or "warning").strip().lower()
     logger.setLevel(LEVELS.get(name, logging.WARNING))
+    _log_file(os.environ.get("KCACHE_LOGFILE") or None)
+
+
+def _log_file(path: str | None) -> None:
+    """Write kcache's log lines to ``path`` too (ccache's ``CCACHE_LOGFILE``): appended, one line
+    each with the time and the process id (many processes share one file), the file made 0600.
+    A file that cannot be opened warns once on stderr; logging goes on there."""
+    if _file and _file[0] == path:
+        return
+    if _file:
+        logger.removeHandler(_file[1])
+        _file[1].close()
+        _file.clear()
+    if not path or os.path.isdir(path):  # a folder is a bad setting: kcache.config says so, once
+        return
+    try:
+        fd = os.open(os.path.expanduser(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        stream = os.fdopen(fd, "a", buffering=1, encoding="utf-8", errors="backslashreplace")
+    except (OSError, ValueError) as e:
+        _file[:] = [path, logging.NullHandler()]  # tried: not again in this process
+        with _lock:
+            _warned.add("logfile")
+        logger.warning("cannot write the log file KCACHE_LOGFILE=%s (%s): logging to stderr only", path,
+                       getattr(e, "strerror", None) or e)  # fmt: skip
+        return
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(asctime)s kcache[%(process)d]: %(levelname)s: %(message)s"))
+    logger.addHandler(handler)
+    _file[:] = [path, handler]
 
 
 def warn_once(topic: str, message: str) -> None:

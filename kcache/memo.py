@@ -82,13 +82,13 @@ def usable(cache: Cache | None) -> Cache | None:
 
 def credit(cache: Cache, hit: Hit) -> None:
     """A remembered answer was used: the time it took to get when it was made is saved
-    ("saved" in ``kcache stats``; memos are not counted as hits, their time is)."""
+    ("saved" in ``kcache stats``; memos are not counted as hits, their time is, and their uses
+    as ``uses``, so that stats can say what the saved time of a kind with no hits came from)."""
     from . import counters
 
     try:
         saved = counters.credit(hit.record.kind, hit.record.compile_s)
-        if saved:
-            cache.count(hit.record.kind, saved_s=saved)
+        cache.count(hit.record.kind, saved_s=saved, uses=1)
     except Exception:  # broad: the credit is a statistic; the answer is used all the same
         pass
 

@@ -12,15 +12,21 @@ import re
 from typing import Any
 
 # It does not parse URLs the way a valid one would be parsed: it masks whatever a URL library could
-# take for a password, in any form redis-py accepts and in ones it refuses.
+# take for a password, in any form redis-py accepts and in ones it refuses; and nothing else (a
+# host, a port, a path, kcache's own "redis://host:port/db" in a message, the quotes around a
+# value are never masked: issue 36).
 _SECRETS: set[str] = set()  # secret values this process was given (see remember_secret)
 MIN_SECRET = 4  # shorter values are not masked wherever they appear (a password "a"...)
 # A URL anywhere in a text: any scheme, in any case (REDIS://, Redis://, redis+sentinel://, ...),
 # up to the next whitespace: a password may hold quotes, '@', '/', '#', '?' and '%'.
 _URL_RE = re.compile(r"(?i)([a-z][a-z0-9+.-]*://)(\S*)")
-_QUERY_SECRET_RE = re.compile(r"(?i)([?&;][^=&#\s]*(?:pass|secret|token|auth|cred)[^=&#\s]*=)[^&#\s]*")
+#: A query option that is a credential: password=, secret=, token=, auth=, credentials=,
+#: X-Amz-Signature=, X-Amz-Credential=, X-Amz-Security-Token= (a presigned URL's), ...
+_QUERY_SECRET_RE = re.compile(
+    r"(?i)([?&;][^=&#\s]*(?:pass|secret|token|auth|cred|signature)[^=&#\s]*=)[^&#\s'\"]*"
+)
 _SAFE_USER_RE = re.compile(r"^[A-Za-z0-9._~-]{0,64}$")
-_BAD_PORT_RE = re.compile(r"^((?:\[[^\]/?#]*\])?[^/?#:\[]*):(?![0-9]*(?:[/?#]|$))[^/?#]*")
+_PORT_RE = re.compile(r"^(?:\[[^\]]*\]|[^:\[\]]*)(?::([^/?#]*))?$")
 
 
 def _redact_one(m: re.Match[str]) -> str:
@@ -29,26 +35,7 @@ def _redact_one(m: re.Match[str]) -> str:
     if at >= 0:
         user, colon, _password = rest[:at].partition(":")
         rest = (f"{user}:***" if colon and _SAFE_USER_RE.match(user) else "***") + rest[at:]
-    else:  # no user info; a "port" that is not a number may be a password without its '@'
-        rest = _mask_bad_ports(rest)
     return scheme + _QUERY_SECRET_RE.sub(r"\1***", rest)
-
-
-def _mask_bad_ports(rest: str) -> str:
-    """The authority's first ``host:port`` whose port is not a number, masked with all that
-    follows it up to the path (a cluster URL lists ``host:port,host:port``; a password typed
-    where a port goes may hold ',' too)."""
-    cut = len(rest)
-    for sep in "/?#":
-        i = rest.find(sep)
-        if 0 <= i < cut:
-            cut = i
-    hosts = rest[:cut].split(",")
-    for i, h in enumerate(hosts):
-        m = _BAD_PORT_RE.match(h)
-        if m:
-            return ",".join([*hosts[:i], m.group(1) + ":***"]) + rest[cut:]
-    return rest
 
 
 def redact(text: Any) -> str:
@@ -77,9 +64,30 @@ def remember_secret(value: Any) -> None:
 
 
 def _remember_url_secrets(url: str) -> None:
-    """The password of a URL (all its user info after the first ':', up to the last '@')."""
+    """The password of a URL (all its user info after the first ':', up to the last '@'); and,
+    in a URL without user info, a "port" that is not a number with what follows it in the host
+    list (``redis://host:Pw-typed-where-the-port-goes``: a password missing its '@', which any
+    text showing the URL then masks; the URL is refused as a setting)."""
     rest = url.strip().partition("://")[2] or url  # the whole of it: a password may hold spaces
     info = rest[: rest.rfind("@")] if "@" in rest else ""
     if info:
         user, colon, password = info.partition(":")
         remember_secret(password if colon else user)
+        return
+    if "://" not in url:
+        return  # not a URL (package.module:Class): no host list, no port
+    cut = len(rest)
+    for sep in "/?#":
+        i = rest.find(sep)
+        if 0 <= i < cut:
+            cut = i
+    hosts = rest[:cut]
+    start = 0
+    for h in hosts.split(","):
+        m = _PORT_RE.match(h)
+        port = m.group(1) if m else None
+        if port is not None and not port.isdigit():
+            remember_secret(port)
+            remember_secret(hosts[start + len(h) - len(port) :])
+            return
+        start += len(h) + 1

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -432,3 +434,100 @@ def redis_cluster_private(tmp_path: Path):
     yield make
     for c in clusters:
         c.stop()
+
+
+# ------------------------------------------------------------------------------------ S3
+# The shared tier's S3 backend runs against a real S3-compatible server the session starts:
+# moto's server mode (``python -m moto.server``, from the ``test`` extra: MinIO's server is not on
+# PyPI), on 127.0.0.1 at a free port, speaking the S3 HTTP API with conditional writes. Without
+# moto or botocore the tests that need it skip, unless KCACHE_TEST_REQUIRE_S3=1 (set by .ci/run).
+class S3Server:
+    def __init__(self, workdir: Path) -> None:
+        import socket
+        import subprocess
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.log = open(workdir / "moto.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.5).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError("the moto server did not start") from None
+                time.sleep(0.1)
+        self.env = {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "kcache-tests",
+            "AWS_SECRET_ACCESS_KEY": "kcache-tests-secret-key",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_CONFIG_FILE": str(workdir / "no-aws-config"),
+            "AWS_SHARED_CREDENTIALS_FILE": str(workdir / "no-aws-credentials"),
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+
+    def client(self):  # noqa: ANN201
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
+        )
+
+    def bucket(self) -> str:
+        """A new bucket of this server."""
+        import uuid
+
+        name = f"kc-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except Exception:
+                self.proc.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory):
+    """One moto S3 server for the test session (tests keep apart by bucket)."""
+    need = os.environ.get("KCACHE_TEST_REQUIRE_S3") == "1"
+    try:
+        import boto3  # noqa: F401
+        import botocore  # noqa: F401
+        import moto.server  # noqa: F401
+
+        server = S3Server(tmp_path_factory.mktemp("s3"))
+    except Exception as e:
+        if need:
+            pytest.fail(f"KCACHE_TEST_REQUIRE_S3=1 and no S3 server: {e}")
+        pytest.skip(f"no S3 server for the S3 backend's tests (pip install 'kcache[test,s3]'): {e}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):  # noqa: ANN001, ANN201
+    """The session's S3 server, with this process's AWS configuration pointing at it."""
+    for k, v in s3_server.env.items():
+        monkeypatch.setenv(k, v)
+    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    return s3_server

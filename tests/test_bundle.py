@@ -269,6 +269,7 @@ def test_partial_import_is_one_summary_line_and_v_lists_each(tmp_path: Path) -> 
 
 
 def test_export_of_nothing_fails_and_writes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "none").mkdir(mode=0o700)  # an empty folder (a missing one is an error of its own)
     empty = _cli(tmp_path, "export", str(tmp_path / "e.kcb"), "--dir", str(tmp_path / "none"))
     assert empty.returncode == 1 and "nothing exported" in empty.stderr and "holds no entries" in empty.stderr
     a = Store.open(tmp_path / "a", max_size=1 << 30)

@@ -116,6 +116,8 @@ def test_every_variable_parsed(tmp_path: Path) -> None:
         "KCACHE_REMOTE_MAX_ENTRY": "1MiB",
         "KCACHE_REMOTE_TIMEOUT": "50ms",
         "KCACHE_REMOTE_LOCK_LEASE": "30s",
+        "KCACHE_RECACHE": "1",
+        "KCACHE_LOGFILE": str(tmp_path / "kcache.log"),
     }
     s = load(env)
     assert s.problems == [] and s.remote_problems == []
@@ -131,6 +133,7 @@ def test_every_variable_parsed(tmp_path: Path) -> None:
     assert s.allow_insecure is True
     assert (s.remote_password, s.remote_prefix, s.remote_max_entry) == ("pw", "team:", 1 << 20)
     assert (s.remote_timeout, s.remote_lock_lease) == (50.0, 30.0)
+    assert s.recache is True and s.logfile == str(tmp_path / "kcache.log")
     assert s.sources == {name: f"env {var}" for name, var in config.ENV.items()}
     d = s.as_dict()
     assert d["secret"] == "set" and "s3cret" not in repr(d)

@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 
 from kcache.store import Store, api
-from kcache.store.tiers.redis import RemoteConfig, RemoteTier
+from kcache.store.tiers.backend import TierConfig
+from kcache.store.tiers.redis import RedisBackend
+from kcache.store.tiers.shared import SharedTier
 
 
 def _declared(face: type) -> dict[str, Any]:
@@ -61,7 +63,7 @@ def test_the_store_offers_the_cache_and_admin_faces(tmp_path: Path) -> None:
 
 
 def test_the_redis_tier_offers_the_tier_face() -> None:
-    tier = RemoteTier(RemoteConfig("redis://127.0.0.1:1/0"), counts=None)
+    tier = SharedTier(RedisBackend(TierConfig("redis://127.0.0.1:1/0")), counts=None)
     assert missing_or_unlike(tier, api.Tier) == []
 
 

@@ -25,7 +25,7 @@ from tier_stores import Stores
 from kcache.bundle import export_bundle, import_bundle
 from kcache.store import Store
 from kcache.store.records import Record
-from kcache.store.tiers import redis as rt
+from kcache.store.tiers import entry as rt
 from kcache.store.tiers import redis_keys as rk
 
 PYTHON = sys.executable

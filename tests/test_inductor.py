@@ -180,10 +180,8 @@ def test_an_unsigned_bundle_never_brings_pickles_or_host_code(warm: dict[str, An
     imported = json.loads(r.stdout)
     refused = {s["kind"] for s in imported["skipped"]}
     assert {INDUCTOR_FX, INDUCTOR_AOT, INDUCTOR_PGO, INDUCTOR_CPP} <= refused, imported
-    stats = kc({**env, "KCACHE_DIR": str(other)}, "stats")
-    assert not {INDUCTOR_FX, INDUCTOR_AOT, INDUCTOR_PGO, INDUCTOR_CPP} & {
-        k for k, v in stats["by_kind"].items() if v["entries"]
-    }
+    # nothing of it in the store: the failed import left no store at all
+    assert not other.exists()
 
 
 def test_clear_kind_and_eviction_on_the_new_kinds(warm: dict[str, Any], tmp_path: Path, monkeypatch) -> None:
@@ -304,31 +302,12 @@ def test_compile_time_from_the_envelope() -> None:
 
 
 # ------------------------------------------------------------------------------- prewarm
-EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "torch_compile"
 
 
-def test_prewarm_a_torch_compile_spec_then_serve_warm(tmp_path: Path) -> None:
-    """`kcache prewarm` of the example's [[torch]] entry on the CPU, then the example's serving
-    process with an empty Inductor folder: every listed shape is an FX graph cache hit."""
-    pytest.importorskip("torch", reason="needs torch")
-    store = tmp_path / "store"
-    env = env_for(tmp_path, None, tmp_path / "ind-prewarm", KCACHE_DIR=str(store))
-    env.pop("TORCH_COMPILE_JOB_ID")
-    r = subprocess.run(
-        [PYTHON, "-m", "kcache", "prewarm", "spec.toml", "--json"],
-        capture_output=True, text=True, env=env, timeout=600, cwd=EXAMPLE,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    summary = json.loads(r.stdout)
-    assert summary["mode"] == "cpu" and [i["status"] for i in summary["items"]] == ["prepared", "prepared"]
-    serve_env = env_for(tmp_path, store, tmp_path / "ind-serve")
-    serve_env.pop("TORCH_COMPILE_JOB_ID")
-    r = subprocess.run(
-        [PYTHON, "serve.py"], capture_output=True, text=True, env=serve_env, timeout=600, cwd=EXAMPLE
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    report = json.loads(r.stdout.strip().splitlines()[-1])
-    assert report["fxgraph_cache"] == {"fxgraph_cache_hit": 2}, report
+# `kcache prewarm` of the example's [[torch]] entry on the CPU, then its serving process with an
+# empty Inductor folder (every listed shape an FX graph cache hit): tests/test_examples.py runs
+# docs/examples/torch_compile/README.md as written and checks exactly that (it was run twice, here
+# too: a minute of CI).
 
 
 def _serve(env: dict[str, str]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from kcache.inductor.declare import INDUCTOR_AUTOTUNE  # noqa: E402
 from kcache.inductor.tunecheck import problem  # noqa: E402
 from kcache.store import Store  # noqa: E402
 from kcache.store.records import Record, file_info  # noqa: E402
-from kcache.store.tiers import redis as rt  # noqa: E402
+from kcache.store.tiers import entry as rt  # noqa: E402
 from kcache.store.tiers import redis_keys as rk  # noqa: E402
 
 CHILD = Path(__file__).parent / "torch_compile" / "autotune_child.py"

@@ -52,6 +52,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "kcache/config.py",
             "kcache/log.py",
             "kcache/redact.py",
+            "kcache/remotes.py",
             "kcache/kinds.py",
             "kcache/fingerprint.py",
             "kcache/counters.py",

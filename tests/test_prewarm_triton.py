@@ -547,7 +547,9 @@ def test_triton_debug_is_applied_before_triton_is_imported(tmp_path: Path) -> No
 
 
 def test_progress_bar_on_a_terminal_never_with_json(tmp_path: Path) -> None:
-    """The bar goes to stderr when it is a terminal; with --json nothing but the summary."""
+    """The bar goes to stderr when it is a terminal; with --json nothing but the summary. It is
+    drawn at once (before the first result: a 22 s torch item showed nothing for 15 s), names the
+    item under way with its seconds, and is erased at the end (it stayed on screen; issue 36)."""
     import pty
 
     def run(*extra: str) -> tuple[int, bytes]:
@@ -574,7 +576,13 @@ def test_progress_bar_on_a_terminal_never_with_json(tmp_path: Path) -> None:
         finally:
             os.close(master)
 
-    rc, term = run("--json")
-    assert rc == 0 and b"/6 ok " not in term, term[-500:]
     rc, term = run()
     assert rc == 0 and b"6/6 ok " in term, term[-500:]
+    text = term.decode("utf-8", "replace")
+    draws = [d for d in text.split("\r") if d.strip()]
+    assert "0/6" in draws[0] and "starting" in draws[0], draws[:3]
+    running = [d for d in draws if d.startswith("[") and "triton[0]" in d and " s)" in d]
+    assert running, draws  # the item under way, with its seconds so far
+    assert text.endswith("\r") and not text.rsplit("\r", 2)[-2].strip(), repr(text[-300:])  # erased
+    rc, term = run("--json")
+    assert rc == 0 and b"/6 ok " not in term, term[-500:]

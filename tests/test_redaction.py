@@ -10,6 +10,7 @@ the password printed it in every process's warning and in ``kcache config``.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -140,3 +141,44 @@ def test_remembered_secrets_are_masked_in_any_text(monkeypatch) -> None:
     config.load({"KCACHE_REMOTE": f"redis://u:{LEFT} {RIGHT}@h:1/0", "KCACHE_REMOTE_PASSWORD": "pw-" + PW})
     text = config.redact(f"AuthenticationError: {LEFT} {RIGHT} / pw-{PW}")
     assert LEFT not in text and RIGHT not in text, text
+
+
+# ------------------------------------------------------------------------------------ issue 36
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYTHON, "-m", "kcache", *args], capture_output=True, text=True, env=env, timeout=60
+    )
+
+
+def test_a_url_without_a_password_is_shown_as_it_is(tmp_path: Path) -> None:
+    """Issue 36: ``KCACHE_REMOTE=http://127.0.0.1:43747 kcache remote`` printed
+    ``KCACHE_REMOTE='http://127.0.0.1:*** expected redis://host:***/db, ...``: the port, the quote
+    and kcache's own examples masked, though none of it is a secret. Only a password is."""
+    url = f"http://127.0.0.1:{PORT}"
+    env = _env(tmp_path, url, None)
+    remote = _cli(env, "remote")
+    assert remote.returncode == 2, remote.stderr
+    assert f"KCACHE_REMOTE='{url}'" in remote.stderr and f"got '{url}'" in remote.stderr, remote.stderr
+    assert "redis://host:port/db" in remote.stderr and "***" not in remote.stderr, remote.stderr
+    shown = _cli(env, "config")
+    assert shown.returncode == 0 and f"KCACHE_REMOTE='{url}'" in shown.stdout and "***" not in shown.stdout
+    problems = json.loads(_cli(env, "config", "--json").stdout)["remote_problems"]
+    assert len(problems) == 1 and url in problems[0] and "redis://host:port/db" in problems[0], problems
+    # with nothing set, the example says what to set, whole
+    bare = _env(tmp_path, url, None)
+    del bare["KCACHE_REMOTE"]
+    none = _cli(bare, "remote")
+    assert none.returncode == 2 and "KCACHE_REMOTE=redis://host:port/db" in none.stderr, none.stderr
+    assert "***" not in none.stderr
+
+
+def test_a_password_is_still_masked_where_the_url_is_shown_whole(tmp_path: Path) -> None:
+    """The same outputs, a URL with a password, a port, a query: only the password goes."""
+    url = f"redis://kc:{PW}@127.0.0.1:{PORT}/3?socket_keepalive=true"
+    env = _env(tmp_path, url, None)
+    for out in (_cli(env, "config").stdout, _cli(env, "remote").stdout, _cli(env, "config", "--json").stdout):
+        assert f"redis://kc:***@127.0.0.1:{PORT}/3?socket_keepalive=true" in out, out
+        assert LEFT not in out and RIGHT not in out
+    typed = f"redis://127.0.0.1:{PORT},h2:{PW}/0"  # a password typed where a port goes: masked
+    problems = json.loads(_cli(_env(tmp_path, typed, None), "config", "--json").stdout)["remote_problems"]
+    assert problems and all(LEFT not in p and RIGHT not in p for p in problems), problems

@@ -26,8 +26,10 @@ from tier_stores import flushed as _flushed
 from kcache import config
 from kcache.store import Store
 from kcache.store.records import Record
-from kcache.store.tiers import redis as rt
+from kcache.store.tiers import entry, shared, writer
+from kcache.store.tiers import lease as rl
 from kcache.store.tiers import redis_keys as rk
+from kcache.store.tiers.backend import TierConfig
 
 PYTHON = sys.executable
 SECRET = "s3cret-for-tests"
@@ -195,11 +197,11 @@ def test_unsigned_so_refused_with_secret_set(redis_server, stores, prefix, kcach
     b = stores("b", redis_server.url, prefix, KCACHE_SECRET=SECRET)
     so = {"launcher.so": b"\x7fELF" + os.urandom(1000)}
     rec = _record_for(b, "triton-aux", "L", so)
-    _set_raw(redis_server, prefix, rec, rt.pack_entry(rec.encode(), so, None))  # unsigned
+    _set_raw(redis_server, prefix, rec, entry.pack_entry(rec.encode(), so, None))  # unsigned
     assert b.get("triton-aux", "L") is None
     files = group(300)
     rec2 = _record_for(b, "triton", "K", files)
-    _set_raw(redis_server, prefix, rec2, rt.pack_entry(rec2.encode(), files, None))
+    _set_raw(redis_server, prefix, rec2, entry.pack_entry(rec2.encode(), files, None))
     assert b.get("triton", "K") is None  # with a secret, every entry must be signed
     assert counts(b, "triton-aux")["remote_refused"] == 1 and counts(b)["remote_refused"] == 1
     assert b.read_record(rec.id)[0] is None  # nothing committed
@@ -284,7 +286,7 @@ def test_redis_down_fails_open_and_the_breaker_stops_asking(
         assert a.get("triton", f"K{i}") is not None
     assert max(times[1:]) < 0.3, times  # the first includes importing redis
     c = counts(a)
-    assert c["remote_errors"] >= rt.BREAKER_FAILURES and c["remote_bypassed"] >= 5
+    assert c["remote_errors"] >= shared.BREAKER_FAILURES and c["remote_bypassed"] >= 5
     # The writer's failed puts count too: the failure that opens the breaker, and so warns, may be
     # its own, on its thread (the put's write is queued, not waited for).
     assert a.tiers[0].flush(5.0)
@@ -310,11 +312,11 @@ def test_slow_redis_never_stalls_a_lookup_past_the_bound(redis_private, stores, 
         assert dt_put < 1.0, dt_put
     assert max(times) < 1.5, times  # connect and read deadlines (100 ms), not the 3 s pause
     assert sum(times) < 2.5, times  # then the breaker: no more waiting (8 x 3 s without either)
-    assert counts(a)["remote_errors"] >= rt.BREAKER_FAILURES
+    assert counts(a)["remote_errors"] >= shared.BREAKER_FAILURES
 
 
 def test_stopped_restarted_and_flushed(redis_private, stores, prefix, monkeypatch, kcache_warnings) -> None:
-    monkeypatch.setattr(rt, "BREAKER_COOLDOWN_S", 0.3)
+    monkeypatch.setattr(shared, "BREAKER_COOLDOWN_S", 0.3)
     server = redis_private()
     a = stores("a", server.url, prefix)
     b = stores("b", server.url, prefix)
@@ -345,7 +347,7 @@ def test_stopped_restarted_and_flushed(redis_private, stores, prefix, monkeypatc
 
 
 def test_maxmemory_noeviction_and_lru(redis_private, stores, prefix, kcache_warnings, monkeypatch) -> None:
-    monkeypatch.setattr(rt, "BATCH_ITEMS", 4)  # pipelines far smaller than the headroom below
+    monkeypatch.setattr(writer, "BATCH_ITEMS", 4)  # pipelines far smaller than the headroom below
     server = redis_private()
     r = server.client()
     used = int(r.info("memory")["used_memory"])
@@ -378,7 +380,7 @@ def test_maxmemory_noeviction_and_lru(redis_private, stores, prefix, kcache_warn
 
 # ------------------------------------------------------------------------------------ the writer
 def test_full_queue_drops_and_counts_never_waits(redis_private, stores, prefix, monkeypatch) -> None:
-    monkeypatch.setattr(rt, "QUEUE_ITEMS", 4)
+    monkeypatch.setattr(writer, "QUEUE_ITEMS", 4)
     server = redis_private()
     a = stores("a", server.url, prefix, KCACHE_REMOTE_TIMEOUT=DEADLINE)
     a.get("triton", "warm-up")
@@ -426,7 +428,7 @@ def test_exit_flushes_the_queue_and_is_bounded(redis_private, tmp_path, prefix) 
     exited = time.time()
     assert p.returncode == 0, err
     assert "Traceback" not in err
-    assert exited - float(out.split()[-1]) < rt.EXIT_FLUSH_S + 1.5
+    assert exited - float(out.split()[-1]) < writer.EXIT_FLUSH_S + 1.5
 
 
 def test_exit_waits_for_a_write_within_a_longer_remote_deadline(redis_private, tmp_path, prefix) -> None:
@@ -505,8 +507,6 @@ def test_single_flight_holder_that_fails_lets_the_others_go(redis_server, stores
 def test_single_flight_lost_holder_is_waited_for_only_until_its_lock_expires(
     redis_server, stores, prefix, kcache_warnings
 ) -> None:
-    from kcache.store.tiers import redis_lock as rl
-
     b = stores("b", redis_server.url, prefix, KCACHE_REMOTE_LOCK_LEASE="60s")
     ident = b.entry_id("triton", "L")
     r = redis_server.client()
@@ -546,7 +546,7 @@ def test_remote_settings_parsed_and_checked() -> None:
     assert (s.remote_max_entry, s.remote_timeout, s.remote_lock_lease) == (16 << 20, 250.0, 120.0)
     d = json.dumps(s.as_dict())
     assert "pw" not in d and "other" not in d and "rediss://:***@cache.example:6380/2" in d
-    cfg = rt.RemoteConfig.from_settings(s)
+    cfg = TierConfig.from_settings(s)
     assert cfg is not None and cfg.timeout_s == 0.25 and cfg.prefix == "team-a:kcache:"
     for var, bad in [
         ("KCACHE_REMOTE", "http://x"),
@@ -562,7 +562,7 @@ def test_remote_settings_parsed_and_checked() -> None:
         assert s.enabled and s.problems == [], (var, bad)  # local caching stays on
         assert len(s.remote_problems) == 1 and var in s.remote_problems[0], (var, bad, s.remote_problems)
         assert "hunter2" not in s.remote_problems[0]
-        assert not s.remote_usable and rt.RemoteConfig.from_settings(s) is None
+        assert not s.remote_usable and TierConfig.from_settings(s) is None
 
 
 ENABLE = """
@@ -695,7 +695,7 @@ from kcache import config
 from kcache.store import Store
 s = Store.open(sys.argv[1])
 s.attach_remote(config.load({"KCACHE_REMOTE": sys.argv[2], "KCACHE_REMOTE_PREFIX": "w:"}))
-print("redis" in sys.modules, bool(s.tiers) and s.tiers[0]._clients_ is not None)
+print("redis" in sys.modules, bool(s.tiers) and s.tiers[0].backend._clients is not None)
 """
 
 

@@ -29,10 +29,11 @@ from tier_stores import DEADLINE, Stores, counts, flushed
 
 from kcache import config, redact
 from kcache.store import Store
-from kcache.store.tiers import redis as rt
+from kcache.store.tiers import backend_for, shared, tier_for
+from kcache.store.tiers import lease as rl
 from kcache.store.tiers import redis_keys as rk
-from kcache.store.tiers import redis_lock as rl
-from kcache.store.tiers import tier_for
+from kcache.store.tiers.redis import RedisBackend
+from kcache.store.tiers.shared import SharedTier
 
 PYTHON = sys.executable
 SECRET = "cluster-tests-secret"
@@ -82,9 +83,9 @@ def test_cluster_urls_are_settings_and_never_print_a_password(monkeypatch) -> No
     for url in good:
         s = config.load({"KCACHE_REMOTE": url})
         assert s.remote_problems == [] and s.remote_usable, (url, s.remote_problems)
-        cfg = rt.RemoteConfig.from_settings(s)
-        assert cfg is not None and cfg.cluster
-        assert "Pw-Left" not in json.dumps(s.as_dict()) and "Right" not in cfg.shown_url
+        backend = backend_for(s)
+        assert isinstance(backend, RedisBackend) and backend.cluster
+        assert "Pw-Left" not in json.dumps(s.as_dict()) and "Right" not in backend.cfg.shown_url
     bad = {
         "redis+cluster://": "no host",
         "redis+cluster://h1:7000,h2:Pw-Left-Right": "not a host:port",
@@ -100,7 +101,9 @@ def test_cluster_urls_are_settings_and_never_print_a_password(monkeypatch) -> No
             s.remote_problems,
         )
         assert "Pw-Left" not in s.remote_problems[0] and "Right" not in s.remote_problems[0]
-    # a password typed where a port goes, in any host of the list: masked, with what follows
+    # a password typed where a port goes, in any host of the list: masked, with what follows, in
+    # every text once the setting was read (the only way kcache meets a URL); a number is a port
+    config.load({"KCACHE_REMOTE": "redis+cluster://h1:7000,h2:Pw-Left,Right/0"})
     text = config.redact("cannot reach redis+cluster://h1:7000,h2:Pw-Left,Right/0 (refused)")
     assert "Pw-Left" not in text and "Right" not in text and "h1:7000" in text
     # a brace in the prefix would be the hash tag of every key (one node for all): refused
@@ -113,7 +116,8 @@ def test_tier_for_maps_each_url_to_its_tier(tmp_path) -> None:
     try:
         for url, cluster in [("redis+cluster://127.0.0.1:1", True), ("redis://127.0.0.1:1/0", False)]:
             tier = tier_for(config.load({"KCACHE_REMOTE": url}), st.key_tag, st.counts)
-            assert isinstance(tier, rt.RemoteTier) and tier.cfg.cluster is cluster
+            assert isinstance(tier, SharedTier) and isinstance(tier.backend, RedisBackend)
+            assert tier.backend.cluster is cluster
             assert tier.describe()["mode"] == ("cluster" if cluster else "server")
             tier.close()
         # a scheme no tier serves: no tier (the settings name the problem, see kcache config)
@@ -345,7 +349,7 @@ def test_a_master_killed_mid_run_fails_open(redis_cluster_private, stores, prefi
             t.join(30)
     assert not errors, errors
     assert seen["wrong"] == 0 and seen["hits"] > 0 and seen["puts"] > 0, seen
-    assert recovered is not None and recovered < rt.BREAKER_COOLDOWN_S, recovered
+    assert recovered is not None and recovered < shared.BREAKER_COOLDOWN_S, recovered
     cb = counts(b)
     assert cb["remote_errors"] >= 1, cb  # the kill was felt, as misses
     assert slowest[0] < 5.0, slowest  # each lookup ended by its deadline (0.1 s), with margin
@@ -357,7 +361,7 @@ def test_a_master_killed_mid_run_fails_open(redis_cluster_private, stores, prefi
     landed = None
     t0 = time.monotonic()
     for name in later:
-        if landed is not None or time.monotonic() - t0 > rt.BREAKER_COOLDOWN_S:
+        if landed is not None or time.monotonic() - t0 > shared.BREAKER_COOLDOWN_S:
             break
         a.put("triton", name, files[keys[0]])
         flushed(a)
@@ -581,7 +585,7 @@ def test_a_cluster_that_does_not_answer_fails_open(stores, prefix, kcache_warnin
             assert hit is None
             assert a.put("triton", f"K{i}", group(200)) is not None  # local caching goes on
     c = counts(a)
-    assert c["remote_errors"] >= rt.BREAKER_FAILURES and c["remote_bypassed"] >= 5, c
+    assert c["remote_errors"] >= shared.BREAKER_FAILURES and c["remote_bypassed"] >= 5, c
     assert sum("fails" in m for m in kcache_warnings) == 1, kcache_warnings
 
 

@@ -196,5 +196,6 @@ def test_bad_other_is_one_line(here: tuple[Path, Path], tmp_path: Path) -> None:
     junk.write_bytes(b"not a bundle")
     r = _kc(tmp, "explain", "--against", str(junk), store=store)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    # a file that is not there is a bad argument (exit 2, as every refused user file: kcache/userfile.py)
     r = _kc(tmp, "explain", "--against", str(tmp_path / "missing"), store=store)
-    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1

@@ -37,6 +37,7 @@ COUNTING = textwrap.dedent(
     import fcntl, json, os, sys, threading, time
     MAIN = threading.main_thread()
     WAITS, STARTS, JOINS = [], [], []
+    JOINING = threading.Event()  # the program's thread has begun a join (the race test's cue)
     def caller():
         return sys._getframe(2).f_code.co_filename
     def wrap(owner, name, blocking=lambda a, k: True):
@@ -54,6 +55,7 @@ COUNTING = textwrap.dedent(
     def join(self, timeout=None):
         if threading.current_thread() is MAIN:
             WAITS.append(["Thread.join", caller()])
+            JOINING.set()
             _join(self, timeout)
             JOINS.append({"thread": self.name, "alive_after": self.is_alive()})
             return None
@@ -143,11 +145,27 @@ def test_always_compile_costs_no_wait_and_counts_as_a_compile(warm: dict[str, An
 RACE = COUNTING + textwrap.dedent(
     """
     HELD = []
-    class Slow:  # holds the pre-import inside gluon's package (its import locks held) a while
+    import importlib.machinery
+    class SlowLoader:  # runs the real module's code only once the program's thread waits for
+        # the pre-import: however long the program takes to get to its compile (a loaded box), the
+        # compile meets the pre-import still inside gluon's package, holding that module's lock
+        # (as a slow import does; a finder that waited would hold Python's global import lock,
+        # which no real import holds for long, and stop every import of every thread)
+        def __init__(self, real):
+            self.real = real
+        def create_module(self, spec):
+            return self.real.create_module(spec)
+        def exec_module(self, module):
+            HELD.append(module.__name__)
+            JOINING.wait(60)
+            self.real.exec_module(module)
+    class Slow:
         def find_spec(self, name, path=None, target=None):
             if threading.current_thread().name == "kcache-triton-warmup" and name == SLOW:
-                HELD.append(name)
-                time.sleep(2.0)
+                spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+                if spec is not None and spec.loader is not None:
+                    spec.loader = SlowLoader(spec.loader)
+                return spec
             return None
     sys.meta_path.insert(0, Slow())
     import triton

@@ -25,7 +25,7 @@ pytest.importorskip("triton")
 from kernels.harness import PYTHON, REPO, clean_env, entries_of_kind, run_kernels  # noqa: E402
 
 from kcache.store.records import Record, file_info  # noqa: E402
-from kcache.store.tiers import redis as rt  # noqa: E402
+from kcache.store.tiers import entry as rt  # noqa: E402
 from kcache.store.tiers import redis_keys as rk  # noqa: E402
 
 

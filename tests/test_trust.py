@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kcache import kinds
 from kcache.store import trust
-from kcache.store.tiers import redis as rt
+from kcache.store.tiers import entry as rt
 
 
 def test_the_rule_for_every_kind() -> None:

@@ -52,10 +52,14 @@ def close_store(store: Store, timeout: float = 30.0) -> None:
     to): what the tier opened is closed by then, and no thread connects again after (the
     ``no_descriptors_left`` fixture counts what is left). Idempotent."""
     tiers: list[Any] = list(store.tiers)
-    threads = [t for tier in tiers for t in (getattr(tier, "_thread", None), _keeper_thread(tier)) if t]
+    threads = [t for tier in tiers for t in (_writer_thread(tier), _keeper_thread(tier)) if t]
     store.close()
     for t in threads:
         t.join(timeout)
+
+
+def _writer_thread(tier: Any) -> Any:
+    return getattr(getattr(tier, "writer", None), "thread", None)
 
 
 def _keeper_thread(tier: Any) -> Any:

@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""The shared tier (issue 15): what a hit from Redis costs against a local hit and a compile, and
-what N processes on N "machines" missing the same kernels at once compile in all.
+"""The shared tier (issues 15, 35): what a hit from Redis or S3 costs against a local hit and a
+compile, and what N processes on N "machines" missing the same kernels at once compile in all.
 
     python tools/bench_remote.py [--repeats 5] [--procs 8] [--json OUT.json] [--redis-server PATH]
+                                 [--backends redis,s3] [--sizes 4096,102400,1048576]
 
 Starts its own redis-server (the distribution's package) on 127.0.0.1 at a free port, no
-persistence, and stops it at the end. Each store path stands for one machine.
+persistence, and, with ``s3`` in ``--backends``, moto's S3 server (``python -m moto.server``:
+the S3 HTTP API, not a real S3), and stops them at the end. Each store path stands for one
+machine.
 
-1. Hit latency, in this process, median over ``--iters`` lookups, for a 4 KB and a 100 KB group
-   of Triton-like members: ``Store.get`` plus ``Hit.paths`` (the files Triton opens), from
+1. Hit latency, in this process, median over ``--iters`` lookups, for each of ``--sizes`` (a
+   group of Triton-like members of about that many bytes) and each backend:
+   ``Store.get`` plus ``Hit.paths`` (the files Triton opens), from
    * the local store (a hit; its served files made anew each time, as a new process would),
    * Redis (the entry removed locally before each lookup: a local miss, ``GET``, checks,
      commit to the local store, served files), with and without ``KCACHE_SECRET`` (HMAC),
@@ -80,6 +84,8 @@ class Redis:
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.split()[2]
 
+    env: dict[str, str] = {}
+
     def flush(self) -> None:
         import redis
 
@@ -88,6 +94,63 @@ class Redis:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=10)
+
+
+class S3:
+    """moto's S3 server on 127.0.0.1 at a free port: ``url`` is ``s3://<bucket>/bench`` (a new
+    bucket at each :meth:`flush`); ``env`` the AWS configuration that points at it."""
+
+    def __init__(self, workdir: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), 0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise SystemExit("the moto server did not start") from None
+                time.sleep(0.1)
+        self.env = {
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{self.port}",
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench-secret",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+        os.environ.update(self.env)  # this process's stores (part 1) use it too
+        import moto
+
+        self.version = f"moto {moto.__version__}"
+        self.n = 0
+        self.flush()
+
+    def flush(self) -> None:
+        import boto3
+
+        self.n += 1
+        bucket = f"bench-{self.n}"
+        boto3.client("s3", endpoint_url=self.env["AWS_ENDPOINT_URL"]).create_bucket(Bucket=bucket)
+        self.url = f"s3://{bucket}/bench"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # (a moto server busy in a request ignores SIGTERM)
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+Server = Redis | S3
 
 
 # ------------------------------------------------------------------------------------ 1. latency
@@ -111,15 +174,16 @@ def _settings(url: str, prefix: str, secret: str | None) -> Any:
     return config.load(env)
 
 
-def hit_latency(redis: Redis, tmp: Path, size: int, iters: int, secret: str | None) -> dict[str, float]:
+def hit_latency(redis: Server, tmp: Path, size: int, iters: int, secret: str | None) -> dict[str, float]:
     prefix = f"bench{size}{'s' if secret else ''}:"
     files = group(size)
     key = f"K{size}"
-    a = Store.open(tmp / f"a{size}{bool(secret)}")
+    tag = f"{type(redis).__name__}{size}{bool(secret)}"
+    a = Store.open(tmp / f"a{tag}")
     a.attach_remote(_settings(redis.url, prefix, secret))
     a.put(KIND, key, files, compile_s=1.0)
     assert a.tiers[0].flush(10)
-    b = Store.open(tmp / f"b{size}{bool(secret)}")
+    b = Store.open(tmp / f"b{tag}")
     b.attach_remote(_settings(redis.url, prefix, secret))
     ident = b.entry_id(KIND, key)
     b.get(KIND, "warm-up")  # redis imported, connected
@@ -185,7 +249,7 @@ def run_key_first(env: dict[str, str], out: Path, names: str) -> dict[str, Any]:
     return json.loads(out.read_text())
 
 
-def fresh_processes(redis: Redis, tmp: Path, repeats: int) -> dict[str, Any]:
+def fresh_processes(redis: Server, tmp: Path, repeats: int) -> dict[str, Any]:
     names = ",".join(SPECS)
     rows: dict[str, list[dict[str, Any]]] = {"cold": [], "warm": [], "remote": []}
     for rep in range(repeats):
@@ -224,7 +288,9 @@ def fresh_processes(redis: Redis, tmp: Path, repeats: int) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ 3. at once
-def at_once(redis: Redis | None, tmp: Path, procs: int, secret: str | None = None) -> dict[str, Any]:
+def at_once(
+    redis: Server | None, tmp: Path, procs: int, secret: str | None = None, timeout: str | None = None
+) -> dict[str, Any]:
     """``procs`` fresh processes, a store each, released at once on the same kernels; with
     ``redis`` they share it (and ``secret`` as KCACHE_SECRET). Besides the wall time: where it
     went, from each kernel's completion time in every process: the compiles on the critical path
@@ -236,9 +302,11 @@ def at_once(redis: Redis | None, tmp: Path, procs: int, secret: str | None = Non
     prefix = f"{tmp.name}:"
     for i in range(procs):
         (tmp / f"m{i}").mkdir()
-        extra = {"KCACHE_REMOTE": redis.url, "KCACHE_REMOTE_PREFIX": prefix} if redis else {}
+        extra = {"KCACHE_REMOTE": redis.url, "KCACHE_REMOTE_PREFIX": prefix, **redis.env} if redis else {}
         if redis and secret:
             extra["KCACHE_SECRET"] = secret
+        if redis and timeout:
+            extra["KCACHE_REMOTE_TIMEOUT"] = timeout
         env = clean_env(tmp / f"m{i}", kcache_dir=tmp / f"m{i}" / "store", **extra)
         ps.append(start_kernels(env, tmp / f"m{i}" / "r.json", specs=names, barrier=barrier))
     release_barrier(barrier, ps)
@@ -282,55 +350,77 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--redis-server", default=shutil.which("redis-server") or "/usr/bin/redis-server")
     ap.add_argument("--fleet-only", action="store_true", help="only part 3 (processes at once)")
+    ap.add_argument("--backends", default="redis", help="redis, s3 or both (default: %(default)s)")
+    ap.add_argument("--sizes", default="4096,102400", help="part 1's group sizes in bytes")
+    ap.add_argument("--no-processes", action="store_true", help="skip part 2 (fresh processes)")
+    ap.add_argument("--s3-timeout", default=None, help="KCACHE_REMOTE_TIMEOUT of part 3's S3 processes")
     ap.add_argument(
         "--conditions",
         default="redis,redis-secret,no-redis,alone",
-        help="part 3's conditions, interleaved in each round (default: %(default)s)",
+        help="part 3's conditions, interleaved in each round: redis, redis-secret, s3, s3-secret, "
+        "no-redis, alone (default: %(default)s)",
     )
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="kcache-bench-remote-"))
-    redis = Redis(a.redis_server, root / "redis")
+    backends = [b for b in a.backends.split(",") if b]
+    servers: dict[str, Server] = {}
+    if "redis" in backends or any(c.startswith("redis") for c in a.conditions.split(",")):
+        servers["redis"] = Redis(a.redis_server, root / "redis")
+    if "s3" in backends or any(c.startswith("s3") for c in a.conditions.split(",")):
+        servers["s3"] = S3(root / "s3")
     res: dict[str, Any] = {}
     try:
         if not a.fleet_only:
             print(f"1. hit latency (ms, median of {a.iters} lookups; get + served files)", flush=True)
             res["latency"] = {}
-            for size in (4096, 100 * 1024):
-                for secret in (None, "bench-secret"):
-                    r = hit_latency(redis, root, size, a.iters, secret)
-                    tag = f"{size // 1024}KB" + ("-signed" if secret else "")
-                    res["latency"][tag] = r
+            for name in backends:
+                for size in (int(x) for x in a.sizes.split(",")):
+                    for secret in (None, "bench-secret"):
+                        r = hit_latency(servers[name], root, size, a.iters, secret)
+                        tag = f"{name}-{size // 1024}KB" + ("-signed" if secret else "")
+                        res["latency"][tag] = r
+                        print(
+                            f"  {tag:<22} local {r['local_ms']:.3f}  remote {r['remote_ms']:.3f}  "
+                            f"({r['remote_ms'] / r['local_ms']:.1f}x; value {r['value_bytes']} B)",
+                            flush=True,
+                        )
+            if "redis" in servers and not a.no_processes:
+                redis = servers["redis"]
+                assert isinstance(redis, Redis)
+                res["first_lookup_ms"] = first_lookup(redis, root, a.repeats)
+                print(
+                    f"  first remote lookup in a fresh process: {res['first_lookup_ms']:.1f} ms", flush=True
+                )
+                print(f"2. fresh processes, {len(SPECS)} kernels, median of {a.repeats}", flush=True)
+                res["processes"] = fresh_processes(redis, root, a.repeats)
+                for label, r in res["processes"].items():
                     print(
-                        f"  {tag:<13} local {r['local_ms']:.3f}  remote {r['remote_ms']:.3f}  "
-                        f"({r['remote_ms'] / r['local_ms']:.1f}x; value {r['value_bytes']} B)",
+                        f"  {label:<7} kernels {r['kernels_ms']:8.1f} ms  first {r['first_kernel_ms']:7.1f} ms  "
+                        f"add {r['per_kernel_ms']['add']:7.1f}  matmul {r['per_kernel_ms']['matmul_64x64x32']:7.1f}  "
+                        f"compiled {r['compiled']}",
                         flush=True,
                     )
-            res["first_lookup_ms"] = first_lookup(redis, root, a.repeats)
-            print(f"  first remote lookup in a fresh process: {res['first_lookup_ms']:.1f} ms", flush=True)
-            print(f"2. fresh processes, {len(SPECS)} kernels, median of {a.repeats}", flush=True)
-            res["processes"] = fresh_processes(redis, root, a.repeats)
-            for label, r in res["processes"].items():
-                print(
-                    f"  {label:<7} kernels {r['kernels_ms']:8.1f} ms  first {r['first_kernel_ms']:7.1f} ms  "
-                    f"add {r['per_kernel_ms']['add']:7.1f}  matmul {r['per_kernel_ms']['matmul_64x64x32']:7.1f}  "
-                    f"compiled {r['compiled']}",
-                    flush=True,
-                )
         print(f"3. {a.procs} processes, a store each, cold at once; median of {a.repeats}", flush=True)
         conditions = [c for c in a.conditions.split(",") if c]
         rounds: dict[str, list[dict[str, Any]]] = {c: [] for c in conditions}
         for rep in range(a.repeats):
-            redis.flush()
+            for srv in servers.values():
+                srv.flush()
             for name in conditions:
-                red = redis if name.startswith("redis") else None
+                kind = name.split("-")[0]
+                red = servers.get(kind) if kind in ("redis", "s3") else None
                 n = 1 if name == "alone" else a.procs
                 r = at_once(
-                    red, root / f"{name}-{rep}", n, "bench-secret" if name == "redis-secret" else None
+                    red,
+                    root / f"{name}-{rep}",
+                    n,
+                    "bench-secret" if name.endswith("-secret") else None,
+                    a.s3_timeout if kind == "s3" else None,
                 )
                 rounds[name].append(r)
                 print(
                     f"  round {rep + 1} {name:<12} wall {r['wall_s']:6.2f} s  Triton compiles "
-                    f"{r['triton_compiles']:3d}  kcache puts {r['kcache_puts']:3d}  from Redis "
+                    f"{r['triton_compiles']:3d}  kcache puts {r['kcache_puts']:3d}  from the tier "
                     f"{r['remote_hits']:3d} (waited {r['remote_waited']}, {r['remote_wait_s']:.1f} s, "
                     f"{r['remote_fruitless_s']:.1f} s for nothing)  first kernel {r['first_kernel_s']:.2f} s  "
                     f"last one's spread {r['last_spread_s']:.3f} s  errors {r['errors']}",
@@ -354,7 +444,8 @@ def main() -> int:
             for name, rs in rounds.items()
         }
     finally:
-        redis.stop()
+        for srv in servers.values():
+            srv.stop()
         shutil.rmtree(root, ignore_errors=True)
     alone = res["at_once"]["alone"]["wall_s_median"] if "alone" in res["at_once"] else None
     for name, s in res["at_once"].items():
@@ -368,7 +459,7 @@ def main() -> int:
         date=datetime.datetime.now().isoformat(timespec="minutes"),
         python=platform.python_version(),
         triton=triton.__version__,
-        redis_server=redis.version,
+        servers={name: srv.version for name, srv in servers.items()},
         redis_py=redis_py.__version__,
         cpus=os.cpu_count(),
         load=os.getloadavg(),
@@ -377,9 +468,9 @@ def main() -> int:
     )
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1))
-    shared = [n for n in res["at_once"] if n.startswith("redis")]
+    shared = [n for n in res["at_once"] if n.startswith(("redis", "s3"))]
     exact = all(c == len(SPECS) for n in shared for c in res["at_once"][n]["triton_compiles"])
-    print(f"\nexactly {len(SPECS)} compiles in every round with Redis: {'yes' if exact else 'NO'}")
+    print(f"\nexactly {len(SPECS)} compiles in every round with a shared tier: {'yes' if exact else 'NO'}")
     return 0 if exact else 1
 
 

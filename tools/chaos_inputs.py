@@ -644,7 +644,7 @@ if mode == "plant":
     print(json.dumps({{"planted": n, "keys": len(keys)}}))
 elif mode == "redis":  # straight into a shared tier, as the remote store packs its entries
     import redis
-    from kcache.store.tiers.redis import pack_entry
+    from kcache.store.tiers.entry import pack_entry
     from kcache.store.tiers.redis_keys import entry_key
     url, prefix = target.split("|", 1)
     r = redis.Redis.from_url(url)

@@ -190,7 +190,7 @@ class Trickle:
 def _bad_value(kind: str, key: str, ident: str, i: int) -> bytes:
     """An entry whose checksums are all right and whose record is not."""
     from kcache.store.records import Record, file_info
-    from kcache.store.tiers import redis as rt
+    from kcache.store.tiers import entry as rt
 
     files = {"x.json": b"{}", "x.cubin": os.urandom(1000)}
     bad = [
@@ -283,8 +283,8 @@ class Attack:
         return 0.05
 
     def _fake_heartbeats(self, r: Any) -> float:
+        from kcache.store.tiers import lease as rl
         from kcache.store.tiers import redis_keys as rk
-        from kcache.store.tiers import redis_lock as rl
 
         self._seq = getattr(self, "_seq", 0) + 1
         holder = getattr(self, "_holder", None) or rl.new_holder()

@@ -773,6 +773,18 @@ class Check:
                 for name, store, folder in pair if i % 2 == 0 else pair[::-1]:
                     names.append(f"{tag}:{name}#{i}")
                     self.run(names[-1], self.env(store, folder or w / f"ind-fresh-{i}"), 10)
+            if self.args.profile_dump:  # then one warm run of each with its first call profiled
+                dump = Path(self.args.profile_dump)
+                dump.mkdir(parents=True, exist_ok=True)
+                for name, store, folder in (
+                    ("kcache-warm-store", w / "store-0", None),
+                    ("plain-warm", None, w / "ind-plain-cold-0"),
+                ):
+                    extra = {"CHILD_PROFILE": str(self.args.profile or 40),
+                             "CHILD_PROFILE_DUMP": str(dump / f"{tag}-{name}.first.prof")}  # fmt: skip
+                    self.run(
+                        f"{tag}:{name}-profiled", self.env(store, folder or w / "ind-fresh-p", **extra), 10
+                    )
             for i in range(1, cold_pairs):
                 cold(i)
         finally:
@@ -1002,7 +1014,9 @@ def main() -> int:
         help="the warm runs' first call under cProfile: the N functions with the most time, in each run's result",
     )
     ap.add_argument("--profile-dump", default=None, metavar="DIR",
-                    help="plan profile: where the pstats files go (default: the work folder)")  # fmt: skip
+                    help="plan profile: where the pstats files go (default: the work folder); the compare "
+                    "plans (default, reduce-overhead, dynamic, ...): one more warm run of each "
+                    "condition with its first call profiled, dumped there")  # fmt: skip
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     for plan in args.plan.split(","):

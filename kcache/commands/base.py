@@ -65,6 +65,9 @@ def fmt_seconds(s: float) -> str:
     return f"{s / 3600:.1f} h"
 
 
+counted = _config.counted  # "1 entry", "2 entries": the one helper, for the commands too
+
+
 def fmt_rate(r: float | None) -> str:
     return "-" if r is None else f"{100 * r:.1f}%"
 
@@ -90,11 +93,40 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence
     return "\n".join(lines)
 
 
-def open_for(args: argparse.Namespace, *, write: bool = False) -> Admin:
-    """The store of ``--dir`` (or the settings): read-only unless ``write``; never created."""
+def open_for(args: argparse.Namespace, *, write: bool = False, missing_ok: bool = False) -> Admin:
+    """The store of ``--dir`` (or the settings): read-only unless ``write``; never created.
+
+    A folder that ``--dir`` or ``KCACHE_DIR`` names and that does not exist is a failure
+    (CommandError): it is most often a mistyped path, and reading it as an empty store (exit 0,
+    "0 entries", "removed 0 entries") hid that. The default folder not existing yet is a
+    machine where nothing was cached yet: it still reads as an empty store; so does any missing
+    folder with ``missing_ok`` (``explain --against``: a new node's empty store is the question)."""
     from ..maintenance import open_store
 
-    return open_store(load_settings(args), write=write)
+    settings = load_settings(args)
+    if not missing_ok:
+        check_named_store(settings)
+    return open_store(settings, write=write)
+
+
+def check_named_store(settings: _config.Settings) -> None:
+    """CommandError when the settings' store folder was named (``--dir``, ``KCACHE_DIR``) and
+    does not exist (see :func:`open_for`)."""
+    import os
+
+    source = settings.sources.get("dir", "default")
+    if source not in ("argument", "env KCACHE_DIR"):
+        return
+    try:
+        if os.path.lexists(settings.dir):
+            return
+    except (OSError, ValueError):
+        return  # open_store says what is wrong with it
+    named = "--dir" if source == "argument" else "KCACHE_DIR"
+    raise CommandError(
+        f"no store at {settings.dir} ({named}): the folder does not exist; check the path "
+        "(a store is made there by the first program that caches with KCACHE=1, or by `kcache import`)"
+    )
 
 
 def kind_arg(text: str) -> str:

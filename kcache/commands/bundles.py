@@ -9,6 +9,7 @@ from typing import Any
 from .base import (
     CommandError,
     UsageError,
+    counted,
     fmt_value,
     jobs_arg,
     kind_arg,
@@ -122,6 +123,9 @@ def import_run(args: argparse.Namespace) -> int:
                 size = sum(r.size for r in bundle.records.values())
                 with Progress("import", size, enabled=not wants_json(args), unit="bytes") as prog:
                     res = import_bundle(store, bundle, progress=prog)
+                res["trust"] = _trust_of(bundle, res)
+                res["secret_set"] = settings.secret is not None
+                res["never_served"] = _never_served(bundle, res)
         finally:
             store.close()
     except (BundleError, OSError) as e:
@@ -139,9 +143,13 @@ def import_run(args: argparse.Namespace) -> int:
         print_json(res)
     elif args.triton_cache:
         print(
-            f"adopted from {res['source']}: {res['kernels']} kernels ({res['kernels_present']} already "
-            f"present), {res['aux']} launchers, {res['autotune']} autotune results"
-            + (f"; {res['other_triton']} kernels of another Triton left out" if res["other_triton"] else "")
+            f"adopted from {res['source']}: {counted(res['kernels'], 'kernel')} ({res['kernels_present']} "
+            f"already present), {counted(res['aux'], 'launcher')}, {counted(res['autotune'], 'autotune result')}"
+            + (
+                f"; {counted(res['other_triton'], 'kernel')} of another Triton left out"
+                if res["other_triton"]
+                else ""
+            )
         )
         _skipped_lines(res, args.verbose)
     else:
@@ -158,10 +166,74 @@ def import_run(args: argparse.Namespace) -> int:
             print(
                 "the bundle is signed: set KCACHE_SECRET to the secret it was signed with to import the rest"
             )
+        if not problem:  # a failed import's one line says why already
+            _trust_lines(res)
     if problem:
         print_error(problem)
         return 1
     return 0
+
+
+def _trust_of(bundle: Any, res: dict[str, Any]) -> str:
+    """How far the bundle's contents are authenticated: ``checked`` (its signature matched
+    KCACHE_SECRET), ``unchecked`` (signed, but no secret here to check it with), ``unsigned``."""
+    if res.get("signed"):
+        return "checked"
+    return "unchecked" if getattr(bundle, "unchecked_signature", False) else "unsigned"
+
+
+def _never_served(bundle: Any, res: dict[str, Any]) -> dict[str, Any]:
+    """The entries now in the store (imported or present) that this machine can never look up:
+    built by other library versions (a Triton 3.6 bundle in a Triton 3.9 store), with what
+    differs: ``{"entries": N, "differ": [{"name", "bundle", "here", "entries"}]}``."""
+    from .. import fingerprint
+    from ..kinds import machine_local
+    from ..maintenance.clear import stale_reasons, version_components
+
+    skipped = {s.get("id") for s in res.get("skipped") or []}
+    names = version_components()
+    by: dict[tuple[str, str, str], int] = {}
+    n = 0
+    for ident, d in bundle.records.items():
+        if ident in skipped or d.invalid or machine_local(d.kind):
+            continue
+        try:
+            comps = d.record().components
+        except Exception:  # broad: a record that does not decode was skipped by the import
+            continue
+        diffs = stale_reasons(comps, fingerprint.current, names)
+        n += bool(diffs)
+        for x in diffs:
+            k = (x["name"], str(x["stored"]), str(x["current"]))
+            by[k] = by.get(k, 0) + 1
+    differ = [
+        {"name": k[0], "bundle": k[1], "here": k[2], "entries": v}
+        for k, v in sorted(by.items(), key=lambda kv: -kv[1])
+    ]
+    return {"entries": n, "differ": differ}
+
+
+def _trust_lines(res: dict[str, Any]) -> None:
+    """What an import leaves to the user's judgement: an unauthenticated bundle, and entries
+    that can never be served on this machine (before, both imported without a word)."""
+    trust = res.get("trust")
+    if trust == "unchecked":
+        print(
+            "the bundle is signed, but KCACHE_SECRET is not set here: its signature was not checked "
+            "(what was imported is unauthenticated; host code and torch pickles were skipped)"
+        )
+    elif trust == "unsigned" and res.get("secret_set"):
+        print(
+            "the bundle is not signed, though KCACHE_SECRET is set here: nothing in it is authenticated "
+            "(host code and torch pickles were skipped; re-export it with the secret to sign it)"
+        )
+    never = res.get("never_served") or {}
+    if never.get("entries"):
+        parts = ", ".join(f"{d['name']} {d['bundle']} (here {d['here']})" for d in never["differ"][:3])
+        print(
+            f"{counted(never['entries'], 'entry')} of it can never be served on this machine: built with {parts}; "
+            f"`kcache explain --against {res['file']}` says more, `kcache clear --stale` removes them"
+        )
 
 
 def _import_problem(res: dict[str, Any], args: argparse.Namespace) -> str | None:
@@ -176,5 +248,6 @@ def _import_problem(res: dict[str, Any], args: argparse.Namespace) -> str | None
 
     why = reasons(res["skipped"]) if res["skipped"] else "it holds no kernel of a Triton cache"
     if res["other_triton"]:
-        why += f"; {res['other_triton']} kernels were built by another Triton than this one"
+        n = res["other_triton"]
+        why += f"; {counted(n, 'kernel')} {'was' if n == 1 else 'were'} built by another Triton than this one"
     return f"nothing adopted from {res['source']}: {why}"

@@ -83,6 +83,18 @@ def config_run(args: argparse.Namespace) -> int:
     if wants_json(args):
         print_json(res)
         return 0
+    # Problems first: a bad value shows the default in its row, and the reason must not be
+    # left for the bottom of a long table.
+    if res["problems"]:
+        print("problems (caching is off until they are fixed):")
+        for p in res["problems"]:
+            print(f"  {p}")
+    if res.get("remote_problems"):
+        print("problems with the shared tier (it is off until they are fixed; local caching is on):")
+        for p in res["remote_problems"]:
+            print(f"  {p}")
+    if res["problems"] or res.get("remote_problems"):
+        print()
     rows = []
     for r in res["settings"]:
         v = r["value"]
@@ -112,14 +124,6 @@ def config_run(args: argparse.Namespace) -> int:
     )
     if res.get("shared_tier"):
         print(f"\n{res['shared_tier']['trust']}")
-    if res["problems"]:
-        print("\nproblems (caching is off until they are fixed):")
-        for p in res["problems"]:
-            print(f"  {p}")
-    if res.get("remote_problems"):
-        print("\nproblems with the shared tier (it is off until they are fixed; local caching is on):")
-        for p in res["remote_problems"]:
-            print(f"  {p}")
     return 0
 
 
@@ -141,7 +145,10 @@ def remote_run(args: argparse.Namespace) -> int:
     if settings.remote_problems:
         raise UsageError("bad setting: " + "; ".join(settings.remote_problems))
     if not settings.remote:
-        raise UsageError("no shared tier configured: set KCACHE_REMOTE=redis://host:port/db")
+        raise UsageError(
+            "no shared tier configured: set KCACHE_REMOTE=redis://host:port/db or "
+            "KCACHE_REMOTE=s3://bucket/prefix (docs/remote.md)"
+        )
     res = remote_report(settings, limit=args.limit)
     if wants_json(args):
         print_json(res)
@@ -153,7 +160,10 @@ def remote_run(args: argparse.Namespace) -> int:
         mm = int(srv.get("maxmemory") or 0)
         return f"{format_size(int(srv['used_memory']))} of {format_size(mm) if mm else 'no maxmemory'}"
 
-    rows = [["url", res["url"]]]
+    rows = [["url", res["url"]], ["backend", res.get("backend", "?")]]
+    for field in ("endpoint", "region"):  # S3: where the bucket was found
+        if res.get(field):
+            rows.append([field, res[field]])
     cl = res.get("cluster")
     if cl is not None:
         roles = [n["role"] for n in res.get("nodes", [])]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +10,7 @@ from .base import (
     UsageError,
     age_arg,
     count_arg,
+    counted,
     fmt_seconds,
     fmt_time,
     fmt_value,
@@ -18,6 +18,7 @@ from .base import (
     kind_arg,
     open_for,
     prefix_arg,
+    print_error,
     print_json,
     summary_text,
     table,
@@ -92,8 +93,7 @@ def inspect_run(args: argparse.Namespace) -> int:
         print_json(found)
         return 1 if missing else 0
     if missing:
-        what = f"no entry id, key or name matches {(args.name or args.pattern)!r}"
-        print(f"kcache: {what}" + (f" among {args.kind} entries" if args.kind else ""), file=sys.stderr)
+        print_error(_no_match(args.name or args.pattern, args.kind, "id, key"))
         return 1
     if records:
         for i, d in enumerate(found):
@@ -137,6 +137,10 @@ def inspect_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _no_match(pattern: str, kind: str | None, ids: str) -> str:
+    return f"no entry {ids} or name matches {pattern!r}" + (f" among {kind} entries" if kind else "")
+
+
 def _print_record(d: dict[str, Any], format_size: Callable[[float], str]) -> None:
     if d.get("kind") is None:
         print(table(["", ""], [["id", d["id"]], ["status", d.get("status")]]).split("\n", 1)[1])
@@ -147,7 +151,7 @@ def _print_record(d: dict[str, Any], format_size: Callable[[float], str]) -> Non
         ["key", d["key"]],
         ["path", d["path"]],
         ["status", d["status"]],
-        ["size", f"{format_size(d['size'])} in {len(d['files'])} files"],
+        ["size", f"{format_size(d['size'])} in {counted(len(d['files']), 'file')}"],
         ["created", fmt_time(d["created"])],
         ["last used", fmt_time(d["last_used"])],
         ["hits", d["hits"] if d["hits"] is not None else "- (not in the index)"],
@@ -256,12 +260,18 @@ def clear_run(args: argparse.Namespace) -> int:
             )
     finally:
         close_store(store)
+    # A name or id that matches nothing is most often a typo: a failure, as for `inspect` (a
+    # --kind, --older-than or --stale that selects nothing is a store with nothing to remove).
+    unmatched = bool(name) and not res["count"]
     if wants_json(args):
         print_json(res)
-        return 0
+        return 1 if unmatched else 0
+    if unmatched:
+        print_error(_no_match(name, args.kind, "id"))
+        return 1
     n, size = res["count"], format_size(res["bytes"])
     if args.dry_run:
-        print(f"would remove {n} entr{'y' if n == 1 else 'ies'}, {size} (dry run: nothing changed)")
+        print(f"would remove {counted(n, 'entry')}, {size} (dry run: nothing changed)")
         if res["entries"]:
             rows = [
                 [
@@ -276,9 +286,9 @@ def clear_run(args: argparse.Namespace) -> int:
             ]
             print(table(["kind", "id", "name", "size", "last used", "why"], rows, right=(3,)))
         return 0
-    msg = f"removed {n} entr{'y' if n == 1 else 'ies'}, {size}"
+    msg = f"removed {counted(n, 'entry')}, {size}"
     if res["leftovers"]:
-        msg += f"; cleaned {res['leftovers']} leftovers from tmp/ and trash/"
+        msg += f"; cleaned {counted(res['leftovers'], 'leftover')} from tmp/ and trash/"
     print(msg)
     if not res["index_updated"]:
         print(
@@ -313,7 +323,7 @@ def verify_run(args: argparse.Namespace) -> int:
         return 0 if res["ok"] else 1
     n = len(res["problems"])
     print(
-        f"checked {res['entries']} entries in {res['dir']}: "
+        f"checked {counted(res['entries'], 'entry')} in {res['dir']}: "
         + (f"{n} problem{'s' * (n != 1)}" if n else "ok")
     )
     if n:

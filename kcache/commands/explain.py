@@ -8,6 +8,7 @@ import argparse
 from .base import (
     CommandError,
     count_arg,
+    counted,
     fmt_time,
     fmt_value,
     kind_arg,
@@ -41,7 +42,7 @@ def _explain_against(args: argparse.Namespace) -> int:
     from ..maintenance.against import UNEXPLAINED, explain_against
 
     settings = load_settings(args)
-    store = open_for(args)
+    store = open_for(args, missing_ok=True)  # a new node, nothing cached yet: what would it miss?
     try:
         res = explain_against(store, args.against, key_tag=settings.key_tag)
     finally:
@@ -55,7 +56,7 @@ def _explain_against(args: argparse.Namespace) -> int:
         head = "misses"
     else:
         print(
-            f"{o['path']} ({o['type']}) holds {o['entries']} entries: {res['present']} are here, "
+            f"{o['path']} ({o['type']}) holds {counted(o['entries'], 'entry')}: {res['present']} are here, "
             f"{res['lacking']} are not"
         )
         head = "entries"
@@ -118,7 +119,20 @@ def explain_run(args: argparse.Namespace) -> int:
                 print(
                     f"      {fmt_value(d['name'], 50)}: {fmt_value(d['stored'], 50)} -> {fmt_value(d['wanted'], 50)}"
                 )
+        envs = sorted(
+            {d["name"][4:] for n in m["nearest"] for d in n["differ"] if d["name"].startswith("env.")}
+        )
+        if envs:
+            print(f"  {_ENV_HINT.format(', '.join(fmt_value(e, 40) for e in envs))}")
     return 0
+
+
+# Following Triton's own advice (3.9 warns that TRITON_DEFAULT_FP_FUSION is unset) changes every
+# kernel's key, even set to the default's value: the store then seems empty (issue 36, point 8).
+_ENV_HINT = (
+    "{}: Triton puts this variable in every kernel's key, set or not (set to its default value is "
+    "another key too): set it alike in every process that shares the store, and in a prewarm spec's [env]"
+)
 
 
 def fingerprint_args(p: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from .base import (
     UsageError,
+    counted,
     fmt_rate,
     fmt_seconds,
     load_settings,
@@ -47,7 +48,8 @@ def stats_run(args: argparse.Namespace) -> int:
     b = data["bound"]
     used = f"{format_size(data['bytes'])} of {format_size(b['store'])}"
     used += f" ({100 * data['bytes'] / b['store']:.1f}%), bound from {b['store_source']}"
-    rows = [["store", data["dir"]], ["size", used]]
+    where = data["dir"] if os.path.isdir(data["dir"]) else f"{data['dir']} (nothing cached here yet)"
+    rows = [["store", where], ["size", used]]
     if b["env"] is not None and b["env"] != b["store"]:
         rows.append(
             ["", f"this shell's KCACHE_MAX_SIZE={format_size(b['env'])} wins for processes started here"]
@@ -66,19 +68,22 @@ def stats_run(args: argparse.Namespace) -> int:
                 ["evictions", data["evictions"]],
                 ["errors", data["errors"]],
                 ["quarantined", data["quarantined"]],
+                *([["recached", data["recached"]]] if data["recached"] else []),
+                ["updated", _when(data["updated_at"])],
+                ["zeroed", _when(data["zeroed_at"])],
             ],
         ).split("\n", 1)[1]
     )
     if data["by_kind"]:
         print()
+        from ..kinds import machine_local
+
         rows = [
             [
                 k,
                 v["entries"],
                 format_size(v["bytes"]),
-                v["hits"],
-                v["misses"],
-                fmt_rate(v["hit_rate"]),
+                *(("-", "-", "-") if machine_local(k) else (v["hits"], v["misses"], fmt_rate(v["hit_rate"]))),
                 fmt_seconds(v["saved_s"]),
             ]
             for k, v in data["by_kind"].items()
@@ -86,11 +91,41 @@ def stats_run(args: argparse.Namespace) -> int:
         print(
             table(["kind", "entries", "size", "hits", "misses", "hit rate", "saved"], rows, right=range(1, 7))
         )
+        for line in _notes(data["by_kind"]):
+            print(line)
     if data.get("remote"):
         _print_remote_counts(data)
     if args.zero:
         print("\ncounters zeroed")
     return 0
+
+
+def _notes(by_kind: dict[str, dict[str, Any]]) -> list[str]:
+    """What the table alone leaves open: a kind with saved time and no hits, a kind with hits
+    and no saved time (issue 36: "saved" and hit counts that did not add up)."""
+    out = []
+    from ..kinds import machine_local
+
+    for k, v in by_kind.items():
+        if machine_local(k) and (v.get("uses") or v["saved_s"]):
+            out.append(
+                f"{k}: answers about this machine kept for the next process (libtriton's digest, "
+                f"ptxas --version, CPU probes): used {counted(v.get('uses', 0), 'time')}, not counted as hits; "
+                "the time they saved is"
+            )
+        elif v["hits"] and v.get("covered_s"):
+            out.append(
+                f"{k}: {fmt_seconds(v['covered_s'])} more saved by its hits is counted once, with the "
+                "torch.compile graphs served with them"
+            )
+    return ["", *out] if out else []
+
+
+def _when(t: float | None) -> str:
+    """A counter time to the second, as ccache's "Stats updated" (``never`` when there is none)."""
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "never"
 
 
 def _print_remote_counts(data: dict[str, Any]) -> None:

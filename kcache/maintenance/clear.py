@@ -44,6 +44,19 @@ def stale_reasons(
     return out
 
 
+def age_text(seconds: float) -> str:
+    """An age as a person reads it: ``45s``, ``26m``, ``5.2h``, ``3.1d`` (the unit the age is
+    counted in; "0.0d" for 26 minutes said nothing)."""
+    s = max(0.0, float(seconds))
+    if s < 120:
+        return f"{s:.0f}s"
+    if s < 2 * 3600:
+        return f"{s / 60:.0f}m"
+    if s < 2 * 86400:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"
+
+
 class _Candidate:
     __slots__ = ("ident", "kind", "size", "last_used", "rec", "on_disk", "in_index", "why")
 
@@ -163,7 +176,7 @@ def clear(
             last = c.last_used if c.last_used is not None else (c.rec.created if c.rec else None)
             if last is None or now - last <= older_than:
                 continue
-            c.why.append(f"unused for {(now - last) / 86400:.1f}d")
+            c.why.append(f"unused for {age_text(now - last)}")
         if stale:
             assert current is not None
             diffs = stale_reasons(c.rec.components, current, names) if c.rec else []
@@ -171,6 +184,15 @@ def clear(
                 continue
             c.why.append("stale: " + ", ".join(f"{d['name']} {d['stored']} != {d['current']}" for d in diffs))
         chosen.append(c)
+    if idx is not None:  # the names of what goes (only --name and --stale read the records above)
+        for c in chosen:
+            if c.rec is None and c.in_index:
+                try:
+                    row = idx.row(c.ident)
+                except Exception as e:  # broad: a name is for the listing; the clear goes on
+                    logger.debug("clear: row %s: %s", c.ident, e)
+                    break
+                c.rec = row.record if row is not None else None
     removed = [
         {
             "id": c.ident,

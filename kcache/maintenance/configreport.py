@@ -20,7 +20,9 @@ def config_report(settings: Settings) -> dict[str, Any]:
         {"name": name, "env": var, "value": values.get(name), "source": settings.sources.get(name, "default")}
         for name, var in ENV.items()
     ]
+    rows += _backend_rows(settings)
     _where_from(settings, rows)
+    _bad_values(settings, rows)
     for row in rows:
         if row["name"] in RANGES:  # what a value may be; outside it, the setting is a problem
             _unit, low, high = RANGES[row["name"]]
@@ -84,10 +86,40 @@ def _where_from(settings: Settings, rows: list[dict[str, Any]]) -> None:
                 row["source"] += f" (over the store's {NAME}: {format_size(kept['max_size'])})"
 
 
+def _bad_values(settings: Settings, rows: list[dict[str, Any]]) -> None:
+    """A variable set to a bad value: its row shows the value that applies instead, and says so
+    (before, ``KCACHE_MAX_SIZE=12XB`` showed "10.0 GiB ... default" with the reason only at the
+    bottom of the output)."""
+    bad = [*settings.problems, *getattr(settings, "remote_problems", [])]
+    for row in rows:
+        if any(p.startswith(f"{row['env']}=") for p in bad):
+            row["source"] = f"{row['source']}: {row['env']} is bad, ignored (see problems)"
+            row["bad"] = True
+
+
+def _backend_rows(settings: Settings) -> list[dict[str, Any]]:
+    """The settings of the backend ``KCACHE_REMOTE`` names (``KCACHE_REMOTE_PASSWORD`` for Redis),
+    secrets as ``set``."""
+    from .. import remotes
+
+    remote = getattr(settings, "remote", None)
+    backend = remotes.for_url(remote) if remote and "://" in remote else None
+    values = settings.backend_values()
+    return [
+        {
+            "name": f"remote_{st.name}",
+            "env": st.env,
+            "value": values.get(f"remote_{st.name}"),
+            "source": settings.remote_option_sources.get(st.name, "default"),
+        }
+        for st in getattr(backend, "settings", ())
+    ]
+
+
 def _shared_tier(settings: Settings) -> dict[str, Any] | None:
     """Whether what the shared tier hands out is authenticated (None: no shared tier)."""
     if not getattr(settings, "remote", None):
         return None
-    from ..store.tiers.redis import trust_line
+    from ..store.tiers.entry import trust_line
 
     return {"authenticated": bool(settings.secret), "trust": trust_line(settings.secret)}

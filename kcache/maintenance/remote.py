@@ -1,6 +1,6 @@
-"""``kcache remote``: whether the shared tier answers, each of its nodes (a single server, or every
-node of a cluster), and what kcache holds there (entries found by ``SCAN`` on each master, with
-their sizes and kinds; :mod:`kcache.store.tiers.redis_survey`)."""
+"""``kcache remote``: whether the shared tier answers, each of its nodes (a Redis server, every node
+of a cluster, an S3 bucket), and what kcache holds there (entries by kind, with their sizes):
+the backend's own survey (:meth:`kcache.store.tiers.backend.Backend.survey`)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,18 @@ def remote_report(
     """What ``kcache remote`` prints. ``reachable`` is False (with ``error``) when no node answers
     within ``timeout_s``; ``limit`` bounds the entry keys looked at (0: all) and ``budget_s`` the
     time spent looking (``complete`` says whether every key was seen)."""
-    from ..store.tiers.redis import RemoteConfig, trust_line
-    from ..store.tiers.redis_survey import survey
+    from ..store.tiers import backend_for
+    from ..store.tiers.backend import Unavailable
+    from ..store.tiers.entry import trust_line
 
-    cfg = RemoteConfig.from_settings(settings)
-    if cfg is None:
+    backend = backend_for(settings)
+    if backend is None:
         raise ValueError("no shared tier configured (set KCACHE_REMOTE)")
+    cfg = backend.cfg
     out: dict[str, Any] = {
         "url": cfg.shown_url,
-        "mode": "cluster" if cfg.cluster else "server",
+        "backend": backend.name,
+        "mode": backend.describe().get("mode", "server"),
         "prefix": cfg.prefix,
         "signed": bool(cfg.secret),
         "authenticated": bool(cfg.secret),
@@ -31,12 +34,20 @@ def remote_report(
         "max_entry": cfg.max_entry,
         "timeout_ms": round(cfg.timeout_s * 1000, 3),
         "lock_lease_s": cfg.lease_s,
+        "leases": backend.leases,
         "reachable": False,
     }
     try:
-        out.update(survey(cfg, limit=limit, budget_s=budget_s, timeout_s=max(cfg.timeout_s, timeout_s)))
+        backend.open()
+        try:
+            out.update(
+                backend.survey(limit=limit, budget_s=budget_s, timeout_s=max(cfg.timeout_s, timeout_s))
+            )
+        finally:
+            backend.close()
     except ImportError:
-        out["error"] = "the redis package is not installed (pip install 'kcache[redis]')"
-    except Exception as e:  # a URL option redis-py refuses, ...
+        how = f" (pip install 'kcache[{backend.extra}]')" if backend.extra else ""
+        out["error"] = f"the {backend.name} backend's client library is not installed{how}"
+    except (ValueError, TypeError, OSError, Unavailable) as e:  # an option the client library refuses, ...
         out["error"] = redact(f"{type(e).__name__}: {e}")
     return out

@@ -28,12 +28,18 @@ def store_stats(store: Admin) -> dict[str, Any]:
             "errors": int(c.get("errors", 0)),
             "quarantined": int(c.get("quarantined", 0)),  # entries whose use raised (redone)
             "saved_s": round(c.get("saved_s", 0.0), 3),
+            # hits whose compile time a served torch.compile graph already counted (not saved twice)
+            "covered_s": round(c.get("covered_s", 0.0), 3),
+            "uses": int(c.get("uses", 0)),  # machine-local answers used (not hits; their time is saved)
+            "recached": int(c.get("recached", 0)),  # lookups KCACHE_RECACHE=1 turned into misses
         }
         remote = _remote_counts(c)
         if remote:
             by_kind[k]["remote"] = remote
     hits = sum(v["hits"] for v in by_kind.values())
     misses = sum(v["misses"] for v in by_kind.values())
+    from ..store.index import COUNTERS_UPDATED, COUNTERS_ZEROED
+
     return {
         "dir": str(store.root),
         "max_size": store.max_size,
@@ -46,9 +52,14 @@ def store_stats(store: Admin) -> dict[str, Any]:
         "evictions": int(counters.get("store", {}).get("evictions", 0)),
         "errors": sum(v["errors"] for v in by_kind.values()),
         "quarantined": sum(v["quarantined"] for v in by_kind.values()),
+        "recached": sum(v["recached"] for v in by_kind.values()),
         "saved_s": round(sum(v["saved_s"] for v in by_kind.values()), 3),
         "by_kind": by_kind,
         "remote": _remote_totals(by_kind),
+        # ccache's "Stats updated" and "Stats zeroed": when the counters were last written, and
+        # last reset (None: never; the counters then run from the store's first use)
+        "updated_at": idx.meta_time(COUNTERS_UPDATED),
+        "zeroed_at": idx.meta_time(COUNTERS_ZEROED),
     }
 
 
@@ -108,4 +119,4 @@ def zero_counters(store: Admin) -> None:
     """Reset the hit/miss/put/eviction counters (not the entries, nor their per-entry hits)."""
     if store.readonly:  # a missing directory: nothing to reset
         return
-    store.index().reset_counters()
+    store.index().reset_counters(at=store.now())

@@ -52,13 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Compile (and on a GPU, autotune) what a spec lists; with --target, for a GPU not here."""
+    """compile (and on a GPU, autotune) what a spec lists; with --target, for a GPU not here"""
     from ..config import parse_age
     from . import runner
     from .spec import SpecError
 
     def fail(msg: str) -> int:
-        print(f"kcache prewarm: error: {msg}", file=sys.stderr)
+        print_error(msg)
         return 2
 
     try:
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     except SpecError as e:
         return fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
     except KeyboardInterrupt:
-        print("kcache prewarm: interrupted", file=sys.stderr)
+        print_error("interrupted")
         return 130
     if as_json:
         json.dump(summary.as_dict(), real_stdout, indent=1, default=str)
@@ -94,9 +94,17 @@ def run(args: argparse.Namespace) -> int:
     return summary.exit_code
 
 
+def print_error(message: str) -> None:
+    """``kcache: error: MESSAGE``, one line on stderr, as every other command says it (a secret
+    in it redacted)."""
+    from ..redact import redact
+
+    print("kcache: error: " + " ".join(redact(message).split()), file=sys.stderr)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # one line, exit 2
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        print_error(message)
         sys.exit(2)
 
 

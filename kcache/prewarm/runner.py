@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..config import counted
 from ..log import logger
 from .env import WORKER_ENV, applied_env, current_invalidating_env, env_key, env_set
 from .executors import EXECUTORS, KindExecutor
@@ -206,7 +207,7 @@ def _planned(items: Sequence[Item], arch: int | None) -> list[ItemResult]:
             why = f"skipped: {it.entry.kind} entries run their model: they need the GPU"
         elif it.entry.what == "autotune":
             n = len(getattr(_tuner_of(it.entry.obj), "configs", []) or [])
-            why = f"{n} configs" + (" (timings need the GPU)" if arch is not None else "")
+            why = counted(n, "config") + (" (timings need the GPU)" if arch is not None else "")
         out.append(ItemResult(it.id, it.entry.label, it.label, it.entry.kind, "planned", why))
     return out
 
@@ -361,6 +362,11 @@ def _check_request(sp: Spec, target: str | None, jobs: Any) -> tuple[int | None,
             arch = parse_target(target)
         except ValueError as e:
             raise UsageError(f"--target: {e}") from None
+        from .targets import target_problem
+
+        why = target_problem(arch)  # cuda:999 went on to kilobytes of PTX and a crash per kernel
+        if why:
+            raise UsageError(why)
         target = f"cuda:{arch}"
     if not isinstance(jobs, int) or jobs < 1:
         raise UsageError(f"--jobs: must be a positive integer, got {jobs!r}")
@@ -411,6 +417,7 @@ def _run_inline(
         ex.setup()
         summary.build, summary.host_code, summary.utils_builds = ex.build, ex.host_code, ex.utils_builds
         for it in items:
+            prog.start(it.label)
             r = ex.run(it)
             summary.items.append(r)
             prog.update(r)

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from ..config import counted
 
 STATUSES = ("prepared", "cached", "failed", "skipped", "planned")
 
@@ -133,16 +137,20 @@ class Summary:
         where = f" for {self.target}" if self.target else ""
         lines = [f"kcache prewarm {self.spec}{where}" + (f" -> {self.store}" if self.store else "")]
         if self.mode == "dry-run":
-            lines.append(f"  dry run: {len(self.items)} items would be prepared")
+            lines.append(f"  dry run: {counted(len(self.items), 'item')} would be prepared")
             for i in self.items:
                 lines.append(f"    {i.label}" + (f"  [{i.reason}]" if i.reason else ""))
             return "\n".join(lines)
         lines.append(
-            f"  {t['items']} items: {t['prepared']} prepared, {t['cached']} already cached, "
-            f"{t['failed']} failed, {t['skipped']} skipped  ({t['kernel_compiles']} kernel compiles, "
-            f"{t['launcher_builds']} launcher builds"
-            + (f", {t['utils_builds']} driver utilities built" if t["utils_builds"] else "")
-            + (f", {t['autotune_results']} autotune results" if t["autotune_results"] else "")
+            f"  {counted(t['items'], 'item')}: {t['prepared']} prepared, {t['cached']} already cached, "
+            f"{t['failed']} failed, {t['skipped']} skipped  ({counted(t['kernel_compiles'], 'kernel compile')}, "
+            f"{counted(t['launcher_builds'], 'launcher build')}"
+            + (
+                f", {counted(t['utils_builds'], 'driver utility', 'driver utilities')} built"
+                if t["utils_builds"]
+                else ""
+            )
+            + (f", {counted(t['autotune_results'], 'autotune result')}" if t["autotune_results"] else "")
             + f"; {self.seconds:.1f} s)"
         )
         stored = t["stored"]
@@ -165,7 +173,13 @@ class Summary:
 
 
 class Progress:
-    """A one-line bar on stderr when it is a terminal (or when forced); a callable gets results."""
+    """A one-line bar on stderr when it is a terminal (or when forced); a callable gets results.
+
+    The bar is drawn at once and names the item being prepared with its seconds so far, redrawn
+    every second (a 22 s torch.compile item showed nothing for 15 s: the bar came with the first
+    result); it is erased at the end, so that the summary stands alone (docs/usage.md)."""
+
+    TICK_S = 1.0
 
     def __init__(self, total: int, setting: Any) -> None:
         self.total = total
@@ -177,27 +191,69 @@ class Progress:
         else:
             self.bar = setting is True
         self._width = 0
+        self._current: tuple[str, float] | None = None  # (label, started) of the item under way
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        if self.bar and total:
+            self._draw()
+            # Items take seconds to minutes each (a torch.compile): the seconds go on counting.
+            self._ticker = threading.Thread(target=self._tick, name="kcache-prewarm-progress", daemon=True)
+            self._ticker.start()
+
+    def start(self, label: str) -> None:
+        """An item is being prepared now (shown until its result comes)."""
+        self._current = (label, time.monotonic())
+        if self.bar:
+            self._draw()
 
     def update(self, r: ItemResult) -> None:
         self.done += 1
         self.counts[r.status] = self.counts.get(r.status, 0) + 1
+        self._current = None
         if self.callback is not None:
             with contextlib.suppress(Exception):
                 self.callback(r)
         if self.bar:
-            n = 24
-            filled = int(n * self.done / max(self.total, 1))
-            text = (
-                f"\r[{'#' * filled}{'.' * (n - filled)}] {self.done}/{self.total} "
-                f"ok {self.counts['prepared'] + self.counts['cached']} failed {self.counts['failed']}  "
-                f"{r.label[:60]}"
-            )
+            self._draw(r.label)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.TICK_S):
+            if self._current is not None:
+                self._draw()
+
+    def _draw(self, last: str | None = None) -> None:
+        n = 24
+        filled = int(n * self.done / max(self.total, 1))
+        text = (
+            f"[{'#' * filled}{'.' * (n - filled)}] {self.done}/{self.total} "
+            f"ok {self.counts['prepared'] + self.counts['cached']} failed {self.counts['failed']}  "
+        )
+        cur = self._current
+        if cur is not None:
+            text += f"{cur[0][:60]} ({time.monotonic() - cur[1]:.0f} s)"
+        elif last is not None:
+            text += last[:60]
+        elif not self.done:
+            text += "starting"
+        with self._lock:
+            if self._stop.is_set():
+                return
             pad = max(0, self._width - len(text))
             self._width = len(text)
-            sys.stderr.write(text + " " * pad)
-            sys.stderr.flush()
+            with contextlib.suppress(OSError, ValueError):  # a closed stream: the bar stops
+                sys.stderr.write("\r" + text + " " * pad)
+                sys.stderr.flush()
 
     def close(self) -> None:
-        if self.bar and self.done:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+        """Stop the bar and erase its line."""
+        if self._ticker is not None:
+            self._stop.set()
+            self._ticker.join(timeout=2.0)
+        with self._lock:
+            self._stop.set()
+            if self.bar and self._width:
+                with contextlib.suppress(OSError, ValueError):
+                    sys.stderr.write("\r" + " " * self._width + "\r")
+                    sys.stderr.flush()
+            self._width = 0

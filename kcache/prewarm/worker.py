@@ -49,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             {"event": "setup", "build": ex.build, "host_code": ex.host_code, "utils_builds": ex.utils_builds}
         )
         for iid in job["items"]:
+            send({"event": "start", "id": iid})  # the parent's progress names it while it runs
             r = ex.run(items[iid])
             send({"event": "item", "result": r.as_dict()})
     except Exception as e:  # broad: a worker's last resort: its parent gets the error, not a traceback

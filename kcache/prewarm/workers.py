@@ -185,6 +185,10 @@ def _event(msg: dict[str, Any], w: _Worker, by_id: dict[int, Item], summary: Sum
         summary.build = summary.build or msg.get("build")
         summary.host_code = summary.host_code or msg.get("host_code")
         summary.utils_builds += int(msg.get("utils_builds") or 0)
+    elif msg.get("event") == "start":
+        it = by_id.get(msg.get("id"))  # type: ignore[arg-type]
+        if it is not None:
+            prog.start(it.label)
     elif msg.get("event") == "item":
         res = ItemResult(**msg["result"])
         w.left.discard(res.id)

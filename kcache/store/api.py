@@ -9,9 +9,10 @@ wants it, at run time):
   read-modify-write, a listing of keys, a scratch folder, counters.
 - :class:`Admin`: what maintenance commands and bundles use: walk, read and remove entries by id,
   the catalogue (the index), the bound, clean-up.
-- :class:`Tier`: what a backend behind the local store offers the composed cache (a Redis
-  server, a Redis Cluster): get a checked entry, put one, drop a bad one, describe itself. A tier
-  never calls back into the store: the composed cache commits what it returns (the backfill).
+- :class:`Tier`: what a tier behind the local store offers the composed cache (the shared
+  tier over Redis, a Redis Cluster, S3, a user's backend): get a checked entry, put one, drop a
+  bad one, single flight. A tier never calls back into the store: the composed cache commits
+  what it returns (the backfill).
 
 ``kcache.store.Store`` (the composed cache: the local disk first, then the tiers) implements
 :class:`Cache` and :class:`Admin`; code outside the store is typed against the face it uses, so
@@ -27,7 +28,8 @@ must go on instead (its flush thread, a close, eviction after a put), the catch 
 by the boundary's rule (:func:`kcache.store.errors.expected`): an expected failure is the miss it
 is, a bug is raised under ``KCACHE_STRICT=1`` and otherwise warned once and counted as an error.
 A :class:`Tier` returns None for a miss and counts its own failures; for a failure it may raise
-only the tier machinery's typed "unavailable" error (:mod:`kcache.store.tiers`), which the
+only the tier machinery's typed "unavailable" error
+(:class:`kcache.store.tiers.backend.Unavailable`), which the
 composed cache counts as a miss. Anything else a tier raises is a bug, by the same rule.
 """
 
@@ -52,35 +54,43 @@ Files = Mapping[str, Union[bytes, str, "os.PathLike[str]"]]
 Entry = tuple["Record", dict[str, bytes]]
 
 
-class Tier(Protocol):
-    """A backend behind the local store (see :mod:`kcache.store.tiers`). Each method counts its
-    own failures (``remote_*``, one warning); it raises only as the module's failure contract
-    says (a typed "unavailable": a miss)."""
+class Tier:
+    """A tier behind the local store (:mod:`kcache.store.tiers`: the shared tier's machinery over
+    a backend). The defaults make a tier without leases, without a client to warm up and
+    without remote deletes: only :meth:`fetch_entry`, :meth:`publish` and :meth:`close` must be
+    given. A tier counts its own failures (``remote_*``, one warning) and returns a miss; it may
+    instead raise :class:`~kcache.store.tiers.backend.Unavailable`, which the composed cache
+    counts as a miss. Anything else it raises is a bug."""
 
     def fetch_entry(self, kind: str, key: str, ident: str) -> Entry | None:
         """The entry for ``ident``, checked (signature, record, every member's checksum), or
         None when the tier lacks it, refuses it or fails."""
+        raise NotImplementedError
 
     def publish(self, rec: Record, blobs: dict[str, bytes]) -> None:
         """Keep an entry committed locally (queued; never waits). Releases this process's lease
         on it once it is there."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Flush what is queued (bounded) and let go of connections and threads."""
+        raise NotImplementedError
 
     def flight(self, kind: str, key: str, ident: str) -> Entry | None:
         """Single flight across machines (this machine's lock held, the entry in no tier): the
         entry another machine made while this one waited on its lease, or None: make it here,
-        holding the lease when it could be taken."""
+        holding the lease when it could be taken. Default: no leases, make it here."""
+        return None
 
     def unlock(self, ident: str) -> None:
         """Let go of this process's lease on ``ident`` (a make that failed)."""
 
     def mark_bad(self, kind: str, ident: str) -> bool:
         """Drop an entry whose use raised, if it is still the one this process was served."""
+        return False
 
     def warm_up(self) -> None:
         """Get ready for lookups now (import the client library): a store that holds nothing."""
-
-    def close(self) -> None:
-        """Flush what is queued (bounded) and let go of connections and threads."""
 
 
 class Flight(Protocol):

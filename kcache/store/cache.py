@@ -31,18 +31,18 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import counters as _counters
 from ..log import logger, warn_once
-from . import forks
+from . import counting, forks
 from . import quarantine as _quarantine
 from . import tunables as T
-from .api import Components, Files
+from .api import Components, Files, Tier
 from .disk import DiskTier
 from .errors import expected, warn_failed
 from .hit import Hit
 from .index import Index
 from .locks import Lock
 from .records import Record
+from .tiers.backend import Unavailable
 
 #: How long a process waits for another process of this machine making the same entry.
 LOCK_TIMEOUT_S = 120.0
@@ -78,7 +78,7 @@ class Flight:
         for tier in self.cache.tiers:  # the shared tier's lease, if held and not handed on
             try:
                 tier.unlock(self.cache.entry_id(self.kind, self.key))
-            except Exception as e:  # broad: a tier's lease ends by its own expiry anyway
+            except Unavailable as e:  # a tier's lease ends by its own expiry anyway
                 logger.debug("shared tier unlock: %s", e)
         try:
             lk.release()
@@ -105,8 +105,9 @@ class TieredCache:
     def __init__(self, disk: DiskTier) -> None:
         self.disk = disk
         self.counts = disk.counts
-        self.tiers: list[Any] = []  # Tier, in order (a Redis server or cluster today)
+        self.tiers: list[Tier] = []  # in order (the shared tier: Redis, a cluster, S3, ...)
         self._tier_settings: Any = None  # what attach_remote was given; the tier is made on first need
+        self.recache = False  # KCACHE_RECACHE=1: counted lookups miss, puts replace (see get, put)
         self._lock = threading.Lock()
         # Flights this process holds: (kind, key) -> Flight (see single_flight).
         self._flights: dict[tuple[str, str], Flight] = {}
@@ -148,6 +149,8 @@ class TieredCache:
             create=create,
             **kwargs,
         )
+        # KCACHE_RECACHE: a program's store only (drain_global); commands and imports never recache
+        cache.recache = bool(getattr(settings, "recache", False)) and bool(kwargs.get("drain_global", False))
         if (kwargs.get("drain_global", False) if remote is None else remote) and (
             getattr(settings, "remote", None) or getattr(settings, "remote_problems", None)
         ):
@@ -196,7 +199,7 @@ class TieredCache:
         for tier in self.tiers:
             try:
                 tier.close()
-            except Exception as e:  # broad: closing goes on whatever a tier met
+            except Unavailable as e:  # closing goes on
                 logger.debug("shared tier close: %s", e)
         self.disk.close()
 
@@ -246,7 +249,11 @@ class TieredCache:
         write. A miss is counted and, with ``components`` (or a callable that gives them),
         remembered for ``kcache explain``. With shared tiers (and ``remote``), a local miss asks
         them (see the module doc). ``files``: the caller will use :attr:`Hit.paths`; they are
-        made now (a hit whose files cannot be made is a miss)."""
+        made now (a hit whose files cannot be made is a miss). With :attr:`recache`, a counted
+        lookup misses whatever is stored (counted ``recached``): the caller's put overwrites."""
+        if count and self.recache:
+            self._count_miss(kind, key, components, recached=1)
+            return None
         hit = self._lookup(kind, key, touch=count and self.disk.hits_are_use, remote=remote, files=files)
         if count:
             if hit is not None:
@@ -275,27 +282,9 @@ class TieredCache:
             hit = self._from_tiers(kind, key, files)
         return hit
 
-    def _count_hit(self, hit: Hit, **more: float) -> None:
-        rec = hit.record
-        # credit(): nested entries (a graph's kernels) are credited once, not each.
-        saved = _counters.credit(rec.kind, rec.compile_s)
-        if more:
-            self.counts.add(rec.kind, hits=1, saved_s=saved, **more)
-        else:
-            self.counts.hit(rec.kind, saved)
-        if self.disk.hits_are_use:
-            self.disk.note_use(rec)
-
-    def _count_miss(self, kind: str, key: str, components: Components) -> None:
-        self.counts.add(kind, misses=1)
-        if components is not None and not self.readonly:
-            try:
-                comps = dict(components() if callable(components) else components)
-            except Exception as e:  # broad: an integration's code; for explain only, a lookup goes on
-                # nothing is expected of it: what it raises is a bug (raised under KCACHE_STRICT=1)
-                expected(e, "components", f"kcache's key components of a {kind} entry", then="not logged")
-                comps = {}
-            self.disk.note_miss(kind, key, comps)
+    # A lookup's counts (hits, misses, saved time, prewarm's checks): kcache/store/counting.py
+    _count_hit = counting.count_hit
+    _count_miss = counting.count_miss
 
     def _from_tiers(self, kind: str, key: str, files: bool) -> Hit | None:
         """A local miss asks each shared tier in turn; an entry found is backfilled."""
@@ -303,7 +292,7 @@ class TieredCache:
         for tier in self.tiers:
             try:
                 got = tier.fetch_entry(kind, key, ident)
-            except Exception as e:  # broad: a tier's failure is a miss (it counts its own)
+            except Unavailable as e:  # a tier's failure is a miss (it counts its own)
                 warn_once("remote-get", f"shared tier lookup failed ({e}); compiling instead")
                 continue
             if got is not None:
@@ -346,7 +335,9 @@ class TieredCache:
         committed first: entries are immutable, first writer wins), or None if it could not be
         written (read-only, full, broken: one warning). Never raises for a failure of the store.
         ``protect_s``: see :meth:`DiskTier.put`. Each shared tier is handed the committed entry
-        (queued: the caller does not wait)."""
+        (queued: the caller does not wait). With :attr:`recache`, it replaces the entry there."""
+        if self.recache and not self.readonly:
+            self.disk.replace_folder(kind, key)
         hit, committed = self.disk.put(
             kind, key, files, components=components, summary=summary, compile_s=compile_s, protect_s=protect_s
         )
@@ -355,7 +346,7 @@ class TieredCache:
             for tier in self.tiers:
                 try:
                     tier.publish(hit.record, hit.blobs)
-                except Exception as e:  # broad: publishing is best effort (the tier counts drops)
+                except Unavailable as e:  # publishing is best effort (the tier counts drops)
                     logger.debug("shared tier publish: %s", e)
         return hit
 
@@ -418,6 +409,9 @@ class TieredCache:
         it again, without the lock). ``owner`` (Triton's cache manager): a thread makes one entry
         at a time, so this thread's flights of another owner that were never released are failed
         makes, released now."""
+        if self.recache:  # KCACHE_RECACHE: compile, whatever is stored (see get); no waiting
+            self._count_miss(kind, key, components, recached=1)
+            return Flight(self, kind, key, None)
         hit = self._lookup(kind, key, touch=self.disk.hits_are_use, remote=True, files=files)
         if hit is not None:
             self._count_hit(hit)
@@ -503,7 +497,7 @@ class TieredCache:
         for tier in self.tiers:
             try:
                 got = tier.flight(kind, key, ident)
-            except Exception as e:  # broad: a tier's failure means compiling here
+            except Unavailable as e:  # a tier's failure means compiling here
                 warn_once("remote-flight", f"shared tier lock failed ({e}); compiling")
                 continue
             if got is not None:

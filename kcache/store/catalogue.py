@@ -580,7 +580,7 @@ class Catalogue:
                     if self.entries.record_mtime(rec.id) is not None:  # not removed since its put
                         idx.insert(rec, last_used=access)
                 if deltas:
-                    idx.add_counters(deltas)
+                    idx.add_counters(deltas, at=time.time() + off)
                 if touches:
                     for ident in idx.touch(touches):
                         # on disk but not in the index (a crash, a new index): add it; but not an

@@ -33,6 +33,9 @@ from .records import CorruptRecord, Record
 DB_NAME = "kcache.sqlite"
 SCHEMA = 1
 MAX_MISSES = 256
+#: ``meta`` names: when the counters were last written, and last zeroed (store clock, seconds).
+COUNTERS_UPDATED = "counters_updated"
+COUNTERS_ZEROED = "counters_zeroed"
 
 _SCHEMA_SQL = (
     "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -353,8 +356,12 @@ class Index:
         return {i for (i,) in self.conn.execute("SELECT id FROM entries") if isinstance(i, str)}
 
     # -- counters and misses ----------------------------------------------------------------
-    def add_counters(self, deltas: dict[tuple[str, str], float]) -> None:
+    def add_counters(self, deltas: dict[tuple[str, str], float], at: float | None = None) -> None:
+        """Add ``deltas`` to the counters; ``at`` (the store's clock) is kept as when they were
+        last updated (``kcache stats``: "updated", as ccache's "Stats updated")."""
         with self.transaction():
+            if at is not None and _finite(at):
+                self.set_meta(COUNTERS_UPDATED, repr(float(at)))
             for (kind, name), v in deltas.items():
                 if not _finite(v):  # a NaN would fail the NOT NULL column, and the whole batch
                     continue
@@ -371,8 +378,20 @@ class Index:
                 out.setdefault(str(kind), {})[str(name)] = float(v)
         return out
 
-    def reset_counters(self) -> None:
-        self.conn.execute("DELETE FROM counters")
+    def reset_counters(self, at: float | None = None) -> None:
+        """Zero every counter; ``at`` is kept as when (ccache's "Stats zeroed")."""
+        with self.transaction():
+            self.conn.execute("DELETE FROM counters")
+            if at is not None and _finite(at):
+                self.set_meta(COUNTERS_ZEROED, repr(float(at)))
+
+    def meta_time(self, name: str) -> float | None:
+        """A time kept in ``meta`` (:data:`COUNTERS_UPDATED`, :data:`COUNTERS_ZEROED`), or None."""
+        try:
+            v = float(self.get_meta(name) or "")
+        except ValueError:
+            return None
+        return v if _finite(v) and v > 0 else None
 
     def add_misses(self, misses: list[tuple[float, str, str, dict[str, Any]]]) -> None:
         with self.transaction():

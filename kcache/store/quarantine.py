@@ -9,7 +9,7 @@ what was served), it calls the cache's ``quarantine(rec, why)``
 
 - the entry is removed from the local store (only while it is still the entry that failed: a
   fresh one written meanwhile is kept), so the next process does not meet it again;
-- the shared tier is asked to drop it (:meth:`RemoteTier.mark_bad`), so no other machine is
+- the shared tier is asked to drop it (:meth:`SharedTier.mark_bad`, :mod:`kcache.store.tiers.shared`), so no other machine is
   served it;
 - it is counted (``quarantined``, per kind, in ``kcache stats``) and said once per kind;
 - its exact content (entry id and member digests) is remembered for the life of the process

@@ -1,5 +1,5 @@
 """What may leave this machine, and how what comes back shows who made it: one rule for the
-shared tier (:mod:`.tiers.redis`, its locks in :mod:`.tiers.redis_lock`) and for bundles
+shared tier (:mod:`.tiers.entry`, its leases in :mod:`.tiers.lease`) and for bundles
 (:mod:`kcache.bundle`).
 
 The rule, from each kind's traits in :mod:`kcache.kinds`:

@@ -11,7 +11,7 @@ The contract checked (docs/reliability.md):
 - exit 0 (done), 2 (bad arguments or settings) or 1 (a runtime failure: the store cannot be
   used, ``verify`` found problems, ``inspect PREFIX`` found nothing, a bundle or spec cannot be
   read or written); nothing else;
-- exit 2 has exactly one ``kcache: error:`` (``kcache prewarm: error:``) line on stderr; exit 1 says why on stderr (verify:
+- exit 2 has exactly one ``kcache: error:`` line on stderr; exit 1 says why on stderr (verify:
   its problems on stdout); never a traceback;
 - ``--json`` with exit 0 prints JSON;
 - the store is not changed unless the command changes stores (``clear`` without ``--dry-run``,
@@ -324,7 +324,7 @@ def test_any_invocation_exits_cleanly_and_changes_nothing_unasked(
     rc, out, err = run_main(argv, env_extra, cwd)
     assert rc in (0, 1, 2), (argv, env_extra, rc, err)
     assert "Traceback" not in err and "Traceback" not in out, (argv, err)
-    errors = [line for line in err.splitlines() if re.match(r"kcache( prewarm)?: error:", line)]
+    errors = [line for line in err.splitlines() if re.match(r"kcache: error:", line)]
     if rc == 2:
         assert len(errors) == 1, (argv, err)
     elif rc == 1 and not ((command == "verify" or "--json" in argv) and out.strip()):

@@ -292,4 +292,6 @@ def test_full_disk_of_leftovers_only(what: str, tmp_path: Path) -> None:
         assert not dead.exists()
         assert ci.free_bytes(mnt) > 0
         if what == "clear --all":
-            assert r.stdout.startswith(b"removed 1 entry") and b"leftovers" in r.stdout, r.stdout
+            assert r.stdout.startswith(b"removed 1 entry") and b"cleaned 1 leftover from tmp/" in r.stdout, (
+                r.stdout
+            )

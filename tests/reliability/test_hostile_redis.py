@@ -28,9 +28,9 @@ from tier_stores import DEADLINE, Stores, counts, flushed
 
 from kcache.store import Store
 from kcache.store.records import Record, file_info
-from kcache.store.tiers import redis as rt
+from kcache.store.tiers import entry as rt
+from kcache.store.tiers import lease as rl
 from kcache.store.tiers import redis_keys as rk
-from kcache.store.tiers import redis_lock as rl
 
 PYTHON = sys.executable
 SECRET = "hostile-redis-tests"

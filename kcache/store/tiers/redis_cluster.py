@@ -13,7 +13,7 @@ call is one failure of the node, and redis-py refreshes the slots on the next ca
 ``CLUSTERDOWN`` reply (the second or so of a failover in which a master's slots have no master)
 is an error of the call, not redis-py's sleep of 0.25 s and refresh inside it
 (:func:`.redis_io.cluster_down`). Each call of the tier names one key; the tier's circuit breaker
-is per node, by that key's slot (:mod:`.redis_breaker`), and it groups the writer's and the lock
+is per node, by that key's slot (:mod:`.breaker`), and it groups the writer's and the lock
 keeper's batches by node, so a failing master holds up only its own keys.
 """
 
@@ -27,6 +27,8 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from . import redis_io
+from .backend import Unavailable
+from .bounded import aside
 
 SCHEMES = ("redis+cluster", "rediss+cluster")
 DEFAULT_PORT = 6379
@@ -163,10 +165,25 @@ class ClusterClient:
                     # Making it asks one node for the slots and for its command table (COMMAND,
                     # 100-300 KB, which redis-py reads keys of commands from): more than one
                     # call's deadline and bytes, once per process and client.
-                    with redis_io.aside(max(self.timeout_s, MAKE_S), MAKE_BYTES):
-                        self._rc = self._make()
+                    with aside(max(self.timeout_s, MAKE_S), MAKE_BYTES):
+                        self._rc = self._build()
                 rc = self._rc
         return rc
+
+    def _build(self) -> Any:
+        """The client, or the reason its slot map was refused (:func:`.redis_io.slot_map_problem`)
+        raised as :class:`~.backend.Unavailable`: redis-py's own error says only that no node
+        answered."""
+        from redis.exceptions import RedisClusterException, RedisError
+
+        redis_io.take_refusal()
+        try:
+            return self._make()
+        except (RedisError, RedisClusterException, OSError) as e:
+            why = redis_io.take_refusal()
+            if why is not None:
+                raise Unavailable(why) from e
+            raise
 
     @property
     def ready(self) -> bool:

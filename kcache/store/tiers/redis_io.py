@@ -1,134 +1,31 @@
-"""Calls to Redis that end on time and read a bounded number of bytes, whatever the server does.
+"""redis-py connections whose calls end on time and read a bounded number of bytes, whatever the
+server does: the Redis side of :mod:`.bounded`.
 
-redis-py's ``socket_timeout`` bounds each socket read, not a call: a server (or a link) that sends
-one byte every 90 ms keeps a 100 ms timeout from ever firing while a 32 MiB reply takes minutes
-(``redis/_parsers/socket.py``: ``sock.settimeout(socket_timeout)`` and then ``sock.recv`` in a
-loop). Here every socket a client of :func:`connect` makes is wrapped so that, inside
-:func:`bounded`, each operation on it gets only the time left until the call's deadline, and the
-bytes it receives are counted against the call's byte bound:
-
-    with bounded(0.1, max_bytes=64 << 10):
-        r.strlen(key)
-
-Past the deadline or over the bound, the next socket operation raises ``socket.timeout``, which
-redis-py reports as its ``TimeoutError`` after dropping the connection (so no half-read reply is
-ever left on a pooled socket); connecting counts too (the connect timeout is cut to what is left).
-Outside :func:`bounded` a socket behaves as redis-py set it (``kcache remote``'s listing). Not
-bounded: resolving the host name (the system resolver has its own timeouts).
+redis-py's ``socket_timeout`` bounds each socket read, not a call (``redis/_parsers/socket.py``:
+``sock.settimeout(socket_timeout)`` and then ``sock.recv`` in a loop). Every socket a client of
+:func:`connect` makes is a :class:`~.bounded.BoundedSocket`, and connecting takes at most what is
+left of the call, so that inside :func:`.bounded.bounded` a call ends by its deadline: past it or
+over the byte bound, redis-py gets a ``socket.timeout``, drops the connection (no half-read reply
+is ever left on a pooled socket) and raises its ``TimeoutError``. A ``CLUSTER SLOTS`` reply is
+checked before redis-py builds anything from it (:func:`check_slot_map`). Outside a bound a socket
+behaves as redis-py set it (``kcache remote``'s listing).
 """
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import threading
-import time
-from collections.abc import Iterator
 from typing import Any
 
-_local = threading.local()  # this thread's call: .until (monotonic deadline) and .left (bytes)
+from .bounded import BoundedSocket, time_left
 
-
-class CallBound(socket.timeout):
-    """A call passed its deadline or its byte bound (a ``socket.timeout``, so that redis-py drops
-    the connection and raises its TimeoutError)."""
-
-
-@contextlib.contextmanager
-def bounded(seconds: float, max_bytes: int | None = None) -> Iterator[None]:
-    """Every Redis call of this thread inside the block ends within ``seconds`` in all (connect,
-    send, every read) and reads at most ``max_bytes`` bytes (None: any number)."""
-    saved = (getattr(_local, "until", None), getattr(_local, "left", None))
-    _local.until = time.monotonic() + max(0.0, seconds)
-    _local.left = max_bytes
-    try:
-        yield
-    finally:
-        _local.until, _local.left = saved
-
-
-@contextlib.contextmanager
-def aside(seconds: float, max_bytes: int | None = None) -> Iterator[None]:
-    """Like :func:`bounded`, inside a bounded call, for work that is not the call's own (making a
-    cluster client, once per process): its time and bytes are bounded by these, and neither
-    counts against the call's (whose deadline moves later by the time spent here)."""
-    saved = (getattr(_local, "until", None), getattr(_local, "left", None))
-    t0 = time.monotonic()
-    _local.until = t0 + max(0.0, seconds)
-    _local.left = max_bytes
-    try:
-        yield
-    finally:
-        until, left = saved
-        _local.until = None if until is None else until + (time.monotonic() - t0)
-        _local.left = left
-
-
-def _time_left(base: float | None) -> float | None:
-    """The timeout for the next socket operation: ``base`` (redis-py's own), cut to what is left
-    of the call; raises :class:`CallBound` when nothing is."""
-    until = getattr(_local, "until", None)
-    if until is None:
-        return base
-    left = until - time.monotonic()
-    if left <= 0:
-        raise CallBound("kcache: the call to Redis passed its deadline")
-    return left if base is None or base > left else base
-
-
-class _BoundedSocket:
-    """A connected socket (plain, Unix or TLS) whose blocking operations honour :func:`bounded`.
-    Everything else is the wrapped socket's."""
-
-    __slots__ = ("_sock", "_base")
-
-    def __init__(self, sock: Any) -> None:
-        self._sock = sock
-        self._base = sock.gettimeout()
-
-    def settimeout(self, value: float | None) -> None:  # redis-py's per-read value; armed per op
-        self._base = value
-        self._sock.settimeout(value)
-
-    def gettimeout(self) -> float | None:
-        return self._base
-
-    def _arm(self) -> None:
-        t = _time_left(self._base)
-        if self._sock.gettimeout() != t:
-            self._sock.settimeout(t)
-
-    def _count(self, n: int) -> None:
-        left = getattr(_local, "left", None)
-        if left is None:
-            return
-        left -= n
-        _local.left = left
-        if left < 0:
-            raise CallBound("kcache: the reply from Redis is larger than this call may read")
-
-    def recv(self, bufsize: int, *flags: int) -> bytes:
-        self._arm()
-        data = self._sock.recv(bufsize, *flags)
-        self._count(len(data))
-        return data
-
-    def recv_into(self, buffer: Any, nbytes: int = 0, *flags: int) -> int:
-        self._arm()
-        n = self._sock.recv_into(buffer, nbytes, *flags)
-        self._count(n)
-        return n
-
-    def sendall(self, data: Any, *flags: int) -> None:
-        self._arm()  # since Python 3.5 a timeout bounds the whole sendall
-        self._sock.sendall(data, *flags)
-
-    def send(self, data: Any, *flags: int) -> int:
-        self._arm()
-        return self._sock.send(data, *flags)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sock, name)
+SLOTS = 16384  # a Redis Cluster's hash slots
+#: The most nodes (masters and replicas) a cluster's slot map may name: past it the map is
+#: refused, so that the client is never built for thousands of nodes (building one node costs a
+#: client and a breaker; a slot map naming 4,000 silent masters made the client impossible to
+#: build within its bound, and each lookup pay for trying). Real clusters of a cache are far
+#: smaller (Redis documents 1,000 nodes as its upper limit for a whole cluster).
+MAX_NODES = 256
+_refused = threading.local()  # this thread's last refused slot map: .why
 
 
 class _BoundedMixin:
@@ -137,23 +34,87 @@ class _BoundedMixin:
     :func:`cluster_down` (see there)."""
 
     socket_connect_timeout: float | None
+    _kcache_asked = ""  # the command just sent, when it is one whose reply is checked
+
+    def send_command(self, *args: Any, **kwargs: Any) -> None:
+        super().send_command(*args, **kwargs)  # type: ignore[misc]
+        words = [a.decode("ascii", "replace") if isinstance(a, bytes) else str(a) for a in args[:2]]
+        self._kcache_asked = " ".join(words).upper()
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        self._kcache_asked = ""  # (a pipeline: no reply of it is a slot map)
+        super().send_packed_command(command, check_health)  # type: ignore[misc]
 
     def _connect(self) -> Any:
         configured = self.socket_connect_timeout
-        self.socket_connect_timeout = _time_left(configured)
+        self.socket_connect_timeout = time_left(configured)
         try:
             sock = super()._connect()  # type: ignore[misc]
         finally:
             self.socket_connect_timeout = configured
-        return _BoundedSocket(sock)
+        return BoundedSocket(sock)
 
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
         from redis.exceptions import ClusterDownError
 
         try:
-            return super().read_response(*args, **kwargs)  # type: ignore[misc]
+            reply = super().read_response(*args, **kwargs)  # type: ignore[misc]
         except ClusterDownError as e:
             raise cluster_down()(*e.args) from None
+        if self._kcache_asked == "CLUSTER SLOTS":
+            self._kcache_asked = ""
+            why = slot_map_problem(reply)
+            if why is not None:
+                _refused.why = why
+                raise slot_map_refused()(why)
+        return reply
+
+
+def slot_map_problem(reply: Any) -> str | None:
+    """Why a ``CLUSTER SLOTS`` reply is refused (None: it is not): more than :data:`MAX_NODES`
+    nodes, or ranges that are not slots or cover more than every slot once (redis-py walks every
+    slot of every range: a hostile map of overlapping full ranges would cost minutes of CPU)."""
+    if not isinstance(reply, list) or len(reply) > SLOTS:
+        return "the cluster's slot map is not one"
+    nodes: set[tuple[Any, Any]] = set()
+    covered = 0
+    for rng in reply:
+        if not isinstance(rng, list) or len(rng) < 3:
+            return "the cluster's slot map is not one"
+        lo, hi = rng[0], rng[1]
+        if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi < SLOTS):
+            return "the cluster's slot map names slots that are not slots"
+        covered += hi - lo + 1
+        for node in rng[2:]:
+            if not isinstance(node, list) or len(node) < 2:
+                return "the cluster's slot map is not one"
+            nodes.add((node[0], node[1]))
+        if len(nodes) > MAX_NODES:
+            return (
+                f"the cluster's slot map names more than {MAX_NODES} nodes, the most kcache "
+                "takes (docs/remote.md)"
+            )
+    if covered > SLOTS:
+        return "the cluster's slot map covers slots more than once"
+    return None
+
+
+def take_refusal() -> str | None:
+    """Why this thread's last ``CLUSTER SLOTS`` reply was refused (once), or None."""
+    why = getattr(_refused, "why", None)
+    _refused.why = None
+    return why
+
+
+def slot_map_refused() -> type:
+    """The error a refused slot map is raised as (an error reply: redis-py then tries the next
+    startup node, and fails to build the client when none gives a map it may use)."""
+    out = _made.get("slots")
+    if out is None:
+        from redis.exceptions import ResponseError
+
+        out = _made["slots"] = type("SlotMapRefused", (ResponseError,), {"unavailable": True})
+    return out
 
 
 _classes: dict[type, type] = {}

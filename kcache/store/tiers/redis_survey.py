@@ -19,6 +19,7 @@ from typing import Any
 
 from . import redis_cluster, redis_io
 from . import redis_keys as rk
+from .bounded import bounded
 
 PAGE = 1000  # keys a SCAN call asks for, and the STRLENs of one pipeline
 #: INFO fields reported per node (server, memory, stats, clients, replication sections).
@@ -42,8 +43,8 @@ INFO_FIELDS = (
 def survey(
     cfg: Any, *, limit: int = 10_000, budget_s: float = 10.0, timeout_s: float = 2.0
 ) -> dict[str, Any]:
-    """The nodes and what kcache holds on them (see the module). ``cfg``: a
-    :class:`~.redis.RemoteConfig`. ``limit``: the most entry keys looked at in all (0: no
+    """The nodes and what kcache holds on them (see the module). ``cfg``: the
+    :class:`~.redis.RedisBackend` (its ``url``, ``password``, ``prefix``, ``cluster``). ``limit``: the most entry keys looked at in all (0: no
     limit). Raises ImportError without redis; any other failure is in the result (``error``,
     ``reachable``)."""
     if cfg.cluster:
@@ -76,7 +77,7 @@ def _cluster(cfg: Any, limit: int, budget_s: float, timeout_s: float) -> dict[st
     clients: list[Any] = []
     try:
         try:
-            with redis_io.bounded(timeout_s):
+            with bounded(timeout_s):
                 rc = cc.cluster
                 known = [(n.host, int(n.port)) for n in rc.get_nodes()]
         except Exception as e:  # broad: a report: redis-py's errors and the bound are told, not raised
@@ -88,7 +89,7 @@ def _cluster(cfg: Any, limit: int, budget_s: float, timeout_s: float) -> dict[st
             r = _node_client(cfg, host, port, timeout_s)
             clients.append(r)
             try:
-                with redis_io.bounded(timeout_s):
+                with bounded(timeout_s):
                     text = r.execute_command("CLUSTER", "NODES")
                     info = _cluster_info(r.execute_command("CLUSTER", "INFO"))
                 table = _parse_nodes(text)
@@ -140,7 +141,7 @@ def _node_client(cfg: Any, host: str, port: int, timeout_s: float) -> Any:
 def _node(r: Any, address: str, timeout_s: float) -> dict[str, Any]:
     node: dict[str, Any] = {"address": address, "reachable": False}
     try:
-        with redis_io.bounded(timeout_s):
+        with bounded(timeout_s):
             t0 = time.perf_counter()
             r.ping()
             node["ping_ms"] = round((time.perf_counter() - t0) * 1000, 3)
@@ -149,7 +150,7 @@ def _node(r: Any, address: str, timeout_s: float) -> dict[str, Any]:
         return node
     node["reachable"] = True
     try:
-        with redis_io.bounded(timeout_s):
+        with bounded(timeout_s):
             info = r.info()
         node["server"] = {k: info[k] for k in INFO_FIELDS if k in info}
     except Exception as e:  # INFO may be denied by an ACL
@@ -178,7 +179,7 @@ def _scan(
                 cut, pending = True, []
                 break
             try:
-                with redis_io.bounded(timeout_s):
+                with bounded(timeout_s):
                     cursor, keys = r.scan(cursors[id(r)], match=pattern, count=PAGE)
                     if share and len(keys) > min(share, limit - checked):
                         keys, cut = keys[: min(share, limit - checked)], True

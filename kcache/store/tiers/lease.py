@@ -1,36 +1,38 @@
-"""Single flight across machines: the lock a holder keeps alive, and the evidence a waiter needs.
+"""Single flight across machines: the lease a holder keeps alive, and the evidence a waiter needs.
 
-The lock of entry ``<id>`` is the Redis key ``<prefix>l:{<id>}`` (:mod:`.redis_keys`), holding one
-short ASCII value::
+Any backend that can make leases (:attr:`.backend.Backend.leases`: Redis, S3) keeps, for entry
+``<id>``, one short ASCII value with an expiry (Redis: the key ``<prefix>l:{<id>}``; S3: the
+object ``<prefix>l/<id>``)::
 
     kcl1 <holder> <seq> <t_ms> <sig>
 
 ``holder`` is 32 random hex digits of the process that took it, ``seq`` counts its heartbeats,
 ``t_ms`` is the holder's wall clock at that heartbeat, and ``sig`` is, with ``KCACHE_SECRET``, an
-HMAC-SHA256 over the entry id and the other fields (``-`` without one). The holder sets it with
-``SET NX PX`` :data:`LOCK_TTL_S` and a :class:`LockKeeper` thread rewrites it every
+HMAC-SHA256 over the entry id and the other fields (``-`` without one). The holder creates it
+only if there is none (Redis ``SET NX PX``; S3 ``PutObject`` with ``If-None-Match: *``) with an
+expiry of :data:`LOCK_TTL_S`, and a :class:`LockKeeper` thread rewrites it every
 :data:`HEARTBEAT_S` (``seq`` + 1, the expiry renewed) for at most the lease
-(``KCACHE_REMOTE_LOCK_LEASE``); a holder that dies or hangs stops renewing and its lock is gone
-:data:`LOCK_TTL_S` later. Renewing and releasing compare the holder first (Lua), so a process
-only ever renews or deletes its own lock.
+(``KCACHE_REMOTE_LOCK_LEASE``); a holder that dies or hangs stops renewing and its lease is gone
+:data:`LOCK_TTL_S` later. Renewing and releasing compare the holder first (the backend's compare
+and set), so a process only ever renews or deletes its own lease.
 
-A waiter (:class:`Watch`) waits only while the lock gives evidence that someone is at work:
+A waiter (:class:`Watch`) waits only while the lease gives evidence that someone is at work:
 
-- not waited on at all: a value that is not this format (*foreign*), a key with no expiry or an
+- not waited on at all: a value that is not this format (*foreign*), one with no expiry or an
   expiry longer than :data:`LOCK_TTL_MAX_S`, and with ``KCACHE_SECRET`` a value that is unsigned,
   wrongly signed (*forged*) or whose time is more than :data:`FRESH_S` from this clock (a replay);
 - stops when the value has not changed for :data:`STALE_S` (no heartbeat: the holder hangs, or
-  someone keeps an old value alive), when the lock goes (then it takes the lock itself), and at
+  someone keeps an old value alive), when the lease goes (then it takes the lease itself), and at
   the lease at the latest;
 - a *fruitless* wait (one that ends without the entry) is charged to a budget of the process
   (:class:`FruitlessBudget`, :data:`FRUITLESS_BUDGET_S`); a wait that has not seen signed progress
   (a newer ``seq`` of the same holder, under ``KCACHE_SECRET``) ends when the budget would be
-  spent, and once it is spent such locks are not waited on any more. Without a secret anyone
-  who can write to Redis can fake heartbeats, so that budget is what bounds what planted locks can
-  cost a process; with a secret only a real holder's signed heartbeats extend a wait.
+  spent, and once it is spent such leases are not waited on any more. Without a secret anyone
+  who can write to the backend can fake heartbeats, so that budget is what bounds what planted
+  leases can cost a process; with a secret only a real holder's signed heartbeats extend a wait.
 
-The decisions here take plain values (bytes read, a TTL, clocks): no Redis in this module except
-the Lua text and the keeper, which is handed a function that runs a call.
+The decisions here take plain values (bytes read, a time to live, clocks): no backend in this
+module except the keeper, which is handed a function that renews a batch.
 """
 
 from __future__ import annotations
@@ -53,24 +55,13 @@ FRESH_S = 30.0  # with a secret: a heartbeat this far from our clock is a replay
 FRUITLESS_BUDGET_S = 1.5  # per process: seconds of waits that did not end with the entry
 VALUE_MAX = 256  # bytes of a lock's value read (anything longer is not a kcache lock)
 
-#: Delete the lock if it is still the caller's (its value starts with ARGV[1]).
-UNLOCK_LUA = (
-    "if redis.call('getrange', KEYS[1], 0, string.len(ARGV[1]) - 1) == ARGV[1] then "
-    "return redis.call('del', KEYS[1]) end return 0"
-)
-#: Rewrite the lock (ARGV[2], expiry ARGV[3] ms) if it is still the caller's (prefix ARGV[1]).
-RENEW_LUA = (
-    "if redis.call('getrange', KEYS[1], 0, string.len(ARGV[1]) - 1) == ARGV[1] then "
-    "redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0"
-)
-#: Replace a lock that is not waited on, if it still holds exactly the value seen (ARGV[1]).
-TAKEOVER_LUA = (
-    "if redis.call('strlen', KEYS[1]) == string.len(ARGV[1]) and redis.call('get', KEYS[1]) == ARGV[1] "
-    "then redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0"
-)
+#: What a lease value that is not a value reads as (a Redis key of another type planted there):
+#: never a lease, never replaced.
+WRONG_TYPE = b"\0wrong type"
 
 #: Why a wait ended without the entry (or never started). The first group are locks that are not
-#: waited on; a takeover is tried for them (the value seen, compared in Lua, replaced by ours).
+#: waited on; a takeover is tried for them (the value seen, compared and set by the backend,
+#: replaced by ours).
 NOT_WAITED = ("foreign", "no-expiry", "long-expiry", "unsigned", "forged", "replayed")
 TAKEN_OVER = (*NOT_WAITED, "stale")
 
@@ -128,7 +119,7 @@ class LockValue:
 def judge(
     raw: bytes, pttl_ms: int, ident: str, secret: bytes | None, wall_ms: int
 ) -> tuple[str | None, LockValue | None]:
-    """(why the lock is not waited on, or None; the parsed value). ``pttl_ms`` is Redis's PTTL
+    """(why the lock is not waited on, or None; the parsed value). ``pttl_ms`` is the lease's time to live in ms
     (-1: no expiry)."""
     if pttl_ms == -1:
         return "no-expiry", None
@@ -165,7 +156,7 @@ class FruitlessBudget:
 
 
 class Watch:
-    """One wait for another holder's lock: fed what each look at Redis saw, it says when to stop.
+    """One wait for another holder's lock: fed what each look at the backend saw, it says when to stop.
 
     ``see`` returns None (keep waiting) or the reason to stop: one of :data:`NOT_WAITED`, or
     ``gone`` (no lock now: try to take it), ``stale``, ``lease``, ``budget``."""
@@ -231,23 +222,21 @@ class _Held:
 
 
 class LockKeeper:
-    """The locks this process holds, renewed by a thread every :data:`HEARTBEAT_S` for at most
-    ``lease_s`` each. ``run(fn, route)`` runs ``fn(client)`` bounded in time, returning its result
-    or ``fail`` (a call that failed); ``route`` is a key it touches. ``split(items, key)`` groups
-    items by the node of each one's key, each group with a key to route it by (a cluster: one
-    call per node, so that a failing node holds up only its own locks). The keeper never raises."""
+    """The leases this process holds, renewed by a thread every :data:`HEARTBEAT_S` for at most
+    ``lease_s`` each. ``renew(batch)`` rewrites a batch of (ident, holder prefix, new value) with a
+    fresh expiry, bounded in time, and returns each one's outcome (True: renewed; anything else:
+    lost), or None when the call failed; ``split(items, ident_of)`` groups a batch by node (one
+    call per node, so that a failing node holds up only its own leases). Never raises."""
 
     def __init__(
         self,
-        lock_key: Callable[[str], str],
         secret: bytes | None,
         lease_s: float,
-        run: Callable[[Callable[[Any], Any], str], Any],
-        fail: object,
-        split: Callable[[list[Any], Callable[[Any], str]], list[tuple[str, list[Any]]]] | None = None,
+        renew: Callable[[list[tuple[str, bytes, bytes]]], list[Any] | None],
+        split: Callable[[list[tuple[str, bytes, bytes]]], list[list[tuple[str, bytes, bytes]]]] | None = None,
     ) -> None:
-        self._key, self._secret, self._lease, self._run, self._fail = lock_key, secret, lease_s, run, fail
-        self._split = split or (lambda items, key: [(key(items[0]), items)] if items else [])
+        self._secret, self._lease, self._renew_batch = secret, lease_s, renew
+        self._split = split or (lambda items: [items] if items else [])
         self._cond = threading.Condition(threading.Lock())
         self._held: dict[str, _Held] = {}
         self._thread: threading.Thread | None = None
@@ -307,7 +296,6 @@ class LockKeeper:
 
     def _loop(self) -> None:
         pid = os.getpid()
-        ttl = str(int(LOCK_TTL_S * 1000))
         while os.getpid() == pid:
             with self._cond:
                 if not self._held or self._closing:
@@ -318,22 +306,16 @@ class LockKeeper:
                     self._thread = None
                     return
                 due = self._due()
-            for route, group in self._split(due, lambda d: self._key(d[0])):
-                self._renew(group, route, ttl)
+            for group in self._split(due):
+                self._renew(group)
 
-    def _renew(self, due: list[tuple[str, bytes, bytes]], route: str, ttl: str) -> None:
-        def renew(r: Any) -> Any:
-            p = r.pipeline(transaction=False)
-            for ident, prefix, value in due:  # a cluster's pipeline runs no p.eval(): the command
-                p.execute_command("EVAL", RENEW_LUA, 1, self._key(ident), prefix, value, ttl)
-            return p.execute(raise_on_error=False)
-
-        res = self._run(renew, route)
-        if res is self._fail:
-            return  # Redis does not answer: the locks may expire, and the waiters go on
+    def _renew(self, due: list[tuple[str, bytes, bytes]]) -> None:
+        res = self._renew_batch(due)
+        if res is None:
+            return  # the backend does not answer: the leases may expire, and the waiters go on
         self.renewals += len(due)
         with self._cond:
             for (ident, _prefix, _value), ok in zip(due, res):
                 h = self._held.get(ident)
-                if ok == 0 and h is not None and not h.releasing:
+                if ok is not True and h is not None and not h.releasing:
                     del self._held[ident]  # lost (expired, or taken over): stop renewing

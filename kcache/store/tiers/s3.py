@@ -1,0 +1,366 @@
+"""The S3 backend of the shared tier: Amazon S3, or any S3-compatible object storage (MinIO, Ceph,
+R2, GCS's XML API...): ``KCACHE_REMOTE=s3://BUCKET[/PREFIX]``.
+
+Where the bucket is and who asks come from the standard AWS configuration, as for the AWS CLI:
+``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL`` (or ``endpoint_url`` in the profile) for another
+store than AWS's, ``AWS_REGION``/``AWS_DEFAULT_REGION`` (or the profile's), credentials from the
+environment, ``AWS_PROFILE`` and the shared files, SSO, a container's or an instance's role. With
+an endpoint URL, requests are path-style (``endpoint/BUCKET/key``: what MinIO and most others
+take); without, virtual-hosted (``BUCKET.s3.REGION.amazonaws.com``).
+
+The operations the machinery (:mod:`.shared`) asks for, on objects under
+``PREFIX/<KCACHE_REMOTE_PREFIX>``:
+
+- an entry is the object ``e/<kind>/<id>``: its size a ranged ``GET`` of one byte (the
+  ``Content-Range`` total), its bytes a ranged ``GET``
+  (``Range: bytes=0-<bound-1>``; a ``Content-Range`` total or a length over the bound is refused
+  before a byte of the body is read), its version the ``ETag``; a bad entry is deleted with
+  ``If-Match: <ETag>`` (a newer one stays);
+- writes are one request each (S3 has no pipeline), in the writer's thread;
+- a lease is the object ``l/<id>``: created with ``If-None-Match: *`` (S3's conditional write:
+  one creator wins, the others get 412), renewed and released only with ``If-Match`` the ETag
+  this process wrote, replaced (a holder that died) with ``If-Match`` the ETag seen. S3 has no
+  expiry: a lease expires :data:`.lease.LOCK_TTL_S` after its last write, by the server's own
+  clock (``Date`` minus ``Last-Modified``, whole seconds: a second more for that), so clocks of
+  machines never matter.
+
+Every call is bounded as a whole (:mod:`.s3_http`): no retries (botocore's client makes up to 5 attempts by default,
+with backoff), a deadline for the call however the server trickles, a byte bound. Statuses:
+404 is a miss, 412 and 409 a lost race, 403 and 400 an answer about one key
+(:class:`~.backend.Answered`), 5xx (``SlowDown``, ``InternalError``) and anything that is not a
+response :class:`~.backend.Unavailable`.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import threading
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from .backend import GONE, Answered, Backend, LeaseView, Op, Outcome, TierConfig, TooLarge, Unavailable
+from .lease import LOCK_TTL_S, VALUE_MAX
+from .s3_http import Http, Response, TooLong, object_path
+
+ENTRY, LEASE = "e/", "l/"
+#: ``Date`` and ``Last-Modified`` are whole seconds: a lease's age may read up to a second more
+#: than it is, so it lives this much longer here (a holder's heartbeat, every 0.5 s, is never
+#: taken for an expired lease on a loaded machine).
+CLOCK_STEP_S = 1.0
+_BUCKET_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789.-")
+
+
+class S3Backend(Backend):
+    """S3-compatible object storage (see the module)."""
+
+    name = "s3"
+    schemes = ("s3",)
+    url_forms = "s3://bucket/prefix (endpoint, region and credentials: the standard AWS configuration)"
+    extra = "s3"
+    leases = True
+    #: An object store answers in tens of milliseconds, a p99 in hundreds (and a first request
+    #: opens a TLS connection): 100 ms, Redis's deadline, would fail good calls. Five of these
+    #: are the budget (2.5 s of failed calls per 30 s, at most, for a bucket that hangs).
+    default_timeout_s = 0.5
+
+    def __init__(self, cfg: TierConfig) -> None:
+        super().__init__(cfg)
+        u = urlsplit(cfg.url)
+        self.bucket = u.netloc
+        path = u.path.strip("/")
+        self.root = (path + "/" if path else "") + cfg.prefix
+        self._http: Http | None = None
+        self.endpoint = ""
+        self.region = ""
+        self.path_style = True
+        self._lock = threading.Lock()
+        self._held: dict[str, str] = {}  # ident -> ETag of the lease this process last wrote
+        self._seen: dict[str, tuple[bytes, str]] = {}  # ident -> (value, ETag) of a lease last read
+
+    # ------------------------------------------------------------------ settings
+    @classmethod
+    def check_url(cls, url: str) -> str:
+        u = urlsplit(url)
+        bucket = u.netloc
+        if "@" in bucket or ":" in bucket:
+            raise ValueError(
+                "s3:// takes no user, password or port: credentials and the endpoint come from the "
+                "AWS configuration (AWS_ENDPOINT_URL, AWS_PROFILE, a role)"
+            )
+        if not 3 <= len(bucket) <= 63 or not set(bucket) <= _BUCKET_CHARS or not bucket[0].isalnum():
+            raise ValueError(f"not an S3 bucket name: {bucket[:70]!r} (expected s3://bucket/prefix)")
+        if u.query or u.fragment:
+            raise ValueError("s3:// takes no query or fragment (expected s3://bucket/prefix)")
+        path = u.path.strip("/")
+        if len(path) > 256 or any(not (c.isalnum() or c in "_.:/-") for c in path):
+            raise ValueError(f"the prefix may hold letters, digits and _.:/- only, got {path[:70]!r}")
+        return url
+
+    # ------------------------------------------------------------------ life
+    def open(self) -> None:
+        """botocore's session: the region, the endpoint and the credentials (resolved now, on the
+        program's thread, as part of its start: an instance role asks the metadata service, with
+        botocore's own timeouts, capped here at 1 s and one attempt unless configured)."""
+        import botocore.session
+        from botocore.configprovider import ConfiguredEndpointProvider
+
+        session = botocore.session.get_session()
+        for var, value in (("metadata_service_timeout", 1), ("metadata_service_num_attempts", 1)):
+            if session.get_config_variable(var) in (None, 1, "1"):
+                session.set_config_variable(var, value)
+        self.region = session.get_config_variable("region") or "us-east-1"
+        endpoint = None
+        if not _flag(session.get_config_variable("ignore_configured_endpoint_urls")):
+            endpoint = ConfiguredEndpointProvider(
+                full_config=session.full_config, scoped_config=session.get_scoped_config(), client_name="s3"
+            ).provide()
+        self.path_style = bool(endpoint)
+        if not endpoint:
+            endpoint = f"https://{self.bucket}.s3.{self.region}.amazonaws.com"
+        self.endpoint = str(endpoint)
+        if session.get_credentials() is None:
+            raise ValueError("no AWS credentials (the environment, AWS_PROFILE, or a role)")
+        self._http = Http(self.endpoint, self.region, session, self.cfg.timeout_s)
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
+
+    def _req(
+        self, method: str, key: str, *, headers: dict[str, str] | None = None, body: bytes = b"",
+        max_body: int = 64 << 10, query: str = "", bucket_level: bool = False,
+    ) -> Response:  # fmt: skip
+        if self._http is None:
+            raise Unavailable("not open")
+        if bucket_level:
+            path = f"/{self.bucket}/" if self.path_style else "/"
+        else:
+            path = object_path(self.bucket, key, self.path_style)
+        r = self._http.request(method, path, query=query, headers=headers, body=body, max_body=max_body)
+        if r.status >= 500:
+            raise Unavailable(f"S3 answered {r.status} {_code(r)}")
+        return r
+
+    @property
+    def entries_prefix(self) -> str:
+        return self.root + ENTRY
+
+    def _key(self, kind: str, ident: str) -> str:
+        return f"{self.root}{ENTRY}{kind}/{ident}"
+
+    def _lease_key(self, ident: str) -> str:
+        return f"{self.root}{LEASE}{ident}"
+
+    # ------------------------------------------------------------------ entries
+    def size(self, kind: str, ident: str) -> int:
+        """A ranged ``GET`` of its first byte: the size is the ``Content-Range`` total (one byte
+        read; ``HEAD`` would do too, but needs the same permission and some servers answer it
+        without a reason when refused)."""
+        try:
+            r = self._req("GET", self._key(kind, ident), headers={"Range": "bytes=0-0"}, max_body=1)
+        except TooLong as e:  # a server that ignores Range: its length, and not a byte of it read
+            return e.length
+        if r.status in (404, 416):  # (416: an empty object, ``bytes */0``: nothing to take)
+            return 0
+        _ok(r)
+        total = _total(r)
+        return total if total is not None else 0
+
+    def read(self, kind: str, ident: str, size: int, limit: int) -> tuple[bytes, str] | None:
+        try:
+            r = self._req(
+                "GET", self._key(kind, ident), headers={"Range": f"bytes=0-{limit - 1}"}, max_body=limit
+            )
+        except TooLong as e:
+            raise TooLarge(e.length) from None
+        if r.status in (404, 416):
+            return None
+        _ok(r)
+        total = _total(r)
+        if total is not None and total > limit:
+            raise TooLarge(total)  # (its body, at most the bound, was read: never more)
+        return r.body, r.headers.get("etag", "")
+
+    def write(self, ops: Sequence[Op]) -> list[Outcome]:
+        out: list[Outcome] = []
+        for i, op in enumerate(ops):
+            try:
+                if op.op == "put":
+                    assert op.value is not None
+                    out.append(_outcome(self._req("PUT", self._key(op.kind, op.ident), body=op.value)))
+                elif op.op == "delete":
+                    cond = {"If-Match": op.version} if op.version else {}
+                    r = self._req("DELETE", self._key(op.kind, op.ident), headers=cond)
+                    out.append(
+                        True if r.status in (200, 204) else False if r.status in (404, 412) else _answer(r)
+                    )
+                else:
+                    out.append(True)
+                if op.release:
+                    self._release(op.ident, op.release)
+            except Unavailable as e:
+                if i == 0:
+                    raise  # the first call failed: the store does not answer (not one key)
+                out += [e] * (len(ops) - i)  # the rest are not tried: the link is failing
+                break
+        return out
+
+    # ------------------------------------------------------------------ leases
+    def _read_lease(self, ident: str) -> tuple[bytes | None, int]:
+        """(value, time to live in ms) of ``ident``'s lease, by the server's clock."""
+        try:
+            r = self._req(
+                "GET",
+                self._lease_key(ident),
+                headers={"Range": f"bytes=0-{VALUE_MAX}"},
+                max_body=VALUE_MAX + 1,
+            )
+        except TooLong:
+            return b"\0too long", int(LOCK_TTL_S * 1000)  # not a lease: a foreign value
+        if r.status in (404, 416):
+            return None, GONE
+        _ok(r)
+        age = _age_s(r)
+        etag = r.headers.get("etag", "")
+        with self._lock:
+            self._seen[ident] = (r.body, etag)
+        life = LOCK_TTL_S + CLOCK_STEP_S
+        ttl = int((life - age) * 1000) if age is not None else int(LOCK_TTL_S * 1000)
+        return (r.body or None), ttl
+
+    def lease_take(self, kind: str, ident: str, value: bytes, ttl_ms: int) -> LeaseView:
+        r = self._req("PUT", self._lease_key(ident), headers={"If-None-Match": "*"}, body=value)
+        taken = r.status == 200
+        if taken:
+            with self._lock:
+                self._held[ident] = r.headers.get("etag", "")
+        elif r.status not in (409, 412):
+            _answer_raise(r)
+        raw, ttl = (value, ttl_ms) if taken else self._read_lease(ident)
+        if not taken and raw is not None and ttl <= 0:  # expired (its holder died): take it over
+            taken = self.lease_replace(ident, raw, value, ttl_ms)
+            raw, ttl = (value, ttl_ms) if taken else self._read_lease(ident)
+        return LeaseView(taken, raw, ttl if raw is not None else GONE, self.size(kind, ident))
+
+    def lease_look(self, kind: str, ident: str) -> LeaseView:
+        """The lease, and the entry's size: the entry is what a waiter waits for, and it lands
+        before its lease is released (a look of the lease alone saved a request, and cost every
+        waiter the lease's expiry whenever a heartbeat crossed the release; measured)."""
+        raw, ttl = self._read_lease(ident)
+        if raw is not None and ttl <= 0:
+            raw, ttl = None, GONE  # expired: as good as gone (the next take replaces it)
+        return LeaseView(False, raw, ttl, self.size(kind, ident))
+
+    def lease_renew(self, items: Sequence[tuple[str, bytes, bytes]], ttl_ms: int) -> list[Outcome]:
+        out: list[Outcome] = []
+        for ident, _prefix, value in items:
+            with self._lock:
+                etag = self._held.get(ident)
+            if not etag:
+                out.append(False)
+                continue
+            r = self._req("PUT", self._lease_key(ident), headers={"If-Match": etag}, body=value)
+            if r.status == 200:
+                with self._lock:
+                    self._held[ident] = r.headers.get("etag", "")
+                out.append(True)
+            else:
+                out.append(False)  # taken over, or gone
+        return out
+
+    def lease_replace(self, ident: str, seen: bytes, value: bytes, ttl_ms: int) -> bool:
+        with self._lock:
+            last = self._seen.get(ident)
+        if last is None or last[0] != seen or not last[1]:
+            return False
+        r = self._req("PUT", self._lease_key(ident), headers={"If-Match": last[1]}, body=value)
+        if r.status != 200:
+            return False
+        with self._lock:
+            self._held[ident] = r.headers.get("etag", "")
+        return True
+
+    def _release(self, ident: str, prefix: bytes) -> None:
+        """Delete this process's lease (``If-Match`` the ETag it last wrote). A heartbeat may
+        have rewritten it meanwhile (the keeper renews until the release is written): then the
+        lease is read again and deleted if it is still this holder's."""
+        with self._lock:
+            etag = self._held.pop(ident, None)
+        if not etag:
+            return
+        r = self._req("DELETE", self._lease_key(ident), headers={"If-Match": etag})
+        if r.status != 412:
+            return
+        raw, _ttl = self._read_lease(ident)
+        with self._lock:
+            seen = self._seen.get(ident)
+            self._held.pop(ident, None)
+        if raw is not None and raw.startswith(prefix) and seen is not None and seen[1]:
+            self._req("DELETE", self._lease_key(ident), headers={"If-Match": seen[1]})
+
+    # ------------------------------------------------------------------ reports
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "s3", "mode": "bucket", "bucket": self.bucket, "root": self.root}
+
+    def survey(self, *, limit: int, budget_s: float, timeout_s: float) -> dict[str, Any]:
+        from .s3_survey import survey
+
+        return survey(self, limit=limit, budget_s=budget_s, timeout_s=timeout_s)
+
+    def list_page(self, token: str | None, max_keys: int) -> Response:
+        """One ``ListObjectsV2`` page of the entries (``kcache remote``)."""
+        q = [("list-type", "2"), ("max-keys", str(max_keys)), ("prefix", self.entries_prefix)]
+        if token:
+            q.append(("continuation-token", token))
+        query = "&".join(f"{k}={quote(v, safe='-_.~')}" for k, v in sorted(q))
+        return self._req("GET", "", query=query, bucket_level=True, max_body=4 << 20)
+
+
+def _flag(v: object) -> bool:
+    return str(v).strip().lower() in ("1", "true", "yes", "on") if v is not None else False
+
+
+def _code(r: Response) -> str:
+    body = r.body[:2000].decode("utf-8", "replace")
+    start = body.find("<Code>")
+    return body[start + 6 : body.find("</Code>")] if start >= 0 and "</Code>" in body else ""
+
+
+def _ok(r: Response) -> None:
+    if r.status >= 300:
+        _answer_raise(r)
+
+
+def _answer(r: Response) -> Answered:
+    return Answered(f"S3 answered {r.status} {_code(r)}".strip())
+
+
+def _answer_raise(r: Response) -> None:
+    raise _answer(r)
+
+
+def _outcome(r: Response) -> Outcome:
+    return True if r.status == 200 else _answer(r)
+
+
+def _total(r: Response) -> int | None:
+    """The object's size from ``Content-Range: bytes a-b/TOTAL`` (a 206), or the body's (a 200)."""
+    cr = r.headers.get("content-range")
+    if r.status == 206 and cr:
+        total = cr.rpartition("/")[2].strip()
+        if not total.isdigit():
+            raise Unavailable(f"an S3 Content-Range that is not one: {cr[:60]!r}")
+        return int(total)
+    return len(r.body)
+
+
+def _age_s(r: Response) -> float | None:
+    """Seconds since the object was last written, by the server's clock (its ``Date`` and the
+    object's ``Last-Modified``; None when either is missing)."""
+    try:
+        now = email.utils.parsedate_to_datetime(r.headers["date"])
+        then = email.utils.parsedate_to_datetime(r.headers["last-modified"])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, (now - then).total_seconds())

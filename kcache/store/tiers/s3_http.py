@@ -1,0 +1,190 @@
+"""HTTP for the S3 backend: the standard library's ``http.client`` on bounded sockets, requests
+signed by botocore (Signature Version 4), and nothing else of botocore's.
+
+Why not botocore's (or boto3's) client: a client's build loads the S3 service model (80-110 ms
+on the CI box, with boto3's import 150 ms more; docs/remote.md has the figures), and its calls
+cannot be bounded as a whole: urllib3's timeouts bound each socket read, and botocore makes
+up to 5 attempts with backoff by default (``legacy`` mode; ``standard``: 3), each a full
+timeout. Here every socket is a :class:`~.bounded.BoundedSocket`, so a call ends by the
+machinery's deadline however the server trickles, and reads no more than its byte bound; there
+is no retry. What botocore does here is what it is for: the standard AWS configuration
+(credentials from the environment, profiles, SSO, the container and instance roles; region;
+``AWS_ENDPOINT_URL``) and SigV4 signing.
+
+One connection per thread and endpoint (``http.client`` connections are not thread safe), kept
+alive between calls, closed after any error (so no half-read response is ever left on one).
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import ssl
+import threading
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from .backend import Unavailable
+from .bounded import BoundedSocket, time_left
+
+HEADERS_MAX = 64  # response headers read, at most (http.client's own limit is 100)
+ERROR_BODY_MAX = 16 << 10  # an error's body (S3's XML: its code) is read up to this, whatever was asked
+
+
+class Response:
+    """A response read within the call's bounds: status, headers (lower-case names), body."""
+
+    __slots__ = ("status", "headers", "body")
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+
+class TooLong(Exception):
+    """A response body longer than the caller may read: ``length`` (from the headers)."""
+
+    def __init__(self, length: int, headers: dict[str, str]) -> None:
+        super().__init__(f"{length} bytes")
+        self.length, self.headers = length, headers
+
+
+class _Connection(http.client.HTTPConnection):
+    """An HTTP(S) connection whose socket is bounded; TLS when ``context`` is given."""
+
+    def __init__(self, host: str, port: int, timeout: float, context: ssl.SSLContext | None) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self._context = context
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self.host, self.port), time_left(self.timeout))
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._context is not None:
+                sock.settimeout(time_left(self.timeout))  # the handshake too
+                sock = self._context.wrap_socket(sock, server_hostname=self.host)
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = BoundedSocket(sock)
+
+
+class Http:
+    """Signed requests to one S3 endpoint (see the module). ``credentials`` and ``signer_for``
+    come from botocore (:meth:`.s3.S3Backend.open`)."""
+
+    def __init__(
+        self, endpoint: str, region: str, session: Any, timeout_s: float, verify: bool = True
+    ) -> None:
+        u = urlsplit(endpoint)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"not an S3 endpoint: {endpoint!r}")
+        self.scheme, self.host = u.scheme, u.hostname
+        self.port = u.port or (443 if u.scheme == "https" else 80)
+        default = (u.scheme == "https" and self.port == 443) or (u.scheme == "http" and self.port == 80)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.netloc = host if default else f"{host}:{self.port}"
+        self.base = f"{self.scheme}://{self.netloc}"
+        self.region, self.session, self.timeout_s = region, session, timeout_s
+        self._context = ssl.create_default_context() if u.scheme == "https" else None
+        if self._context is not None and not verify:
+            self._context.check_hostname = False
+            self._context.verify_mode = ssl.CERT_NONE
+        self._local = threading.local()
+        self._all: list[_Connection] = []
+        self._lock = threading.Lock()
+
+    def _conn(self) -> _Connection:
+        c: _Connection | None = getattr(self._local, "conn", None)
+        if c is None:
+            c = _Connection(self.host, self.port, self.timeout_s, self._context)
+            self._local.conn = c
+            with self._lock:
+                self._all.append(c)
+        return c
+
+    def _drop(self) -> None:
+        c = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if c is not None:
+            c.close()
+            with self._lock:
+                if c in self._all:
+                    self._all.remove(c)
+
+    def close(self) -> None:
+        with self._lock:
+            conns, self._all = self._all, []
+        for c in conns:
+            c.close()
+
+    def sign(
+        self, method: str, path: str, query: str, headers: dict[str, str], body: bytes
+    ) -> dict[str, str]:
+        """The headers of the request, signed (SigV4: the credentials of now; a role's refreshed
+        by botocore when due)."""
+        from botocore.auth import S3SigV4Auth
+        from botocore.awsrequest import AWSRequest
+
+        creds = self.session.get_credentials()
+        if creds is None:
+            raise Unavailable("no AWS credentials (environment, profile, or role)")
+        url = self.base + path + (f"?{query}" if query else "")
+        req = AWSRequest(method=method, url=url, data=body, headers={"Host": self.netloc, **headers})
+        S3SigV4Auth(creds.get_frozen_credentials(), "s3", self.region).add_auth(req)
+        return {k: str(v) for k, v in req.headers.items()}
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: str = "",
+        headers: Mapping[str, str] | None = None,
+        body: bytes = b"",
+        max_body: int = 64 << 10,
+    ) -> Response:
+        """One request, its response read whole (at most ``max_body`` bytes of a success's body,
+        :data:`ERROR_BODY_MAX` of an error's: a longer one raises :class:`TooLong` before any of
+        it is read). Raises :class:`~.backend.Unavailable`
+        for anything that is not a response (a timeout, the bound, a connection, a response
+        that is not HTTP, a body shorter than its length)."""
+        signed = self.sign(method, path, query, dict(headers or {}), body)
+        target = path + (f"?{query}" if query else "")
+        c = self._conn()
+        try:
+            c.timeout = self.timeout_s
+            c.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+            for k, v in signed.items():
+                c.putheader(k, v)
+            if body or method in ("PUT", "POST"):
+                c.putheader("Content-Length", str(len(body)))
+            c.endheaders(body if body else None)
+            r = c.getresponse()
+            hdrs = {k.lower(): v for k, v in list(r.getheaders())[:HEADERS_MAX]}
+            if method == "HEAD" or r.status in (204, 304):
+                data = b""
+                r.read()
+            else:
+                length = r.length
+                bound = max_body if 200 <= r.status < 300 else ERROR_BODY_MAX
+                if length is None or length > bound:
+                    self._drop()  # its body is not read: the connection cannot be used again
+                    if length is not None:
+                        raise TooLong(length, hdrs)
+                    raise Unavailable("an S3 response without a length")
+                data = r.read(length)
+                if len(data) != length:
+                    raise http.client.IncompleteRead(data, length - len(data))
+            if r.will_close:
+                self._drop()
+            return Response(r.status, hdrs, data)
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            self._drop()
+            raise Unavailable(f"{type(e).__name__}: {e}") from e
+
+
+def object_path(bucket: str, key: str, path_style: bool) -> str:
+    """The request path of ``key`` (quoted as SigV4 signs it for S3: as sent)."""
+    quoted = quote(key, safe="/~")
+    return f"/{bucket}/{quoted}" if path_style else f"/{quoted}"
