@@ -307,7 +307,9 @@ def test_compile_time_from_the_envelope() -> None:
 # `kcache prewarm` of the example's [[torch]] entry on the CPU, then its serving process with an
 # empty Inductor folder (every listed shape an FX graph cache hit): tests/test_examples.py runs
 # docs/examples/torch_compile/README.md as written and checks exactly that (it was run twice, here
-# too: a minute of CI).
+# too: a minute of CI). What the README cannot show: a prewarm on a machine whose Inductor folder
+# is warm, below.
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "torch_compile"
 
 
 def _serve(env: dict[str, str]) -> dict[str, Any]:
