@@ -17,13 +17,15 @@ The rules every memo follows:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import kinds as _kinds
+from .forksafe import module_lock
 
 if TYPE_CHECKING:
     from .store.api import Cache
@@ -130,3 +132,24 @@ def remember(
     if cache is not None:
         keep(cache, key, member, value, summary, time.perf_counter() - t0)
     return value, False
+
+
+_open_lock = module_lock(__name__, "_open_lock")  # a forked child gets a free one
+
+
+@contextlib.contextmanager
+def open_replaced(module_globals: dict[str, Any], open_: Callable[..., Any]) -> Iterator[None]:
+    """A library's own hashing function run with its ``open`` replaced: ``open_`` is the name
+    ``open`` in ``module_globals`` (the function's module) for the duration, then the module is
+    as it was. How a memo learns (or stands in for) the files a library's key reads, while the
+    library's own code computes the key. One at a time (the module's globals are shared)."""
+    with _open_lock:
+        had, old = "open" in module_globals, module_globals.get("open")
+        module_globals["open"] = open_
+        try:
+            yield
+        finally:
+            if had:
+                module_globals["open"] = old
+            else:
+                module_globals.pop("open", None)

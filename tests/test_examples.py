@@ -173,6 +173,16 @@ def test_readme_install_then_every_example_page(fresh: dict[str, object]) -> Non
         outputs[rel.parent.name] = "".join(
             _run_block(_commands(b), checkout, env, f"{rel} block {i}") for i, b in enumerate(blocks)
         )
+    # the torch.compile page run a second time, as written: a new store and a new serving folder,
+    # but Inductor's default folder warm from the first run (it made the prewarm store nothing)
+    page = REPO / "docs" / "examples" / "torch_compile" / "README.md"
+    again = "".join(
+        _run_block(_commands(b), checkout, env, f"torch_compile again, block {i}")
+        for i, b in enumerate(_blocks(page.read_text()))
+    )
+    for out in (outputs["torch_compile"], again):
+        assert re.search(r"into the store: .*\d+ inductor-fx", out), out[-3000:]
+        assert '"fxgraph_cache_hit": 2' in out and '"fxgraph_cache_miss"' not in out, out[-3000:]
     # beyond the page's own words: the second prewarm built nothing at all
     runs = re.findall(r"\((\d+) kernel compiles?, (\d+) launcher builds?(, (\d+) driver utilit(?:y|ies) built)?",
                       outputs["prewarm"])  # fmt: skip

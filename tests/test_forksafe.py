@@ -33,6 +33,8 @@ MODULE_LOCKS = [
     ("kcache.inductor.workers", "_lock"),
     ("kcache.inductor.policy", "_lock"),
     ("kcache.inductor.hostflags", "_lock"),
+    ("kcache.inductor.pch", "_lock"),
+    ("kcache.memo", "_open_lock"),
     ("kcache.nvfuser.kerneldb.hooks", "_lock"),
     ("kcache.prewarm.stub_libcuda", "_lock"),
     ("kcache.triton.warmup", "_gate"),

@@ -307,7 +307,58 @@ def test_compile_time_from_the_envelope() -> None:
 # `kcache prewarm` of the example's [[torch]] entry on the CPU, then its serving process with an
 # empty Inductor folder (every listed shape an FX graph cache hit): tests/test_examples.py runs
 # docs/examples/torch_compile/README.md as written and checks exactly that (it was run twice, here
-# too: a minute of CI).
+# too: a minute of CI). What the README cannot show: a prewarm on a machine whose Inductor folder
+# is warm, below.
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "torch_compile"
+
+
+def _serve(env: dict[str, str]) -> dict[str, Any]:
+    """The example's serving process: its report (first calls, FX graph cache counters)."""
+    r = subprocess.run(
+        [PYTHON, "serve.py"], capture_output=True, text=True, env=env, timeout=600, cwd=EXAMPLE
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _prewarm(env: dict[str, str]) -> dict[str, Any]:
+    r = subprocess.run(
+        [PYTHON, "-m", "kcache", "prewarm", "spec.toml", "--json"],
+        capture_output=True, text=True, env=env, timeout=900, cwd=EXAMPLE,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)
+
+
+def test_prewarm_stores_what_it_prepares_whatever_inductor_s_folder_holds(tmp_path: Path) -> None:
+    """Inductor looks a graph up in its own folder before it asks kcache: a prewarm run where that
+    folder was warm (the machine prewarmed before: the example's README run twice) stored nothing
+    ("0 prepared, 2 already cached") and a serving process with a new folder was cold. The prewarm
+    now compiles in a folder of its own: the second store gets every graph and kernel, its summary
+    says so, and a process with a new folder is served from it without a compile."""
+    pytest.importorskip("torch", reason="needs torch")
+    folder = tmp_path / "ind-machine"  # the machine's Inductor folder, warmed by a serving process
+    first = env_for(tmp_path, tmp_path / "store-1", folder)
+    first.pop("TORCH_COMPILE_JOB_ID")
+    _serve(first)
+    assert (folder / "fxgraph").is_dir() and (folder / "aotautograd").is_dir(), "Inductor's folder is warm"
+    first.pop("KCACHE")  # the prewarm turns kcache on itself, into the store it is given
+    second = dict(first, KCACHE_DIR=str(tmp_path / "store-2"))
+    summary = _prewarm(second)
+    stored = summary["totals"]["stored"]
+    assert stored.get(INDUCTOR_FX) == 2 and stored.get(INDUCTOR_AOT) == 2, summary["totals"]
+    assert stored.get(INDUCTOR_CPP, 0) >= 1, summary["totals"]
+    assert [i["status"] for i in summary["items"]] == ["prepared", "prepared"]
+    again = _prewarm(second)  # the store holds it all now: nothing new, and said so
+    assert [i["status"] for i in again["items"]] == ["cached", "cached"] and not again["totals"][
+        "stored"
+    ].get(INDUCTOR_FX), again["totals"]
+    serve_env = env_for(tmp_path, tmp_path / "store-2", tmp_path / "ind-new")
+    serve_env.pop("TORCH_COMPILE_JOB_ID")
+    report = _serve(serve_env)
+    assert report["fxgraph_cache"] == {"fxgraph_cache_hit": 2}, report
+    stats = kc(serve_env, "stats")
+    assert stats["by_kind"][INDUCTOR_CPP]["entries"] == stored[INDUCTOR_CPP], "no kernel was compiled anew"
 
 
 @pytest.mark.parametrize(

@@ -460,6 +460,48 @@ def child_body(model_name: str, device: str, mode: str | None, shapes: int, aot:
     return out
 
 
+def trace_exit(path: str) -> None:
+    """What the process does once its result is out (``exit_s``): every function the interpreter
+    calls with no Python caller from here on in the main thread (``threading._shutdown``, each
+    ``atexit`` handler, finalizers) and how long it took, one JSON line each in ``path``, as it
+    returns (the interpreter is being torn down: nothing is kept in memory for later)."""
+    import threading
+
+    started: dict[int, tuple[str, float]] = {}
+    opened = open  # builtins are cleared late in the teardown
+
+    def prof(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_back is None:
+            code = frame.f_code
+            started[id(frame)] = (f"{os.path.basename(code.co_filename)}:{code.co_name}", time.perf_counter())
+        elif event == "return" and id(frame) in started:
+            name, t0 = started.pop(id(frame))
+            try:
+                with opened(path, "a") as f:
+                    f.write(json.dumps([name, round(time.perf_counter() - t0, 4)]) + "\n")
+            except Exception:  # noqa: BLE001 - late in the teardown: what is left is not recorded
+                pass
+
+    if threading.current_thread() is threading.main_thread():
+        sys.setprofile(prof)
+
+
+def exit_handlers(path: Path) -> dict[str, Any]:
+    """The child's exit as :func:`trace_exit` wrote it: the slowest handlers and their total."""
+    try:
+        rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    except (OSError, ValueError):
+        return {}
+    total: dict[str, float] = {}
+    for name, s in rows:
+        total[name] = total.get(name, 0.0) + float(s)
+    top = sorted(total.items(), key=lambda kv: -kv[1])[:8]
+    return {
+        "exit_in_handlers_s": round(sum(total.values()), 3),
+        "exit_handlers": [[n, round(v, 3)] for n, v in top],
+    }
+
+
 # ------------------------------------------------------------------------------ the parent
 def scrub(text: str, work: Path) -> str:
     """The results are committed: no machine's paths in them (the work folder, this checkout, the
@@ -536,6 +578,9 @@ class Check:
         stderr = ""
         stamps = self.work / f"exit-{len(self.result['runs'])}.txt"
         env = {**env, "CHILD_EXIT_STAMPS": str(stamps)}
+        exit_log = self.work / f"exit-{len(self.result['runs'])}-handlers.jsonl"
+        if env.get("CHILD_PROFILE") or env.get("CHILD_PROFILE_WHOLE"):  # (a profile function: profiles only)
+            env["CHILD_EXIT_LOG"] = str(exit_log)
         spawned = time.time()
         try:
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=max(30.0, self.left()))
@@ -565,6 +610,7 @@ class Check:
                 res["exit_final_s"] = round(exited - float(marks["last"]), 3)
             except (OSError, KeyError, ValueError):
                 pass
+            res.update(exit_handlers(exit_log))  # which handlers: atexit's, the pool's shutdown, finalizers
         # a KCACHE=1 child in which kcache never loaded (not installed: the hook is the .pth an
         # install puts in site-packages) would be counted as a kcache run while it is plain
         not_loaded = env.get("KCACHE") == "1" and "error" not in res and "kcache" not in res
@@ -983,8 +1029,11 @@ def main() -> int:
         print(
             json.dumps(
                 child(args.model, args.device, args.mode, args.shapes, args.aot, args.aot_dir, args.dynamic)
-            )
+            ),
+            flush=True,
         )
+        if os.environ.get("CHILD_EXIT_LOG"):
+            trace_exit(os.environ["CHILD_EXIT_LOG"])
         return 0
     work = Path(tempfile.mkdtemp(prefix="kcache-gpu-compile-"))
     try:

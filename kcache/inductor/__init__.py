@@ -98,9 +98,10 @@ def on_import(mod: Any) -> None:
     elif name == "torch._inductor.remote_cache":
         _install_backends(mod)
     elif name == "torch._inductor.cpp_builder" and not _is_fbcode():
-        from . import cpp
+        from . import compilerinfo, cpp
 
         cpp.on_import(mod)
+        compilerinfo.on_import(mod)
     elif name == "torch._dynamo.package" and not _is_fbcode():
         from . import policy, precompile
 
@@ -115,9 +116,10 @@ def on_import(mod: Any) -> None:
 
         vecisa.on_import(mod)
     elif name == "torch._inductor.async_compile" and not _is_fbcode():
-        from . import workers
+        from . import cpp, workers
 
         workers.on_import(mod)
+        cpp.on_async_compile(mod)
     elif not _is_fbcode():
         _on_policy_module(mod, name)
 
@@ -136,6 +138,11 @@ def _on_policy_module(mod: Any, name: str) -> None:
         policy.rebind(mod)
     if name == "torch._inductor.utils":
         policy.on_utils_import(mod)
+    if name == "torch._inductor.codecache":
+        from . import pch, torchkey
+
+        pch.on_import(mod)
+        torchkey.on_import(mod)
 
 
 def _is_fbcode() -> bool:
@@ -194,6 +201,7 @@ def uninstall() -> None:
         "kcache.inductor.policy",
         "kcache.inductor.graphs",
         "kcache.inductor.workers",
+        "kcache.inductor.pch",
     ):
         m = sys.modules.get(sub)
         if m is not None:

@@ -34,6 +34,7 @@ from ..boundary import failed, guarded
 from ..log import logger, warn_once
 from ..patch import is_ours
 from . import declare as _kinds
+from . import pch
 from .attached import patches
 
 MEMBER = "kernel.so"
@@ -51,6 +52,10 @@ def on_import(mod: Any) -> None:
         return
 
     def build(self: Any) -> None:
+        codecache = sys.modules.get(pch.MODULE)
+        if pch.handles(self):  # the precompiled header's preprocessing and compile
+            pch.build(self, orig, codecache)
+            return
         plan = None
         try:
             plan = _plan(self)
@@ -58,6 +63,7 @@ def on_import(mod: Any) -> None:
                 return
         except Exception as e:  # the edge (torch's CppBuilder.build): a bug, reported; compiled
             failed("inductor-cpp", "kcache's lookup of a CPU kernel", e)
+        pch.before_compile(self, codecache)  # a compiler run is coming: its header first
         t0 = time.perf_counter()
         orig(self)
         if plan is not None:
@@ -66,6 +72,57 @@ def on_import(mod: Any) -> None:
 
     build.__wrapped__ = orig  # type: ignore[attr-defined]
     patches.wrap(cls, "build", lambda _: build)
+
+
+def on_async_compile(mod: Any) -> None:
+    """Wrap ``AsyncCompile.submit`` of the ``torch._inductor.async_compile`` module ``mod``.
+
+    Inductor hands a C++ kernel whose library is not in its folder to its pool of compile
+    threads (``submit``) and waits for the result when it loads the kernel. For a library the
+    store holds, that is a pool started and a wait in the main thread for a file write: kcache
+    writes it here instead, in the caller's thread (torch holds the build's lock around the
+    call), and hands torch a finished future. No thread is started in a process whose every
+    kernel is served."""
+    cls = getattr(mod, "AsyncCompile", None)
+    raw = vars(cls).get("submit") if cls is not None else None
+    if not isinstance(raw, classmethod) or is_ours(raw.__func__):
+        return
+    own = raw.__func__
+
+    def submit(cls_: Any, task: Any) -> Any:
+        try:
+            if _served_now(task):
+                from concurrent.futures import Future
+
+                done: Future[None] = Future()
+                done.set_result(None)
+                return done
+        except Exception as e:  # the edge (torch's submit): a bug, reported; torch's pool builds
+            failed("inductor-cpp", "kcache's lookup of a CPU kernel", e)
+        return own(cls_, task)
+
+    patches.wrap(cls, "submit", lambda _: classmethod(submit), raw=True)
+
+
+def _served_now(task: Any) -> bool:
+    """Whether ``task`` is torch's build of one C++ library (``_worker_compile_cpp``) that the
+    store holds, now written in place."""
+    codecache = sys.modules.get("torch._inductor.codecache")
+    work = getattr(codecache, "_worker_compile_cpp", None)
+    args = getattr(task, "args", None)
+    if (
+        work is None
+        or getattr(task, "func", None) is not work
+        or not isinstance(args, tuple)
+        or len(args) != 2
+    ):
+        return False
+    builders = list(args[1])
+    missing = [b for b in builders if not os.path.exists(b.get_target_file_path())]
+    if len(missing) != 1 or missing[0] is not builders[-1]:
+        return False  # nothing to do (torch's own), or intermediate objects: the pool builds
+    plan = _plan(missing[0])
+    return plan is not None and _restore(*plan)
 
 
 def _plan(builder: Any) -> tuple[str, str, dict[str, Any]] | None:
@@ -105,14 +162,19 @@ def key_for(cmd: str, target: str) -> tuple[str, str, dict[str, Any]] | None:
 def neutral_command(cmd: str, out_dir: str) -> str:
     """``cmd`` with this process's own folders replaced by names: the output folder, Inductor's
     folder and torch's default folder (under ``$TMPDIR``, where its precompiled headers live).
-    A folder is replaced only as a whole path component."""
+    A folder is replaced only as a whole path component.
+
+    Inductor's folder and the default folder get the SAME name: which of the two a file sits in
+    depends only on whether this process set ``TORCHINDUCTOR_CACHE_DIR`` (without it they are one
+    folder), never on what the file holds (Inductor names every file in them by a hash of its
+    content: sources, precompiled headers). With two names, a kernel built by a process without
+    the variable (``kcache prewarm``, the README's first step) had ``-include <CACHE>/...`` in its
+    key, and a serving process with its own folder looked up ``-include <DEFAULT>/...``: every
+    kernel built with a precompiled header missed and was compiled again."""
     folders = [(out_dir, "<OUT>")]
-    cache_root = _inductor_cache_dir()
-    if cache_root:
-        folders.append((cache_root, "<CACHE>"))
-    default_root = _default_cache_dir()
-    if default_root:
-        folders.append((default_root, "<DEFAULT>"))
+    for root in (_inductor_cache_dir(), _default_cache_dir()):
+        if root:
+            folders.append((root, "<INDUCTOR>"))
     for path, name in sorted(folders, key=lambda p: -len(p[0])):
         path = path.rstrip("/")
         if len(path) > 1:

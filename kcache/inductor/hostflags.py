@@ -102,15 +102,29 @@ def memo_key(compiler_path: str, flags: list[str]) -> str:
     )
 
 
+def compiler_of(cmd: str) -> str | None:
+    """The first word of a command line (the compiler), as the shell would split it; None when
+    there is none. Only the first word is split: a C++ kernel's command is a thousand characters,
+    and this is asked for each kernel looked up."""
+    head = cmd.lstrip().split(None, 1)
+    if not head:
+        return None
+    if not any(c in head[0] for c in "'\"\\"):
+        return head[0]
+    try:
+        return shlex.split(cmd)[0]
+    except (ValueError, IndexError):
+        return None
+
+
 def resolve(cmd: str) -> str | None:
     """What the host-dependent flags of ``cmd`` mean here (a short digest), "" when it has none,
     None when the compiler cannot tell (then nothing may be cached for this command)."""
     flags = host_flags(cmd)
     if not flags:
         return ""
-    try:
-        first = shlex.split(cmd)[0]
-    except (ValueError, IndexError):
+    first = compiler_of(cmd)
+    if first is None:
         return None
     compiler = shutil.which(first)
     if compiler is None:

@@ -38,6 +38,9 @@ class KindExecutor:
         if self.cached_when_nothing_written:
             r.status = "cached"
 
+    def close(self) -> None:
+        """After the last item of this process (the prewarm's teardown)."""
+
     def made(self, index: int, make: Any) -> Any:
         if index not in self._made:
             self._made[index] = make()
@@ -108,9 +111,15 @@ class TorchExecutor(KindExecutor):
     needs_gpu = "torch.compile models"
     cached_when_nothing_written = True  # every graph and kernel came from the store
 
+    def __init__(self, arch: int | None, stand_in: Any) -> None:
+        super().__init__(arch, stand_in)
+        self._folder: str | None = None
+        self._was: str | None = None
+
     def run(self, item: Item, r: ItemResult) -> None:
         import torch
 
+        self._own_inductor_folder()
         e = item.entry
         device = e.device
 
@@ -133,6 +142,37 @@ class TorchExecutor(KindExecutor):
             torch.cuda.synchronize()
         r.info.append(f"{device}, " + ", ".join(f"{k}={v}" for k, v in item.symbols.items()))
         return None
+
+    def _own_inductor_folder(self) -> None:
+        """Inductor's folder, empty and this prewarm's own, before the first compile.
+
+        Inductor looks each graph and kernel up in its own folder before it asks kcache: with
+        the user's folder warm (the same machine prewarmed or served before), every lookup hit
+        there, nothing reached the store, and a serving process with another folder (a new
+        node, container or ``TORCHINDUCTOR_CACHE_DIR``) was cold. In an empty folder, whatever
+        the store lacks is compiled and kept, and what it holds is found there ("already
+        cached"). Not a fresh-cache scope of torch's (no ``clear_caches``): kcache serves it."""
+        if self._folder is not None:
+            return
+        import os
+        import tempfile
+
+        self._was = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        self._folder = tempfile.mkdtemp(prefix="kcache-prewarm-inductor-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = self._folder
+
+    def close(self) -> None:
+        if self._folder is None:
+            return
+        import os
+        import shutil
+
+        if self._was is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = self._was
+        shutil.rmtree(self._folder, ignore_errors=True)
+        self._folder = None
 
 
 class CallableExecutor(KindExecutor):

@@ -106,6 +106,9 @@ class Executor:
         return int(self.store.counts.process_totals().get("triton-aux", {}).get("puts", 0))
 
     def teardown(self) -> None:
+        for kx in self._executors.values():
+            with contextlib.suppress(Exception):
+                kx.close()
         while self._undo:
             with contextlib.suppress(Exception):
                 self._undo.pop()()
@@ -175,6 +178,7 @@ class Executor:
         r.other_puts = sum(
             d(k, "puts") for k in after if k not in ("triton", "triton-aux", "triton-autotune", "triton-meta")
         )
+        r.stored = {k: n for k in sorted(after) if (n := d(k, "puts")) > 0}
 
 
 def _why_not(store_dir: str | None) -> str:

@@ -29,6 +29,7 @@ class ItemResult:
     autotune: int = 0  # autotune results written (on a GPU)
     configs: int = 0  # autotune configs compiled
     other_puts: int = 0  # other entries written (nvfuser, ...)
+    stored: dict[str, int] = field(default_factory=dict)  # entries written into the store, by kind
     notes: list[str] = field(default_factory=list)  # what could not be prepared here, and why
     info: list[str] = field(default_factory=list)  # remarks that are not shortcomings
     seconds: float = 0.0
@@ -88,7 +89,16 @@ class Summary:
             "utils_builds": self.utils_builds,
             "autotune_results": sum(i.autotune for i in self.items),
             "configs_compiled": sum(i.configs for i in self.items),
+            "stored": self.stored(),
         }
+
+    def stored(self) -> dict[str, int]:
+        """Entries this prewarm wrote into the store, by kind."""
+        out: dict[str, int] = {}
+        for i in self.items:
+            for kind, n in i.stored.items():
+                out[kind] = out.get(kind, 0) + n
+        return dict(sorted(out.items()))
 
     def not_prepared(self) -> list[str]:
         """What could not be prepared here, one line per entry and reason (autotune timings...)."""
@@ -142,6 +152,12 @@ class Summary:
             )
             + (f", {counted(t['autotune_results'], 'autotune result')}" if t["autotune_results"] else "")
             + f"; {self.seconds:.1f} s)"
+        )
+        stored = t["stored"]
+        lines.append(
+            "  into the store: " + ", ".join(f"{n} {kind}" for kind, n in stored.items())
+            if stored
+            else "  into the store: nothing new (the store held all of it)"
         )
         failed = [i for i in self.items if i.status == "failed"]
         if failed:
