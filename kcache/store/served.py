@@ -249,7 +249,7 @@ class Served:
             lease = self._gone.popleft()
             if self._closed:
                 continue  # close() let go of everything (and its numbers may be others' now)
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(OSError):  # (a descriptor, a folder's files: see _release)
                 lease.release()
 
     def _ticket(self, hold: Hold) -> Ticket:
@@ -455,8 +455,7 @@ class Served:
         if nxt + GROW_AHEAD >= self._table and not self._grow_to and self._table < self._pin_stop:
             self._grow_to = min(self._table * 2, self._pin_stop)
             if self.wake is not None:
-                with contextlib.suppress(Exception):  # a thread that cannot start: links from here
-                    self.wake()
+                self.wake()  # (a thread that cannot start: links from here; see Catalogue.maybe_flush)
         return nxt < self._table
 
     def grow_table(self) -> None:
