@@ -49,7 +49,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import fs
+from . import fs, leases
 from .leases import Lease, Ticket, hold_paths
 from .private import PrivateFolder, temp_folder
 
@@ -238,10 +238,19 @@ class Served:
                 self._lock.release()
 
     def drain(self) -> None:
-        """Let go of what the paths handed out no longer need (the flush thread's turn)."""
+        """Let go of what the paths handed out no longer need (the flush thread's turn), and
+        report what letting go raised in a weakref callback (a bug: see :mod:`.leases`)."""
         if self._gone:
             with self._lock:
                 self._drain()
+        while leases.unreported:
+            from ..boundary import failed
+
+            try:
+                e = leases.unreported.popleft()
+            except IndexError:  # (another thread took it meanwhile)
+                break
+            failed("served-let-go", "kcache's letting go of files handed out", e, then="they stay until exit")
 
     def _drain(self) -> None:
         # Under _lock. Never raises: a file that cannot be let go now stays till close or exit.
