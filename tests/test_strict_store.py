@@ -1,5 +1,5 @@
-"""The store's catches that swallowed bugs silently, and those narrowed to what they expect
-(issue 35, phase 2).
+"""The store's (and the facade's) catches that swallowed bugs silently, and those narrowed to
+what they expect (issue 35, phase 2).
 
 A bug (a plain ``RuntimeError``, planted) at a place that must go on (a step of a store's close,
 letting go of files from a weakref callback, a memo's credit) is now reported by the boundary's
@@ -177,3 +177,28 @@ def test_hostile_record_bytes_are_a_corrupt_record_and_nothing_else(filled: Stor
             Record.decode(_HEADER.pack(MAGIC, crc32(bytes(body))) + bytes(body))
         except CorruptRecord:
             pass
+
+
+# -- the facade: an integration's undo (was: dropped without a word unless strict) ----------------
+def test_without_strict_a_bug_undoing_an_integration_is_reported_and_the_others_are_undone(
+    lenient: None, monkeypatch: pytest.MonkeyPatch, kcache_warnings: list[str]
+) -> None:
+    import kcache
+
+    undone: list[str] = []
+    monkeypatch.setattr(kcache, "_integrations", [lambda: undone.append("first"), _bug])
+    before = _errors()
+    kcache.disable()
+    assert undone == ["first"] and not kcache._integrations
+    assert _errors() == before + 1
+    assert any(
+        "kcache's undoing of an integration failed (RuntimeError: planted bug)" in m for m in kcache_warnings
+    )
+
+
+def test_a_bug_undoing_an_integration_raises_under_strict(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kcache
+
+    monkeypatch.setattr(kcache, "_integrations", [_bug])
+    with pytest.raises(RuntimeError, match="planted bug"):
+        kcache.disable()
