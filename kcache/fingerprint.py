@@ -52,7 +52,7 @@ def current(name: str) -> str | None:
     try:
         fn = _computers.get(name) or _declared(name)
         value = fn() if fn is not None else None
-    except Exception as e:  # broad: sorted: a probe that fails is expected, a bug is not
+    except Exception as e:  # broad: an integration's declared probe runs anything; sorted below
         import subprocess
 
         from .boundary import expected

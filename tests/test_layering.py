@@ -213,6 +213,31 @@ def test_imports_run_down_the_layers() -> None:
     assert not bad, "imports against the layers:\n" + "\n".join(bad)
 
 
+#: The most lines a module of kcache/ may have: past it, it holds more than one job (split it by
+#: job, each part with a docstring saying what it owns).
+MOST_LINES = 600
+
+
+def too_long(pkg: Path) -> list[str]:
+    return [
+        f"{p.relative_to(pkg.parent).as_posix()}: {n} lines"
+        for p in sorted(pkg.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MOST_LINES
+    ]
+
+
+def test_no_module_over_600_lines() -> None:
+    found = too_long(PKG)
+    assert not found, f"modules over {MOST_LINES} lines:\n" + "\n".join(found)
+
+
+def test_the_length_check_sees_a_long_module(tmp_path: Path) -> None:
+    (tmp_path / "kcache").mkdir()
+    (tmp_path / "kcache" / "long.py").write_text("x = 1\n" * (MOST_LINES + 1))
+    (tmp_path / "kcache" / "short.py").write_text("x = 1\n" * MOST_LINES)
+    assert too_long(tmp_path / "kcache") == [f"kcache/long.py: {MOST_LINES + 1} lines"]
+
+
 # ----------------------------------------------------------------------------- integrations
 #: Modules outside an integration's package that may name it: the registry (its one line), and
 #: the public re-export of nvFuser's descriptors (a name users import, older than the package).

@@ -189,6 +189,7 @@ def _never_served(bundle: Any, res: dict[str, Any]) -> dict[str, Any]:
     from .. import fingerprint
     from ..kinds import machine_local
     from ..maintenance.clear import stale_reasons, version_components
+    from ..store.records import CorruptRecord
 
     skipped = {s.get("id") for s in res.get("skipped") or []}
     names = version_components()
@@ -199,7 +200,7 @@ def _never_served(bundle: Any, res: dict[str, Any]) -> dict[str, Any]:
             continue
         try:
             comps = d.record().components
-        except Exception:  # broad: a record that does not decode was skipped by the import
+        except CorruptRecord:  # a record that does not decode was skipped by the import
             continue
         diffs = stale_reasons(comps, fingerprint.current, names)
         n += bool(diffs)

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..store import Record
 from ..store.api import Admin
+from ..store.errors import EXPECTED
 from ..store.index import MAX_MISSES
 from ..store.records import entry_id
 from ..userfile import UserFileError
@@ -98,7 +99,7 @@ def load_other(path: str) -> Other:
             )
         return Other(p, "fingerprint", parts=parts, key_tag=parts.get("key_tag"))
     os.close(fd)
-    from ..bundle import BundleError, open_bundle
+    from .bundlefile import BundleError, open_bundle
 
     try:
         b = open_bundle(p, check_key_tag=False)
@@ -126,7 +127,7 @@ def _store_side(path: str) -> Other:
                 if row.record is not None:
                     seen.add(row.id)
                     yield row.record
-        except Exception:  # broad: the index only speeds this up; the entries on disk decide
+        except EXPECTED:  # a locked or corrupt index only speeds this up: the entries on disk decide
             pass
         for ident in store.iter_entry_ids():  # entries the index does not know (yet)
             if ident not in seen:
@@ -140,7 +141,7 @@ def _store_side(path: str) -> Other:
 def _here_ids(store: Admin) -> set[str]:
     try:
         ids = store.index().ids()
-    except Exception:  # broad: as above
+    except EXPECTED:  # as above: the entries on disk decide
         ids = set()
     return ids | set(store.iter_entry_ids())
 
@@ -270,7 +271,7 @@ def _against_fingerprint(store: Admin, other: Other, key_tag: str) -> dict[str, 
     misses: list[tuple[float, str, str, dict[str, Any]]] = []
     try:
         misses = list(store.index().misses(limit=MAX_MISSES))
-    except Exception:  # broad: misses are advice; a locked or corrupt index leaves none
+    except EXPECTED:  # misses are advice; a locked or corrupt index leaves none
         pass
     rows = []
     for part in sorted(set(here) | set(other.parts)):

@@ -15,6 +15,7 @@ from ..kinds import valid_id
 from ..log import logger
 from ..store import Record
 from ..store.api import Admin
+from ..store.errors import EXPECTED
 from .common import jsonable
 
 
@@ -74,11 +75,11 @@ def catalogue(store: Admin) -> tuple[Any, str | None]:
     read-only then, or (when even that fails) not at all, and the entries on disk decide."""
     try:
         return store.index(), None
-    except Exception as e:  # broad: a full disk, a locked or corrupt index: see the docstring
+    except EXPECTED as e:  # a full disk, a locked or corrupt index: see the docstring
         why = f"{type(e).__name__}: {e}"
     try:
         return store.index_readonly(), why
-    except Exception as e:  # broad: as above: then without the index
+    except EXPECTED as e:  # as above: then without the index
         logger.debug("read-only index: %s", e)
         return None, why
 
@@ -135,7 +136,7 @@ def clear(
                 for row in idx.rows():
                     if row.record is not None and row.id in cands:
                         cands[row.id].rec = row.record
-        except Exception as e:  # broad: as above: the entries on disk decide
+        except EXPECTED as e:  # a locked or corrupt index: the entries on disk decide
             index_problem = index_problem or f"{type(e).__name__}: {e}"
             cands.clear()
     for ident in store.iter_entry_ids():
@@ -189,7 +190,7 @@ def clear(
             if c.rec is None and c.in_index:
                 try:
                     row = idx.row(c.ident)
-                except Exception as e:  # broad: a name is for the listing; the clear goes on
+                except EXPECTED as e:  # a name is for the listing; the clear goes on
                     logger.debug("clear: row %s: %s", c.ident, e)
                     break
                 c.rec = row.record if row is not None else None
@@ -223,7 +224,7 @@ def clear(
                 if bad_rows and everything:
                     w.remove_bad_rows()
                 index_problem = None
-            except Exception as e:  # broad: as above: entries are removed, the index is reported
+            except EXPECTED as e:  # entries are removed, the index is reported
                 index_updated = False
                 index_problem = f"{type(e).__name__}: {e}"
     return {

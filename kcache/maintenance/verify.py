@@ -17,6 +17,7 @@ from typing import Any
 
 from ..store import Record, StoreError
 from ..store.api import Admin
+from ..store.errors import EXPECTED
 from ..store.index import is_corrupt_db
 from .common import MaintenanceError
 
@@ -30,7 +31,7 @@ def _read_index(store: Admin) -> tuple[list[Any] | None, str | None]:
     for attempt in range(2):
         try:
             idx = store.index_readonly()
-        except Exception as e:  # broad: sorted below (a corrupt database is reported, anything else raised)
+        except EXPECTED as e:  # a corrupt database is reported, anything else raised as the command's
             if not is_corrupt_db(e):
                 raise MaintenanceError(f"cannot read the index at {store.index_dir}: {e}") from None
             return None, f"{store.index_dir}: {e}"

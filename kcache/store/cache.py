@@ -19,7 +19,7 @@
   the shared tiers, counted, and never served to this process again.
 
 It implements the :class:`~.api.Cache` face (integrations) and the :class:`~.api.Admin` face
-(maintenance, bundles): the latter is the disk tier's, passed through.
+(maintenance, bundles): the latter is the disk tier's, passed through (:mod:`.admin`).
 """
 
 from __future__ import annotations
@@ -27,19 +27,18 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..log import logger, warn_once
 from . import counting, forks
 from . import quarantine as _quarantine
-from . import tunables as T
+from .admin import DiskAdmin
 from .api import Components, Files, Tier
 from .disk import DiskTier
-from .errors import expected, warn_failed
+from .errors import EXPECTED, tolerated, warn_failed
 from .hit import Hit
-from .index import Index
 from .locks import Lock
 from .records import Record
 from .tiers.backend import Unavailable
@@ -98,7 +97,7 @@ class Flight:
             pass
 
 
-class TieredCache:
+class TieredCache(DiskAdmin):
     """The disk tier, then the shared tiers (see the module doc). Construct with :meth:`open`
     or :meth:`from_settings`."""
 
@@ -190,12 +189,9 @@ class TieredCache:
         disk tier. Idempotent."""
         with self._lock:
             held = list(self._flights.values())
-        for flight in held:
-            try:
+        for flight in held:  # (a release sorts what it expects: what is left is a bug, reported)
+            with tolerated("close", "kcache's release of a single flight at close", then="closing goes on"):
                 flight.release()
-            except Exception as e:  # broad: closing goes on whatever a release met (a bug reported)
-                if expected(e, "close", "kcache's release of a single flight at close"):
-                    logger.debug("flight release at close: %s", e)
         for tier in self.tiers:
             try:
                 tier.close()
@@ -364,9 +360,8 @@ class TieredCache:
             return
         try:
             self.disk.remove([self.entry_id(kind, key)])
-        except Exception as e:  # broad: forgetting is best effort, the caller redoes the work
-            if expected(e, "forget", "kcache's removal of an entry the library could not use"):
-                logger.debug("could not remove %s %s: %s", kind, key, e)
+        except EXPECTED as e:  # forgetting is best effort, the caller redoes the work
+            logger.debug("could not remove %s %s: %s", kind, key, e)
 
     def quarantine(self, rec: Record, why: str) -> None:
         """Take the entry ``rec`` out of service: its use raised (see :mod:`.quarantine`)."""
@@ -378,10 +373,9 @@ class TieredCache:
                 if current is not None and current.files == rec.files:
                     self.disk.remove([rec.id])
             for tier in self.tiers:
-                tier.mark_bad(rec.kind, rec.id)
-        except Exception as e:  # broad: best effort, the caller compiles either way (a bug reported)
-            if expected(e, "quarantine", "kcache's quarantine of an entry", then="the library compiles"):
-                logger.debug("quarantine of %s: %s", rec.id, e)
+                tier.mark_bad(rec.kind, rec.id)  # (queued: never raises)
+        except EXPECTED as e:  # best effort: the caller compiles either way
+            logger.debug("quarantine of %s: %s", rec.id, e)
 
     def scratch_dir(self) -> str:
         return self.disk.scratch_dir()
@@ -527,104 +521,3 @@ class TieredCache:
         except OSError as e:
             warn_failed(self.disk.root, e, None, "lock-error", f"cannot lock in {self.disk.locks}: {e}")
         return None
-
-    # ------------------------------------------------------------------ the Admin face (the disk tier's)
-    @property
-    def closed(self) -> bool:
-        return self.disk.closed
-
-    @property
-    def max_size(self) -> int:
-        return self.disk.max_size
-
-    @max_size.setter
-    def max_size(self, value: int) -> None:
-        self.disk.max_size = value
-
-    @property
-    def max_size_source(self) -> str:
-        return self.disk.max_size_source
-
-    @property
-    def key_tag(self) -> str:
-        return self.disk.key_tag
-
-    @property
-    def index_timeout(self) -> float:
-        return self.disk.index_timeout
-
-    @property
-    def index_dir(self) -> Path:
-        return self.disk.index_dir
-
-    @property
-    def network_fs(self) -> bool:
-        return self.disk.network_fs
-
-    @property
-    def locks(self) -> Path:
-        return self.disk.locks
-
-    @property
-    def tmp(self) -> Path:
-        return self.disk.tmp
-
-    @property
-    def trash(self) -> Path:
-        return self.disk.trash
-
-    def entry_dir(self, ident: str) -> str:
-        return self.disk.entry_dir(ident)
-
-    valid_id = staticmethod(DiskTier.valid_id)
-
-    def now(self) -> float:
-        return self.disk.now()
-
-    def scan(self) -> Iterator[tuple[str, str, str | None]]:
-        return self.disk.scan()
-
-    def iter_entry_ids(self) -> Iterator[str]:
-        return self.disk.iter_entry_ids()
-
-    def read_any(self, ident: str, full: bool = False) -> tuple[Hit | None, str | None]:
-        return self.disk.read_any(ident, full)
-
-    def read_record(self, ident: str) -> tuple[Record | None, str | None]:
-        return self.disk.read_record(ident)
-
-    def record_mtime(self, ident: str) -> float | None:
-        return self.disk.record_mtime(ident)
-
-    def entry_extras(self, ident: str, rec: Record) -> list[str]:
-        return self.disk.entry_extras(ident, rec)
-
-    def remove(self, ids: list[str], *, index: bool = True) -> int:
-        return self.disk.remove(ids, index=index)
-
-    def remove_stray(self, shard: str, name: str = "", member: str = "") -> bool:
-        return self.disk.remove_stray(shard, name, member)
-
-    def index(self) -> Index:
-        return self.disk.index()
-
-    def index_readonly(self) -> Index:
-        return self.disk.index_readonly()
-
-    def rebuild_index(self) -> Index:
-        return self.disk.rebuild_index()
-
-    def evict(self, target: int | None = None) -> tuple[int, int]:
-        return self.disk.evict(target)
-
-    def reconcile(self, force: bool = False) -> int:
-        return self.disk.reconcile(force)
-
-    def clean_tmp(self, min_age: float = T.STALE_TMP_S) -> int:
-        return self.disk.clean_tmp(min_age)
-
-    def flush(self, force: bool = False) -> None:
-        self.disk.flush(force)
-
-    def protect(self, seconds: float) -> Callable[[], None]:
-        return self.disk.protect(seconds)

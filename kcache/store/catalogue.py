@@ -5,16 +5,14 @@ The index is never on a lookup's path: hits and puts only note what to write
 daemon thread (one per process) writes it at most once a second, and gives the disk tier its
 turn then (eviction, clean-up of ``trash/``; see :mod:`.disk`). Every index operation holds
 ``_index_lock``: one SQLite connection serves the process, and a transaction must not be shared
-between threads.
+between threads. Which files the index is, and opening them safely, is :mod:`.indexfiles`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import sqlite3
-import stat
 import sys
 import threading
 import time
@@ -23,62 +21,14 @@ from typing import Any
 
 from .. import counters as _counters
 from ..log import logger, warn_once
-from . import fs
+from . import indexfiles
 from . import tunables as T
 from .clock import Clock
 from .entries import Entries
-from .errors import StoreError, expected, filesystem_full, warn_failed, warn_full
+from .errors import EXPECTED, StoreError, expected, warn_failed
 from .housekeeping import iter_entry_ids
-from .index import DB_NAME, CorruptIndex, Index, IndexTooNew, is_corrupt_db
+from .index import Index, IndexTooNew, is_corrupt_db
 from .records import Record
-
-_OLD_INDEX_FILES = ("cache.db", "cache.db-wal", "cache.db-shm")  # the diskcache index of kcache 0.1
-
-
-#: Every path SQLite opens for the index (sqlite.org/tempfiles.html): the database, its rollback
-#: journal, write-ahead log and shared-memory file, all beside it. A super-journal
-#: (``<db>-mjHHHHHHHHH``, a transaction over attached databases) is never made by kcache, but a
-#: hot journal names one, and SQLite then opens it: :func:`_db_files` finds those by prefix.
-_DB_FILES = (DB_NAME, DB_NAME + "-journal", DB_NAME + "-wal", DB_NAME + "-shm")
-_SUPER_JOURNAL = DB_NAME + "-mj"
-
-
-def _db_files(ifd: int) -> list[str]:
-    """The names of the index's files present in the folder ``ifd``: :data:`_DB_FILES` and any
-    super-journal."""
-    try:
-        names = os.listdir(ifd)
-    except OSError:
-        return list(_DB_FILES)
-    return [n for n in names if n in _DB_FILES or n.startswith(_SUPER_JOURNAL)]
-
-
-def _unlink_db(ifd: int, *, strict: bool = False) -> None:
-    """Delete the index's files in the folder ``ifd``, whatever each is (a folder at ``-journal``
-    too; never what a link points to). ``strict``: a file that stays raises (a rebuild must not
-    claim a new index that it could not make); else every failure is ignored (best effort, on
-    the way to a miss)."""
-    for name in _db_files(ifd):
-        if not fs.rmtree_at(ifd, name) and strict:
-            raise OSError(errno.EIO, f"cannot remove the index's {name}", name)
-
-
-def _not_ours(ifd: int, owners: frozenset[int] | None) -> list[str]:
-    """The index's paths (:func:`_db_files`) where something other than a regular file of ours
-    sits: a folder, a link, a FIFO, a device, another user's file. SQLite would fail on it
-    (a folder at ``-journal``: "disk I/O error" for every statement), follow it or write it."""
-    out = []
-    for name in _db_files(ifd):
-        try:
-            st = os.stat(name, dir_fd=ifd, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        except OSError:
-            out.append(name)
-            continue
-        if not stat.S_ISREG(st.st_mode) or (owners is not None and st.st_uid not in owners):
-            out.append(name)
-    return out
 
 
 class Catalogue:
@@ -224,11 +174,11 @@ class Catalogue:
                 self._index = None  # a forked child never uses its parent's connection
                 ifd = self.folders.fd("index")
                 if self.readonly:
-                    self._index = self._reading_index(ifd)
+                    self._index = indexfiles.open_for_reading(self.folders, ifd)
                 else:
                     if ifd is None:
                         raise StoreError("the store has no index folder")
-                    self._index = self._open_index(ifd)
+                    self._index = indexfiles.open_writable(self.folders, ifd, self.index_timeout)
                 self._index_pid = os.getpid()
                 idx = self._index
             if idx.created:
@@ -246,102 +196,16 @@ class Catalogue:
             raise StoreError("the store has no index folder")
         with self._index_lock, self._lock:
             if self._index is not None and self._index_pid == os.getpid():
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(sqlite3.Error):  # replaced whatever it is
                     self._index.close()
             self._index = None
-            _unlink_db(ifd, strict=True)
+            indexfiles.remove_files(ifd, strict=True)
         return self.index()
-
-    def _reading_index(self, ifd: int | None) -> Index:
-        """The index a store opened read-only reads (``kcache stats``, ``inspect``, ``explain``):
-        the database as it is; when there is none (a new store, a disk that was full when it was
-        to be made), it is a newer kcache's, or it cannot be read (corrupt, empty, half made when
-        inodes ran out, a folder where its journal goes), the entry folders, read into a private
-        in-memory index: the command answers from what the store holds (its counters aside),
-        with one warning when the index is damaged, and changes nothing. The next process that writes the store
-        replaces the database (:meth:`_open_index`); ``kcache verify`` reads the database itself
-        (:meth:`index_readonly`) and reports it."""
-        why = None
-        if ifd is not None:
-            try:
-                bad = _not_ours(ifd, self.folders.owners)
-                if bad:
-                    why = f"{', '.join(sorted(bad))}: not a file of ours"
-                elif DB_NAME in _db_files(ifd):
-                    return self._open_index_readonly(ifd)
-            except IndexTooNew as e:  # a newer kcache's: read as absent, never rewritten
-                warn_once(
-                    "index-newer", f"{e}: stats and eviction are off in this process (entries are used)"
-                )
-            except Exception as e:  # broad: whatever the database is, the entries answer instead
-                why = f"{type(e).__name__}: {e}"
-        if why is not None and ifd is not None and filesystem_full(ifd):
-            # Half made when the disk (or its inodes) ran out: the store's one full-disk warning.
-            warn_full(self.folders.root_name, OSError(errno.ENOSPC, f"the index cannot be read: {why}"))
-        elif why is not None:
-            warn_once(
-                "index-unreadable",
-                f"the index at {self.folders.index_dir} cannot be read ({why}); reading the entries "
-                "instead (the next process that writes to the store rebuilds it)",
-            )
-        idx = Index.open_readonly(None)
-        idx.created = True  # filled from the entry folders by index()
-        return idx
 
     def index_readonly(self) -> Index:
         """A new connection to the index that never writes, creates or checkpoints anything (it
         works on a full disk and while another process holds the index); close it when done."""
-        return self._open_index_readonly(self.folders.fd("index"))
-
-    def _open_index_readonly(self, ifd: int | None) -> Index:
-        if ifd is None:
-            return Index.open_readonly(None)
-        bad = _not_ours(ifd, self.folders.owners)
-        if bad:
-            # A folder at -wal: SQLite's read-only open fails ("unable to open database file")
-            # where the writable one would remove it first. Damage, as `verify` reports it and
-            # `--fix` repairs it (the rebuild removes whatever is there).
-            raise CorruptIndex(f"not a file of ours at {', '.join(sorted(bad))}")
-        try:
-            st = os.stat(DB_NAME, dir_fd=ifd, follow_symlinks=False)
-        except FileNotFoundError:
-            return Index.open_readonly(None)
-        if not stat.S_ISREG(st.st_mode):
-            raise StoreError(f"{self.folders.index_dir}/{DB_NAME} is not a regular file")
-        try:
-            os.stat(DB_NAME + "-wal", dir_fd=ifd, follow_symlinks=False)
-            immutable = False
-        except FileNotFoundError:
-            immutable = True
-        return Index.open_readonly(
-            fs.fd_path(ifd, DB_NAME, fallback=str(self.folders.index_dir)), immutable=immutable
-        )
-
-    def _open_index(self, ifd: int) -> Index:
-        """Open (create) the writable index in the folder ``ifd``: what sits where the database
-        goes must be a regular file of ours (else removed: SQLite would follow a link); a corrupt
-        database is replaced; one of a newer kcache is left alone (:class:`IndexTooNew`)."""
-        for name in _OLD_INDEX_FILES:  # kcache 0.1's diskcache index: superseded, rebuilt from entries
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=ifd)
-        for name in _not_ours(ifd, self.folders.owners):
-            # A link, a folder or someone else's file where one of the index's files goes:
-            # SQLite would follow it, write it or fail on it. Removed (only our folder's entry,
-            # never what it points to) before SQLite opens anything.
-            warn_once("index-unsafe", f"{self.folders.index_dir}/{name} is not a file of ours; removed")
-            fs.rmtree_at(ifd, name)
-        path = fs.fd_path(ifd, DB_NAME, fallback=str(self.folders.index_dir))
-        try:
-            return Index.open(path, timeout=self.index_timeout)
-        except Exception as e:  # broad: sorted below (a corrupt database is replaced, anything else raised)
-            if isinstance(e, IndexTooNew) or not is_corrupt_db(e):
-                raise
-            # A broken index is replaced, not fatal: entries are intact and self-describing.
-            warn_once(
-                "index-corrupt", f"the index at {self.folders.index_dir} is corrupt ({e}); starting a new one"
-            )
-            _unlink_db(ifd)
-            return Index.open(path, timeout=self.index_timeout)
+        return indexfiles.open_readonly(self.folders, self.folders.fd("index"))
 
     def keys(self, kind: str, prefix: str = "") -> list[str]:
         """The keys of the entries of ``kind`` that start with ``prefix``, newest first, from a
@@ -357,9 +221,8 @@ class Catalogue:
                         out.append(row.record.key)
             finally:
                 idx.close()
-        except Exception as e:  # broad: sorted (sqlite3 and a corrupt database raise many kinds)
-            if expected(e, "keys", "kcache's listing of entries", then="listing none"):
-                warn_once("index-list", f"cannot list entries from the store's index: {e}")
+        except EXPECTED as e:  # locked, corrupt, newer, a folder where a file goes: none listed
+            warn_once("index-list", f"cannot list entries from the store's index: {e}")
         return out
 
     def _records_on_disk(self, skip: Container[str] = ()) -> Iterator[tuple[Record, float | None]]:
@@ -383,9 +246,7 @@ class Catalogue:
                     batch = []
             if batch:
                 idx.insert_many(batch)
-        except Exception as e:  # broad: a rebuild is best effort (sqlite3, the disk, a hostile record)
-            if not expected(e, "index-fill", "kcache's filling of a new index"):
-                return
+        except EXPECTED as e:  # a rebuild is best effort (sqlite3, the disk)
             # A full disk is one warning for the store, whichever part meets it first.
             why = f"could not fill the new index from the entries ({e}); `kcache verify --fix` does"
             warn_failed(self.folders.root_name, e, self.folders.fd("index"), f"index:{type(e).__name__}", why)
@@ -436,12 +297,12 @@ class Catalogue:
             if is_corrupt_db(e):
                 with self._index_lock, self._lock:
                     if self._index is not None and self._index_pid == os.getpid():
-                        with contextlib.suppress(Exception):
+                        with contextlib.suppress(sqlite3.Error):  # replaced whatever it is
                             self._index.close()
                     self._index = None
                     ifd = self.folders.fd("index")
                     if ifd is not None:
-                        _unlink_db(ifd)
+                        indexfiles.remove_files(ifd)
                 self._index_off_until = 0.0
             return None
 
@@ -520,9 +381,8 @@ class Catalogue:
         batch: list[tuple[Record, float | None]] = []
         try:
             batch.extend(self._records_on_disk(skip=known))
-        except Exception as e:  # broad: as a rebuild (sqlite3, the disk, a hostile record)
-            if expected(e, "reconcile", "kcache's reconcile of its index"):
-                logger.debug("reconcile: %s", e)
+        except EXPECTED as e:  # as a rebuild (the disk)
+            logger.debug("reconcile: %s", e)
 
         def insert(idx: Index) -> bool:
             idx.insert_many(batch)
@@ -534,9 +394,8 @@ class Catalogue:
             logger.info("added %d index rows for entries written by processes that ended early", len(batch))
         try:
             self.after_reconcile()
-        except Exception as e:  # broad: a recount is best effort: the next reconcile tries again
-            if expected(e, "recount", "kcache's recount of the store's bytes"):
-                logger.debug("recount: %s", e)
+        except EXPECTED as e:  # a recount is best effort: the next reconcile tries again
+            logger.debug("recount: %s", e)
         return len(batch)
 
     def flush(self, force: bool = False) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .. import counters as _counters
-from .errors import expected
+from ..boundary import guarded
 
 if TYPE_CHECKING:
     from .api import Components
@@ -46,10 +46,9 @@ def count_miss(cache: Any, kind: str, key: str, components: Components, **more: 
     components for ``kcache explain``."""
     (cache.counts.add if cache.disk.hits_are_use else cache.counts.add_here)(kind, misses=1, **more)
     if components is not None and not cache.readonly:
-        try:
+        comps: dict[str, Any] = {}
+        # An integration's code, for explain only: nothing is expected of it, what it raises is a
+        # bug (raised under KCACHE_STRICT=1, else one warning), and the lookup goes on.
+        with guarded("store-components", f"kcache's key components of a {kind} entry", then="not logged"):
             comps = dict(components() if callable(components) else components)
-        except Exception as e:  # broad: an integration's code; for explain only, a lookup goes on
-            # nothing is expected of it: what it raises is a bug (raised under KCACHE_STRICT=1)
-            expected(e, "components", f"kcache's key components of a {kind} entry", then="not logged")
-            comps = {}
         cache.disk.note_miss(kind, key, comps)

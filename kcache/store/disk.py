@@ -21,6 +21,9 @@ Layout under the store root::
 - :mod:`.housekeeping`: walking the folders, clean-up;
 - :mod:`.clock`: the filesystem's time; :mod:`.forks`: what a ``fork()`` does to all of it.
 
+Its own upkeep, off the callers' path (what every removal does, the flush thread's turn, trash/,
+eviction, dead processes' folders), is :class:`~.upkeep.Upkeep`, which it inherits.
+
 Guarantees (each method's docstring says what it adds):
 
 - Pinned: nothing is resolved by name twice (see :mod:`.opening`). Anything that fails a check
@@ -46,6 +49,7 @@ import atexit
 import contextlib
 import errno
 import os
+import sqlite3
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -60,21 +64,20 @@ from .catalogue import Catalogue
 from .clock import Clock
 from .conf import read_at as read_conf
 from .entries import Entries
-from .errors import CorruptEntry, RefusedEntry, StoreError, expected, warn_failed
+from .errors import EXPECTED, CorruptEntry, RefusedEntry, StoreError, tolerated, warn_failed
 from .eviction import Evictor
-from .footprint import report
 from .hit import Hit, HitMemo, ServeFailed
 from .index import Index
 from .locks import Lock
 from .opening import Folders, open_folders
-from .private import clean_dead
 from .records import Record, entry_id
 from .safety import UnsafeStore
 from .served import Served
-from .trash import Trash, folder_bytes
+from .trash import Trash
+from .upkeep import Upkeep
 
 
-class DiskTier:
+class DiskTier(Upkeep):
     """A kcache store folder. Construct with :meth:`open`, which checks and pins it.
 
     Read-only tiers (``KCACHE_READONLY=1``, a store on a read-only filesystem, or one opened by a
@@ -224,25 +227,6 @@ class DiskTier:
         atexit.register(tier.close)  # read-only too: its private folders go at exit
         return tier
 
-    def clean_dead_folders(self) -> int:
-        """Remove the private folders (served files, scratch) that dead processes left in
-        ``tmp/`` (killed, or ended by ``os._exit``): nobody holds them any more (see
-        :mod:`.served`); a live process's are held, and never taken. Once per process (and store),
-        off its first hit's path: at the flush thread's first turn, or at :meth:`close` when that
-        never came. Not on a network filesystem (its locks may be per node: another node's live
-        folders look unheld there). Returns how many went."""
-        if self._dead_cleaned:
-            return 0
-        self._dead_cleaned = True
-        tfd = self.folders.fd("tmp")
-        if tfd is None or self.readonly or self.folders.network_fs:
-            return 0
-        try:
-            return clean_dead(tfd, ("served.", "scratch."))
-        except OSError as e:  # best effort: the next process tries again
-            logger.debug("clean-up of dead processes' folders: %s", e)
-            return 0
-
     def close(self) -> None:
         """Flush what is batched, close the index and every descriptor. Idempotent."""
         if self.closed:
@@ -250,27 +234,27 @@ class DiskTier:
         # What this process holds goes first (and what it kept in trash/, unless others hold
         # it): the exit eviction then measures what stays on disk once it has gone.
         self.memo.clear()
-        with contextlib.suppress(Exception):
-            self.served.close()  # lets go of the entry folders this process held
-        with contextlib.suppress(Exception):
-            self.clean_dead_folders()  # if the flush thread never had a turn
+        steps: list[tuple[str, Callable[[], object]]] = [
+            ("served", self.served.close),  # lets go of the entry folders this process held
+            ("dead-folders", self.clean_dead_folders),  # if the flush thread never had a turn
+        ]
         if not self.readonly:
-            self.trash_state.retry_held()
-            with contextlib.suppress(Exception):
-                self.sweep_trash(0.5, closing=True)
-            try:  # the bound holds after the last writer ends, not only at the next one's put
-                self.evictor.at_exit()
-            except Exception as e:  # broad: closing goes on whatever eviction met (a bug reported)
-                if expected(e, "evict-at-exit", "kcache's eviction at exit"):
-                    logger.debug("eviction at exit: %s", e)
-            with contextlib.suppress(Exception):
-                self.sweep_trash(0.5, closing=True)  # the empty folders eviction left
+            steps += [
+                ("trash", self.trash_state.retry_held),
+                ("trash", lambda: self.sweep_trash(0.5, closing=True)),
+                # the bound holds after the last writer ends, not only at the next one's put
+                ("evict-at-exit", self.evictor.at_exit),
+                ("trash", lambda: self.sweep_trash(0.5, closing=True)),  # the empty folders eviction left
+            ]
+        for topic, step in steps:  # each sorts what it expects; a bug in one: reported, the next runs
+            with tolerated(f"close-{topic}", f"kcache's {topic} step at close", then="closing goes on"):
+                step()
         self.flush(force=True)
         cat = self.catalogue
         with cat._index_lock, cat._lock:
             self.folders.closed = True
             if cat._index is not None and cat._index_pid == os.getpid():
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(sqlite3.Error):  # closed whatever it is
                     cat._index.close()
             cat._index = None
         self.evictor.usage.close()
@@ -284,9 +268,9 @@ class DiskTier:
     def after_fork_child(self, keep: list[Any]) -> None:
         self.catalogue.after_fork_child(keep)
         self.memo.after_fork()
-        with contextlib.suppress(Exception):
+        with tolerated("fork", "kcache's reset of its size count in a forked child"):
             self.evictor.after_fork()
-        with contextlib.suppress(Exception):
+        with tolerated("fork", "kcache's reset of its served files in a forked child"):
             self.served.after_fork()
 
     # ------------------------------------------------------------------ ids and time
@@ -324,11 +308,8 @@ class DiskTier:
         except CorruptEntry as e:
             try:
                 self._on_corrupt(ident, kind, str(e), e.ident)
-            except Exception as e2:  # broad: quarantine is best effort, the lookup is a miss either way
-                if expected(
-                    e2, "quarantine", "kcache's removal of a corrupt entry", then="a miss all the same"
-                ):
-                    logger.debug("quarantine of %s: %s", ident, e2)
+            except EXPECTED as e2:  # quarantine is best effort, the lookup is a miss either way
+                logger.debug("quarantine of %s: %s", ident, e2)
             return None
         except ServeFailed as e:
             warn_once("serve", f"cannot make the files of a cached kernel ({e}); compiling instead")
@@ -450,9 +431,8 @@ class DiskTier:
         self.catalogue.note_put(rec, self.clock.now())
         try:
             self.evictor.after_put(hit.disk, ident)
-        except Exception as e:  # broad: the put stands; the bound is kept by the next put or the flush thread
-            if expected(e, "evict-after-put", "kcache's eviction after a put", then="the put stands"):
-                logger.debug("eviction after put: %s", e)
+        except EXPECTED as e:  # the put stands; the bound is kept by the next put or the flush thread
+            logger.debug("eviction after put: %s", e)
         self.catalogue.maybe_flush()
         return hit, True
 
@@ -474,31 +454,6 @@ class DiskTier:
         self.remove([self.entry_id(kind, key)], index=False)
 
     # ------------------------------------------------------------------ removing
-    def _removed(self, ident: str, freed: int, left: bool) -> None:
-        """Every removal: its bytes are off the store's count at once (what live processes were
-        handed is theirs, gone when they are), its row is not written, and trash/ is swept
-        later if a holder kept its folder."""
-        self.evictor.usage.add(-freed)
-        self.served.removed(ident)  # an idle hold of it now costs disk: let go
-        if left:
-            self.trash_state.left = True
-        self.catalogue.forget(ident)
-
-    def _remove_for_eviction(self, ident: str) -> int | None:
-        return self.entries.remove(ident, later=True)
-
-    def _remove_for_put(self, ident: str) -> int | None:
-        """An eviction by a put: the folder is renamed into ``trash/`` (its bytes leave the count)
-        and its files are deleted at the flush thread's next turn; unless that thread is behind
-        (:data:`~.tunables.SOON_MAX` entries, or :data:`~.tunables.SOON_SHARE` of the bound in
-        bytes still on disk), then here, as by the thread."""
-        if self.trash_state.behind(self.max_size):
-            return self.entries.remove(ident, later=True)
-        got = self.entries.remove(ident, later=True, empty=False)
-        if got is not None:
-            self.trash_state.note_soon(got)
-        return got
-
     def remove(self, ids: list[str], *, index: bool = True) -> int:
         """Delete entries: their folders first (that frees the space, and works on a full disk),
         then their index rows (``index``; a failure there is ignored: rows of missing entries are
@@ -547,55 +502,6 @@ class DiskTier:
 
     def clean_tmp(self, min_age: float = T.STALE_TMP_S) -> int:
         return housekeeping.clean_tmp(self.folders, self.clock, min_age)
-
-    # ------------------------------------------------------------------ eviction
-    def _flush_turn(self) -> None:
-        """The flush thread's turn, before it writes the index: the process's table of
-        descriptors grown if the holds asked (see :mod:`.served`); holds whose paths have all
-        gone let go; (at the first) the clock and dead processes' folders; trash/ swept; then
-        eviction when past the bound (the put that passed it woke this), and trash/ again."""
-        self.served.grow_table()
-        self.served.drain()  # holds whose paths have all gone (see .leases)
-        self.served.removed()  # idle holds of entries other processes removed
-        if self.served.let_go_removed:  # ... of a removed entry: its folder in trash/ can go now
-            self.served.let_go_removed = False
-            self.trash_state.retry_held()
-        self.clock.synced()
-        self.clean_dead_folders()
-        if self.trash_state.left:
-            self.sweep_trash()  # first: what it frees is not evicted for
-        if self.evictor.due():
-            self.evictor.run()
-            if self.trash_state.left:
-                self.sweep_trash()
-
-    def sweep_trash(self, budget_s: float | None = None, *, closing: bool = False) -> None:
-        """What removals left in ``trash/`` (see :meth:`.trash.Trash.sweep`). Never raises."""
-        self.trash_state.sweep(budget_s, closing=closing)
-
-    def footprint(self) -> dict[str, int]:
-        """The store's folder on disk as ``du`` counts it, in bytes (see :func:`.footprint.report`;
-        the entries as their shared count says, walked when there is none yet)."""
-        count = self.evictor.usage.peek()
-        if count is None:
-            count = sum(folder_bytes(sfd, name) for sfd, name in self.evictor._folders())
-        return report(self.folders, count)
-
-    def evict(self, target: int | None = None) -> tuple[int, int]:
-        """Remove least recently used entries until the store's folder takes at most 90% of the
-        bound on disk, or (given ``target``) until its committed entries take at most ``target``
-        bytes on disk; then write the index (see :mod:`.eviction`). One process evicts at a
-        time; this returns at once when another one does. Returns (entries, bytes on disk).
-
-        The store also evicts on its own: its flush thread as soon as a put passes the bound,
-        and a put itself when the store is far past it."""
-        if self.readonly or self.closed:
-            return 0, 0
-        out = self.evictor.run(target)
-        if out[0]:
-            self.sweep_trash()  # the empty folders it left (the caller's time, not a put's)
-        self.flush(force=True)
-        return out
 
     # ------------------------------------------------------------------ locks
     def lock_for(self, kind: str, key: str) -> Lock | None:

@@ -1,12 +1,15 @@
 """The store's exceptions (shared by its modules; :class:`StoreError` is public), its one warning
-for a full filesystem (:func:`warn_failed`), and how its broad catches sort what they meet
-(:func:`expected`)."""
+for a full filesystem (:func:`warn_failed`), what it expects of the world (:data:`EXPECTED`), and
+how a step that must not stop what runs it sorts what it meets (:func:`expected`,
+:func:`tolerated`)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sqlite3
+from collections.abc import Iterator
 
 from ..boundary import expected as _sort
 from .fs import UnsafePath
@@ -117,3 +120,18 @@ def expected(e: BaseException, topic: str, what: str, then: str = "the store goe
     (the caller counts it as the miss it is); a bug is raised under ``KCACHE_STRICT=1``, else
     reported once (a warning per topic, an ``errors`` count) and False."""
     return _sort(e, EXPECTED, f"store-{topic}", what, then)
+
+
+@contextlib.contextmanager
+def tolerated(topic: str, what: str, then: str = "the store goes on without it") -> Iterator[None]:
+    """A step that must not stop what runs it (a store's close, at exit too; a forked child's
+    reset of one object): what the store expects (:data:`EXPECTED`) is a debug line, anything
+    else a bug, raised under ``KCACHE_STRICT=1``, else one warning per topic (:func:`expected`).
+    Either way the block ends there and the caller goes on with its next step."""
+    try:
+        yield
+    except Exception as e:  # broad: a step of a close or a fork's reset: the next must run (bugs reported)
+        if expected(e, topic, what, then):
+            from ..log import logger
+
+            logger.debug("%s: %s", what, e)

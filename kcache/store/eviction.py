@@ -272,9 +272,11 @@ class Evictor:
                 # (a process killed between a removal and its count); count again.
                 self._recount_at = time.monotonic()
                 self.recount(locked=True)
-        except Exception as e:  # broad: eviction runs on the flush thread and at exit, which go on
+        # broad: eviction runs on the flush thread, at exit and for `kcache evict`, which all go on:
+        # the disk or the index failing is one warning; a bug is reported (raised when strict)
+        except Exception as e:
             if expected(e, "evict", "kcache's eviction", then="the bound is kept at the next turn"):
-                warn_once("evict", f"eviction failed: {e}")  # the disk, the index: the put stands
+                warn_once("evict", f"eviction failed: {e}")
         finally:
             self._remove_empty_shards()
             lk.release()

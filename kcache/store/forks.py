@@ -23,6 +23,7 @@ import weakref
 from typing import Any, Protocol
 
 from .. import counters as _counters
+from .errors import tolerated
 
 LOCK_WAIT_S = 2.0
 
@@ -71,8 +72,8 @@ def _after_child() -> None:
     global _SERIAL
     _SERIAL = threading.Lock()
     _HELD.locks = []
-    for obj in list(_OBJECTS):
-        with contextlib.suppress(Exception):  # broad: one object's failure must not spare the others
+    for obj in list(_OBJECTS):  # one object's failure must not spare the others
+        with tolerated("fork", "kcache's reset of a store in a forked child"):
             obj.after_fork_child(_KEPT)
     _counters.GLOBAL.after_fork()
 

@@ -28,7 +28,7 @@ import msgpack
 
 from ..kinds import valid_id
 from ..log import logger
-from .records import CorruptRecord, Record
+from .records import DECODE_ERRORS, CorruptRecord, Record
 
 DB_NAME = "kcache.sqlite"
 SCHEMA = 1
@@ -217,7 +217,8 @@ class Index:
             if "no such table" in str(e):
                 raise CorruptIndex("not a kcache index (no meta table)") from None
             raise
-        if row is not None and str(row[0]).isdigit() and int(row[0]) > SCHEMA:
+        # (isdecimal, not isdigit: int() takes every decimal digit, and no superscript "²")
+        if row is not None and str(row[0]).isdecimal() and int(row[0]) > SCHEMA:
             raise IndexTooNew(f"the index has schema {row[0]}, from a newer kcache (this one reads {SCHEMA})")
         if row is None or row[0] != str(SCHEMA):
             raise CorruptIndex(f"index schema {row[0] if row else None!r} is not {SCHEMA}")
@@ -415,7 +416,7 @@ class Index:
                 comps = msgpack.unpackb(blob, raw=False, strict_map_key=False) if blob else {}
                 if not isinstance(comps, dict):
                     comps = {}
-            except Exception:  # broad: msgpack raises more than its documented errors on hostile bytes
+            except DECODE_ERRORS:  # a row another program wrote: no components
                 comps = {}
             out.append((float(t or 0.0), str(kind), str(key), comps))
         return out

@@ -31,7 +31,13 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections import deque
 from collections.abc import Callable
+
+#: What a sink raised in a weakref callback, which may neither raise nor wait for a lock (a
+#: warning takes one): kept here (a deque's append takes none) and reported by the owner's next
+#: turn outside one (:meth:`kcache.store.served.Served.drain`).
+unreported: deque[BaseException] = deque(maxlen=8)
 
 
 class Ticket:
@@ -68,8 +74,9 @@ class Lease:
     def _gone(self, _ref: object) -> None:
         try:
             self.sink(self)
-        except Exception:  # broad: a weakref callback must not raise (it runs wherever the collector does)
-            pass
+        # broad: a weakref callback must not raise (it runs wherever the collector does): kept
+        except Exception as e:
+            unreported.append(e)
 
 
 class HeldPath(str):

@@ -20,6 +20,7 @@ import msgpack
 from ..log import warn_once
 from . import fs
 from .errors import StoreError
+from .records import DECODE_ERRORS
 from .safety import (
     UnsafeStore,
     check_root,
@@ -121,7 +122,7 @@ def check_marker(root_fd: int, path: str, *, readonly: bool, create: bool, data:
     try:
         info = msgpack.unpackb(data, raw=False)
         schema = info.get("schema") if isinstance(info, dict) else None
-    except Exception:  # broad: msgpack raises more than its documented errors on hostile bytes
+    except DECODE_ERRORS:  # not this kcache's marker: refused below
         schema = None
     if schema != STORE_SCHEMA:
         raise StoreError(f"{path} holds a kcache store of another schema ({schema!r})")

@@ -49,7 +49,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import fs
+from . import fs, leases
 from .leases import Lease, Ticket, hold_paths
 from .private import PrivateFolder, temp_folder
 
@@ -238,10 +238,19 @@ class Served:
                 self._lock.release()
 
     def drain(self) -> None:
-        """Let go of what the paths handed out no longer need (the flush thread's turn)."""
+        """Let go of what the paths handed out no longer need (the flush thread's turn), and
+        report what letting go raised in a weakref callback (a bug: see :mod:`.leases`)."""
         if self._gone:
             with self._lock:
                 self._drain()
+        while leases.unreported:
+            from ..boundary import failed
+
+            try:
+                e = leases.unreported.popleft()
+            except IndexError:  # (another thread took it meanwhile)
+                break
+            failed("served-let-go", "kcache's letting go of files handed out", e, then="they stay until exit")
 
     def _drain(self) -> None:
         # Under _lock. Never raises: a file that cannot be let go now stays till close or exit.
@@ -249,7 +258,7 @@ class Served:
             lease = self._gone.popleft()
             if self._closed:
                 continue  # close() let go of everything (and its numbers may be others' now)
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(OSError):  # (a descriptor, a folder's files: see _release)
                 lease.release()
 
     def _ticket(self, hold: Hold) -> Ticket:
@@ -455,8 +464,7 @@ class Served:
         if nxt + GROW_AHEAD >= self._table and not self._grow_to and self._table < self._pin_stop:
             self._grow_to = min(self._table * 2, self._pin_stop)
             if self.wake is not None:
-                with contextlib.suppress(Exception):  # a thread that cannot start: links from here
-                    self.wake()
+                self.wake()  # (a thread that cannot start: links from here; see Catalogue.maybe_flush)
         return nxt < self._table
 
     def grow_table(self) -> None:

@@ -20,7 +20,7 @@ import hashlib
 import msgpack
 
 from .. import trust as _trust
-from ..records import CorruptRecord, Record, crc32, validate
+from ..records import DECODE_ERRORS, CorruptRecord, Record, crc32, validate
 
 FORMAT = 1
 SIG_DOMAIN = b"kcache-remote/1\0"
@@ -70,7 +70,7 @@ def unpack_entry(
         raise Refused("too large", f"{len(raw)} bytes")
     try:
         d = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_str_len=1 << 16, max_map_len=4096)
-    except Exception as e:  # broad: msgpack raises more than its documented errors on hostile bytes
+    except DECODE_ERRORS as e:
         raise Refused("malformed", f"does not decode ({type(e).__name__})") from None
     if not isinstance(d, dict) or d.get("f") != FORMAT:
         raise Refused("malformed", "not a kcache entry of this format")

@@ -137,9 +137,7 @@ class RedisBackend(Backend):
 
     # ------------------------------------------------------------------ life
     def open(self) -> None:
-        from redis.exceptions import RedisClusterException, RedisError
-
-        self._errors = (RedisError, RedisClusterException, OSError)
+        self._errors = redis_io.failures()
         self._clients = (
             self.connect(self.cfg.timeout_s),
             self.connect(max(self.cfg.timeout_s, WRITER_TIMEOUT_S)),
@@ -159,7 +157,7 @@ class RedisBackend(Backend):
                 if not isinstance(c, redis_cluster.ClusterClient):
                     # (its own close does this: redis-py 5.0.0 disconnects no pool on close())
                     c.connection_pool.disconnect()
-            except Exception:  # broad: closing goes on whatever a client met
+            except self._errors:  # closing goes on (a server gone, a client that never connected)
                 pass
 
     def _client(self, writer: bool = False) -> Any:

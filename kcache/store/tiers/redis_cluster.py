@@ -174,12 +174,10 @@ class ClusterClient:
         """The client, or the reason its slot map was refused (:func:`.redis_io.slot_map_problem`)
         raised as :class:`~.backend.Unavailable`: redis-py's own error says only that no node
         answered."""
-        from redis.exceptions import RedisClusterException, RedisError
-
         redis_io.take_refusal()
         try:
             return self._make()
-        except (RedisError, RedisClusterException, OSError) as e:
+        except redis_io.failures() as e:
             why = redis_io.take_refusal()
             if why is not None:
                 raise Unavailable(why) from e
@@ -200,7 +198,7 @@ class ClusterClient:
             return ""
         try:
             node = rc.get_node_from_key(key)
-        except Exception:  # a slot the topology does not cover (redis-py's SlotNotCoveredError)
+        except redis_io.failures():  # a slot the topology does not cover (SlotNotCoveredError)
             return ""
         return node.name if node is not None else ""
 
@@ -239,7 +237,7 @@ class ClusterClient:
                 if conn is not None:
                     try:
                         conn.connection_pool.disconnect()
-                    except Exception:  # broad: closing goes on whatever a node's pool met
+                    except redis_io.failures():  # closing goes on whatever a node's pool met
                         pass
 
     def __getattr__(self, name: str) -> Any:

@@ -117,6 +117,16 @@ def slot_map_refused() -> type:
     return out
 
 
+def failures() -> tuple[type[BaseException], ...]:
+    """What a call to a Redis server or cluster raises for a failure of the server, the network or
+    the call's bound: redis-py's errors (a cluster's ``RedisClusterException`` is not a
+    ``RedisError``) and the socket's (``OSError``: the bound's ``CallBound`` too). Raises
+    ImportError without redis."""
+    from redis.exceptions import RedisClusterException, RedisError
+
+    return (RedisError, RedisClusterException, OSError)
+
+
 _classes: dict[type, type] = {}
 
 

@@ -40,6 +40,15 @@ INFO_FIELDS = (
 )
 
 
+def _told() -> tuple[type[BaseException], ...]:
+    """What asking one node may raise, told in the report (``error``), never raised: a failure of
+    the node, the network or the bound (:func:`.redis_io.failures`), and a reply of the wrong
+    shape from a server that is not what it says (redis-py's reply callbacks assume the shape:
+    INFO's ``parse_info`` calls ``splitlines`` on an integer reply, SCAN's unpacks two items,
+    CLUSTER NODES' splits each line into eight fields)."""
+    return (*redis_io.failures(), ValueError, TypeError, AttributeError, IndexError, KeyError)
+
+
 def survey(
     cfg: Any, *, limit: int = 10_000, budget_s: float = 10.0, timeout_s: float = 2.0
 ) -> dict[str, Any]:
@@ -80,7 +89,7 @@ def _cluster(cfg: Any, limit: int, budget_s: float, timeout_s: float) -> dict[st
             with bounded(timeout_s):
                 rc = cc.cluster
                 known = [(n.host, int(n.port)) for n in rc.get_nodes()]
-        except Exception as e:  # broad: a report: redis-py's errors and the bound are told, not raised
+        except _told() as e:
             out["error"] = redis_io_error(e)
             return out
         table: list[dict[str, Any]] = []
@@ -94,7 +103,7 @@ def _cluster(cfg: Any, limit: int, budget_s: float, timeout_s: float) -> dict[st
                     info = _cluster_info(r.execute_command("CLUSTER", "INFO"))
                 table = _parse_nodes(text)
                 break
-            except Exception:  # broad: as above: the next node is asked
+            except _told():  # the next node is asked
                 continue
         if not table:
             out["error"] = "no node answers CLUSTER NODES"
@@ -145,7 +154,7 @@ def _node(r: Any, address: str, timeout_s: float) -> dict[str, Any]:
             t0 = time.perf_counter()
             r.ping()
             node["ping_ms"] = round((time.perf_counter() - t0) * 1000, 3)
-    except Exception as e:  # broad: as above
+    except _told() as e:
         node["error"] = redis_io_error(e)
         return node
     node["reachable"] = True
@@ -153,7 +162,7 @@ def _node(r: Any, address: str, timeout_s: float) -> dict[str, Any]:
         with bounded(timeout_s):
             info = r.info()
         node["server"] = {k: info[k] for k in INFO_FIELDS if k in info}
-    except Exception as e:  # INFO may be denied by an ACL
+    except _told() as e:  # INFO may be denied by an ACL
         node["server"] = {"error": redis_io_error(e)}
     return node
 
@@ -187,7 +196,7 @@ def _scan(
                     for k in keys:
                         p.strlen(k)
                     sizes = p.execute(raise_on_error=False) if keys else []
-            except Exception as e:  # broad: as above
+            except _told() as e:
                 node["error"] = redis_io_error(e)
                 error = error or f"{node['address']}: {node['error']}"
                 pending.remove((node, r))
@@ -236,8 +245,8 @@ def _parse_nodes(text: Any) -> list[dict[str, Any]]:
             if s.startswith("["):
                 continue  # a slot being migrated or imported
             lo, _, hi = s.partition("-")
-            if lo.isdigit():
-                slots += (int(hi) if hi.isdigit() else int(lo)) - int(lo) + 1
+            if lo.isdecimal():  # (not isdigit: int() refuses a superscript digit)
+                slots += (int(hi) if hi.isdecimal() else int(lo)) - int(lo) + 1
         role = "master" if "master" in flags else "replica" if "slave" in flags else "node"
         row: dict[str, Any] = {"address": address, "role": role, "flags": [f for f in flags if f != "myself"]}
         row.update(slots=slots, _master_id=master)
@@ -270,7 +279,7 @@ def _cluster_info(text: Any) -> dict[str, Any]:
         k = str(k).strip()
         if k in keep:
             v = str(v).strip()
-            out[k.removeprefix("cluster_")] = int(v) if v.isdigit() else v
+            out[k.removeprefix("cluster_")] = int(v) if v.isdecimal() else v
     return out
 
 
@@ -283,5 +292,5 @@ def redis_io_error(e: BaseException) -> str:
 def _close(r: Any) -> None:
     try:
         r.close()
-    except Exception:  # closing a client that never connected, or whose node is gone
+    except redis_io.failures():  # closing a client that never connected, or whose node is gone
         pass

@@ -63,7 +63,7 @@ class _Connection(http.client.HTTPConnection):
             if self._context is not None:
                 sock.settimeout(time_left(self.timeout))  # the handshake too
                 sock = self._context.wrap_socket(sock, server_hostname=self.host)
-        except BaseException:
+        except BaseException:  # re-raised: it only cleans up on the way
             sock.close()
             raise
         self.sock = BoundedSocket(sock)

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ...log import logger
+from ...boundary import failed
 from .backend import Answered, Full, Op, Unavailable
 from .bounded import bounded
 from .entry import pack_entry
@@ -124,8 +124,11 @@ class Writer:
                 return
             try:
                 self._write(batch)
-            except Exception as e:  # broad: the thread must not die loudly (a backend's bug)
-                logger.info("kcache: shared tier writer: %s", e)
+            # broad: the thread's edge. A backend's own failures are the tier's misses (see
+            # SharedTier._call); what is left is a bug: raised under KCACHE_STRICT=1, else one
+            # warning, and the thread goes on with the next batch.
+            except Exception as e:
+                failed("remote-writer", "kcache's shared tier writer", e, then="the batch is dropped")
             finally:
                 for it in batch:
                     if it.release:
