@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..boundary import guarded
 from ..config import counted
 from ..log import logger
 from .env import WORKER_ENV, applied_env, current_invalidating_env, env_key, env_set
@@ -95,10 +96,10 @@ class Executor:
             self.stand_in = install_stand_in(self.arch)
             self.host_code = self.stand_in.host_code_note
         self.utils_builds = self._aux_puts() - before
-        try:
+        # The build record is advice; what it cannot read it leaves out, and the store skips what
+        # it cannot write: a raise is a bug, reported once (raised when strict).
+        with guarded("prewarm-build", "recording the prewarm's Triton build", then="the build is not noted"):
             self.build = record_build(self.store, f"cuda:{self.arch}" if self.arch else None)
-        except Exception as e:  # broad: the build record is advice (Triton's code, the store)
-            logger.info("prewarm: could not record the build: %s", e)
 
     def _aux_puts(self) -> int:
         if self.store is None:
@@ -193,7 +194,7 @@ def _why_not(store_dir: str | None) -> str:
         Store.open(s.dir, max_size=s.max_size, readonly=s.readonly, allow_insecure=s.allow_insecure).close()
     except StoreError as e:
         return str(e)
-    except Exception as e:  # broad: a report of why the store cannot be used
+    except OSError as e:  # a folder the store could not even look at
         return f"{type(e).__name__}: {e}"
     return "see the warning above"
 
@@ -226,7 +227,7 @@ def _gpu_available() -> bool:
         import torch
 
         return bool(torch.cuda.is_available())
-    except Exception:  # broad: importing torch runs its code (a broken install raises anything)
+    except (ImportError, OSError):  # no torch, or one whose libraries cannot be loaded (OSError)
         return False
 
 
