@@ -64,17 +64,18 @@ class _MemoSubprocess:
             or not os.path.isfile(args[0])
         ):
             return self._real.check_output(args, *rest, **kwargs)
-        key = None  # stays None when the memo cannot be used: the tool is asked, nothing kept
+        key: str | None = None  # stays None when the memo cannot be used: asked, nothing kept
         # The edge (Triton asks for a tool's version): a bug is reported (raised when strict).
         with guarded("triton-tool-memo", "kcache's memo of a tool's version"):
             try:
                 known = memo_key(args[0], kwargs.get("stderr"))
                 out = recall(store, known, "output", _plausible)
             except OSError:  # the tool changed or vanished under us: ask it
-                known = out = None
-            if out is not None:
-                return out
-            key = known
+                out = None
+            else:
+                if out is not None:
+                    return out
+                key = known
         t0 = time.perf_counter()
         out = self._real.check_output(args, *rest, **kwargs)
         if key is not None and isinstance(out, bytes):
