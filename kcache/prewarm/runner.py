@@ -107,17 +107,21 @@ class Executor:
         return int(self.store.counts.process_totals().get("triton-aux", {}).get("puts", 0))
 
     def teardown(self) -> None:
+        # Each step expects nothing to fail (a folder removed ignoring errors, an attribute put
+        # back, a flush that skips what it cannot write): a bug in one is reported once (raised
+        # when strict) and the others run.
+        what = "the prewarm's teardown"
         for kx in self._executors.values():
-            with contextlib.suppress(Exception):
+            with guarded("prewarm-teardown", what, then="going on"):
                 kx.close()
         while self._undo:
-            with contextlib.suppress(Exception):
+            with guarded("prewarm-teardown", what, then="going on"):
                 self._undo.pop()()
         if self.stand_in is not None:
-            with contextlib.suppress(Exception):
+            with guarded("prewarm-teardown", what, then="going on"):
                 self.stand_in.uninstall()
         if self.store is not None:
-            with contextlib.suppress(Exception):
+            with guarded("prewarm-teardown", what, then="going on"):
                 self.store.flush(force=True)
         if self._enabled_here:
             import kcache
@@ -144,7 +148,8 @@ class Executor:
                 )
             else:
                 counted = kx.run(item, r)
-        except Exception as ex:  # one item's failure, whatever it is, is that item's result
+        except Exception as ex:  # broad: an item runs the program's code (its kernels, its model):
+            # one item's failure, whatever it is, is that item's result
             r.status = "failed"
             msg = str(ex).strip().splitlines()
             r.reason = f"{type(ex).__name__}: {msg[0][:300] if msg else ''}".rstrip(": ")
