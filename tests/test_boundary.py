@@ -278,7 +278,7 @@ def test_a_guard_around_a_librarys_function_lets_a_strict_bug_through(
     under strict goes on (torch's warm-up calling kcache's wakeup, torch's autotune-cache read
     calling kcache's lookup)."""
     pytest.importorskip("torch")
-    from kcache.inductor import coordesc
+    from kcache.inductor import torchcall
 
     monkeypatch.setenv("KCACHE_STRICT", "1")
 
@@ -290,14 +290,14 @@ def test_a_guard_around_a_librarys_function_lets_a_strict_bug_through(
             raise RuntimeError("torch's wrapper") from e
 
     with pytest.raises(RuntimeError, match="torch's wrapper") as info:
-        coordesc._torch(torch_function)
+        torchcall.own(torch_function)
     assert boundary.raised_strict(info.value)
 
     def torch_own_error() -> None:
         raise ValueError("torch's own")
 
-    with pytest.raises(coordesc._TorchRaised):  # fails open, strict or not
-        coordesc._torch(torch_own_error)
+    with pytest.raises(torchcall.TorchRaised):  # fails open, strict or not
+        torchcall.own(torch_own_error)
     assert not boundary.raised_strict(ValueError("torch's own"))
 
 

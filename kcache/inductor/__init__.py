@@ -149,7 +149,7 @@ def _is_fbcode() -> bool:
     cfg = sys.modules.get("torch._inductor.config")
     try:
         return bool(cfg is not None and cfg.is_fbcode())
-    except Exception:  # broad: torch's own config call; an error means open-source torch
+    except AttributeError:  # a torch whose config has no such call: open-source torch
         return False
 
 
@@ -163,7 +163,7 @@ def _turn_on(cfg: Any, switches: tuple[tuple[str, str], ...]) -> None:
             if getattr(cfg, attr) is None:  # unset: off in open-source torch
                 patches.set(cfg, attr, True)
                 _ours.add(cls_name)
-        except Exception as e:  # broad: torch's config objects validate with their own errors
+        except (AttributeError, TypeError, ValueError) as e:  # torch's config refused the value
             logger.info("torch.compile: could not turn on %s: %s", attr, e)
     rc = sys.modules.get("torch._inductor.remote_cache")
     if rc is not None:  # loaded before this config (not the usual order): install now

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from .. import memo as _memo
-from ..boundary import failed, guarded
+from ..boundary import guarded
 from ..log import logger
 from .attached import cache as active_cache
 
@@ -79,16 +79,15 @@ class _InfoSubprocess:
         store = _memo.usable(active_cache())
         if store is None or rest:
             return self._real.check_output(args, *rest, **kwargs)
-        try:
-            exe = _executable(args, kwargs)
-            key = memo_key(exe, tuple(args), kwargs) if exe is not None else None
-            out = _memo.recall(store, key, MEMBER) if key is not None else None
-        except OSError as e:  # the compiler or the memo's entry changed under us: it is asked
-            logger.debug("torch.compile: compiler info memo not read: %s", e)
-            key = out = None
-        except Exception as e:  # the edge (Inductor asks its compiler): a bug, reported
-            failed(TOPIC, WHAT, e)
-            key = out = None
+        key = out = None
+        with guarded(TOPIC, WHAT):  # the edge (Inductor asks its compiler): a bug, reported
+            try:
+                exe = _executable(args, kwargs)
+                key = memo_key(exe, tuple(args), kwargs) if exe is not None else None
+                out = _memo.recall(store, key, MEMBER) if key is not None else None
+            except OSError as e:  # the compiler or the memo's entry changed under us: it is asked
+                logger.debug("torch.compile: compiler info memo not read: %s", e)
+                key = out = None
         if out is not None:
             return out.decode("utf-8", "surrogateescape") if kwargs.get("text") else out
         t0 = time.perf_counter()

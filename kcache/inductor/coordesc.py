@@ -32,25 +32,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ..boundary import failed, raised_strict
+from ..boundary import guarded
 from ..log import logger
 from .attached import patches
+from .torchcall import TorchRaised
+from .torchcall import own as _torch  # torch's own functions (its autotune cache's read, a compile)
 
 TOPIC, WHAT = "inductor-coordesc", "kcache's applying of a cached coordinate-descent config"
-
-
-class _TorchRaised(Exception):
-    """One of torch's own functions raised inside :func:`_apply_winner` (not kcache's error)."""
-
-
-def _torch(fn: Any, *args: Any) -> Any:
-    """``fn(*args)`` for a function of torch's, its error marked as torch's."""
-    try:
-        return fn(*args)
-    except Exception as e:  # broad: torch's own (its autotune cache's read, a Triton compile)
-        if raised_strict(e):  # a bug of kcache's, met where torch called back into it
-            raise
-        raise _TorchRaised(f"{type(e).__name__}: {e}") from e
 
 
 def on_import(mod: Any) -> None:
@@ -65,12 +53,11 @@ def on_import(mod: Any) -> None:
     def recheck_autotune_cache(self: Any, reload_kernel_from_src: Any) -> None:
         before = list(getattr(self, "compile_results", None) or ())
         original(self, reload_kernel_from_src)
-        try:
-            _apply_winner(self, before, reload_kernel_from_src, check, hashable)
-        except _TorchRaised as e:  # the kernel stays as torch left it: it tunes again
-            logger.debug("torch.compile: cached coordinate-descent config not applied: %s", e)
-        except Exception as e:  # the edge (torch's recheck): a bug of kcache's, reported
-            failed(TOPIC, WHAT, e)
+        with guarded(TOPIC, WHAT):  # the edge (torch's recheck): a bug of kcache's, reported
+            try:
+                _apply_winner(self, before, reload_kernel_from_src, check, hashable)
+            except TorchRaised as e:  # the kernel stays as torch left it: it tunes again
+                logger.debug("torch.compile: cached coordinate-descent config not applied: %s", e)
 
     patches.wrap(cls, "recheck_autotune_cache", lambda _: recheck_autotune_cache)
 

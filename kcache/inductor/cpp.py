@@ -30,12 +30,14 @@ import sys
 import time
 from typing import Any
 
-from ..boundary import failed, guarded
+from ..boundary import guarded
 from ..log import logger, warn_once
 from ..patch import is_ours
 from . import declare as _kinds
 from . import pch
 from .attached import patches
+from .torchcall import TorchRaised
+from .torchcall import own as torchs
 
 MEMBER = "kernel.so"
 MAX_SO = 256 << 20
@@ -57,12 +59,11 @@ def on_import(mod: Any) -> None:
             pch.build(self, orig, codecache)
             return
         plan = None
-        try:
+        # The edge (torch's CppBuilder.build): a bug, reported (raised when strict); compiled.
+        with guarded("inductor-cpp", "kcache's lookup of a CPU kernel"):
             plan = _plan(self)
             if plan is not None and _restore(*plan):
                 return
-        except Exception as e:  # the edge (torch's CppBuilder.build): a bug, reported; compiled
-            failed("inductor-cpp", "kcache's lookup of a CPU kernel", e)
         pch.before_compile(self, codecache)  # a compiler run is coming: its header first
         t0 = time.perf_counter()
         orig(self)
@@ -90,15 +91,14 @@ def on_async_compile(mod: Any) -> None:
     own = raw.__func__
 
     def submit(cls_: Any, task: Any) -> Any:
-        try:
+        # The edge (torch's submit): a bug, reported (raised when strict); torch's pool builds.
+        with guarded("inductor-cpp", "kcache's lookup of a CPU kernel"):
             if _served_now(task):
                 from concurrent.futures import Future
 
                 done: Future[None] = Future()
                 done.set_result(None)
                 return done
-        except Exception as e:  # the edge (torch's submit): a bug, reported; torch's pool builds
-            failed("inductor-cpp", "kcache's lookup of a CPU kernel", e)
         return own(cls_, task)
 
     patches.wrap(cls, "submit", lambda _: classmethod(submit), raw=True)
@@ -185,16 +185,16 @@ def neutral_command(cmd: str, out_dir: str) -> str:
 def _inductor_cache_dir() -> str | None:
     mod = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
     try:
-        return str(mod.cache_dir()) if mod is not None else None
-    except Exception:  # broad: torch's own function (user names, folders)
+        return str(torchs(mod.cache_dir)) if mod is not None else None
+    except TorchRaised:  # torch's own function (user names, folders): no such folder to name
         return None
 
 
 def _default_cache_dir() -> str | None:
     mod = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
     try:
-        return os.path.abspath(mod.default_cache_dir()) if mod is not None else None
-    except Exception:  # broad: as above
+        return os.path.abspath(torchs(mod.default_cache_dir)) if mod is not None else None
+    except TorchRaised:  # as above
         return None
 
 

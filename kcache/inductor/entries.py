@@ -15,6 +15,8 @@ from ..kinds import get as _kind
 from ..log import logger, warn_once
 from . import declare as _kinds
 from .attached import cache as active_cache
+from .torchcall import TorchRaised
+from .torchcall import own as torchs
 
 if TYPE_CHECKING:
     from ..store.api import Cache
@@ -50,20 +52,25 @@ def _gpu_model() -> str | None:
     name: str | None = "cpu"
     torch = sys.modules.get("torch")
     try:
-        if torch is not None and torch.cuda.is_available():
+        if torch is not None and torchs(torch.cuda.is_available):
             name = None
             try:
-                from torch._dynamo.device_interface import get_interface_for_device
-
-                worker = get_interface_for_device("cuda").Worker
-                name = str(worker.get_device_properties(worker.current_device()).name)
-            except Exception:  # broad: torch's device interface varies between versions (then asked directly)
-                name = str(torch.cuda.get_device_name(torch.cuda.current_device()))
-    except Exception as e:  # broad: CUDA's initialisation raises what the driver meets
+                name = str(torchs(_worker_device_name))
+            except TorchRaised:  # torch's device interface varies between versions: asked directly
+                name = str(torchs(lambda: torch.cuda.get_device_name(torch.cuda.current_device())))
+    except TorchRaised as e:  # CUDA's initialisation (torch's) raises what the driver meets
         logger.debug("torch.compile: no GPU model (%s)", e)
         name = None
     _gpu.append(name)
     return name
+
+
+def _worker_device_name() -> Any:
+    """The GPU's name through Inductor's device interface (torch's code, all of it)."""
+    from torch._dynamo.device_interface import get_interface_for_device
+
+    worker = get_interface_for_device("cuda").Worker
+    return worker.get_device_properties(worker.current_device()).name
 
 
 def store_key(kind: str, key: str) -> tuple[str, dict[str, Any]]:

@@ -123,10 +123,13 @@ def _learn_from_torch() -> None:
     codecache = sys.modules.get("torch._inductor.codecache")
     if codecache is None:
         return
+    from .torchcall import TorchRaised
+    from .torchcall import own as torchs
+
     try:
-        fmt = getattr(codecache.FxGraphCache.get_remote_cache(), "_key_fmt", None)
-    except Exception:  # broad: torch's remote-cache factory varies between versions and configs
-        return
+        fmt = getattr(torchs(codecache.FxGraphCache.get_remote_cache), "_key_fmt", None)
+    except (TorchRaised, AttributeError):  # torch's remote-cache factory (it varies between
+        return  # versions and configs), or a torch without it
     if isinstance(fmt, str) and fmt.count("{key}") == 1 and "{" not in fmt.replace("{key}", ""):
         head, tail = fmt.split("{key}")
         _FX_KEY_FORM[:] = [head, tail]

@@ -29,7 +29,7 @@ from typing import Any
 
 from .. import kinds as _kinds
 from .. import memo as _memo
-from ..boundary import failed
+from ..boundary import guarded
 from ..forksafe import module_lock
 from ..log import logger
 from .attached import cache as active_cache
@@ -156,14 +156,12 @@ def _remembered(compiler: str, flags: list[str]) -> str | None:
     store = _memo_store()
     if store is None:
         return None
-    try:
-        answer = _memo.recall(store, memo_key(compiler, flags), MEMBER, _answer_ok)
-    except OSError as e:  # the compiler or the memo's entry changed under us: the compiler is asked
-        logger.debug("torch.compile: host target memo not read: %s", e)
-        return None
-    except Exception as e:  # not expected: a bug of the memo's, reported (raised when strict)
-        failed(TOPIC, WHAT, e)
-        return None
+    answer = None
+    with guarded(TOPIC, WHAT):  # not expected: a bug of the memo's, reported (raised when strict)
+        try:
+            answer = _memo.recall(store, memo_key(compiler, flags), MEMBER, _answer_ok)
+        except OSError as e:  # the compiler or the memo's entry changed under us: it is asked
+            logger.debug("torch.compile: host target memo not read: %s", e)
     return answer.decode("ascii") if answer is not None else None
 
 
@@ -175,14 +173,13 @@ def _remember(compiler: str, flags: list[str], answer: str, seconds: float) -> N
     store = _memo_store()
     if store is None:
         return
-    try:
-        _memo.keep(
-            store, memo_key(compiler, flags), MEMBER, answer.encode(), {"probe": "host-target"}, seconds
-        )
-    except OSError as e:  # the compiler changed under us: an answer not kept is asked again
-        logger.debug("torch.compile: host target not remembered: %s", e)
-    except Exception as e:  # not expected (the store skips what it cannot write): a bug, reported
-        failed(TOPIC, WHAT, e)
+    with guarded(TOPIC, WHAT):  # not expected (the store skips what it cannot write): a bug, reported
+        try:
+            _memo.keep(
+                store, memo_key(compiler, flags), MEMBER, answer.encode(), {"probe": "host-target"}, seconds
+            )
+        except OSError as e:  # the compiler changed under us: an answer not kept is asked again
+            logger.debug("torch.compile: host target not remembered: %s", e)
 
 
 def forget_answers() -> None:

@@ -24,8 +24,11 @@ def graph_summary() -> dict[str, Any]:
     guards = sys.modules.get("torch._guards")
     if guards is None:
         return {}
+    from .torchcall import TorchRaised
+    from .torchcall import own as torchs
+
     try:
-        codes = guards.TracingContext.get_traced_code()
+        codes = torchs(guards.TracingContext.get_traced_code)
         if not codes:
             return {}
         code = codes[0]
@@ -36,5 +39,5 @@ def graph_summary() -> dict[str, Any]:
         if len(codes) > 1:
             out["inlined"] = len(codes) - 1
         return out
-    except Exception:  # broad: a summary for inspect, read from torch's frames (any shape)
-        return {}
+    except (TorchRaised, AttributeError, TypeError, IndexError):  # a summary for inspect, read
+        return {}  # from torch's frames: none outside a compile, or not of the shape it knows

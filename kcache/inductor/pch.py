@@ -43,10 +43,12 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .. import memo as _memo
-from ..boundary import failed, guarded
+from ..boundary import guarded
 from ..forksafe import module_lock
 from ..log import logger
 from .attached import cache as active_cache
+from .torchcall import TorchRaised
+from .torchcall import own as torchs
 
 if TYPE_CHECKING:
     from ..store.api import Cache
@@ -194,15 +196,14 @@ def _preprocess(store: Cache, builder: Any, orig: Any) -> None:
     target = builder.get_target_file_path()
     src_dir = os.path.dirname(target)
     cmd = builder.get_command_line()
-    try:
-        key = memo_key(cmd, src_dir)
-        value = _memo.recall(store, key, MEMBER, _unchanged) if key is not None else None
-    except OSError as e:  # the compiler or the memo's entry changed under us: it runs
-        logger.debug("torch.compile: precompiled header memo not read: %s", e)
-        key = value = None
-    except Exception as e:  # the edge (torch builds its header): a bug, reported
-        failed(TOPIC, WHAT, e)
-        key = value = None
+    key = value = None
+    with guarded(TOPIC, WHAT):  # the edge (torch builds its header): a bug, reported
+        try:
+            key = memo_key(cmd, src_dir)
+            value = _memo.recall(store, key, MEMBER, _unchanged) if key is not None else None
+        except OSError as e:  # the compiler or the memo's entry changed under us: it runs
+            logger.debug("torch.compile: precompiled header memo not read: %s", e)
+            key = value = None
     if value is not None:
         _answers[target] = json.loads(value)["sha512"]  # torch's openssl call is answered
         return
@@ -213,9 +214,9 @@ def _preprocess(store: Cache, builder: Any, orig: Any) -> None:
     t0 = time.perf_counter()
     builder.get_command_line = lambda: f"{cmd} -MD -MF {shlex.quote(deps)}"
     try:
-        orig(builder)
-    except Exception as e:  # broad: torch's build raises its own errors; a compiler without
-        logger.debug("torch.compile: preprocessing with -MD failed (%s); as torch asks", e)  # -MD
+        torchs(orig, builder)
+    except TorchRaised as e:  # torch's build, with its own errors: a compiler without -MD
+        logger.debug("torch.compile: preprocessing with -MD failed (%s); as torch asks", e)
         del builder.get_command_line
         orig(builder)
         return

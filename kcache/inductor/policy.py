@@ -47,11 +47,13 @@ import os
 import sys
 from typing import Any
 
-from ..boundary import failed, guarded
+from ..boundary import guarded
 from ..forksafe import module_lock
 from ..patch import is_ours, replacing
 from . import declare as _kinds
 from .attached import patches
+from .torchcall import TorchRaised
+from .torchcall import own as torchs
 
 _lock = module_lock(__name__, "_lock")
 #: Inductor folder -> kind -> the keys this process put there since that kind was cleared.
@@ -72,8 +74,8 @@ def _cfg(name: str) -> Any:
 def _attr(mod_name: str, attr: str, default: Any) -> Any:
     mod = _cfg(mod_name)
     try:
-        return getattr(mod, attr, default) if mod is not None else default
-    except Exception:  # broad: a torch config attribute may be computed and raise
+        return torchs(getattr, mod, attr, default) if mod is not None else default
+    except TorchRaised:  # torch's config object computes some values (a justknob): torch's error
         return default
 
 
@@ -126,8 +128,8 @@ def _folder() -> str | None:
     if d is None:
         mod = _cfg("torch._inductor.runtime.cache_dir_utils")
         try:
-            d = mod.default_cache_dir() if mod is not None else None
-        except Exception:  # broad: torch's own function (user names, folders)
+            d = torchs(mod.default_cache_dir) if mod is not None else None
+        except TorchRaised:  # torch's own function (user names, folders): no folder to name
             d = None
     return os.path.abspath(d) if d else None
 
@@ -308,11 +310,11 @@ def wrap_decision(mod: Any) -> None:
 
     def decide(*args: Any, **kwargs: Any) -> Any:
         answer = own(*args, **kwargs)
-        try:
+        # The edge: torch's config is read guarded (_attr, _folder), so what is raised here is a
+        # bug, reported (raised when strict); torch's decision stands.
+        with guarded(TOPIC, WHAT):
             if answer and _kcache_switch(cls_name):
                 return remote_allowed(kind)
-        except Exception as e:  # the edge: torch's config is read guarded (_attr, _folder), so
-            failed(TOPIC, WHAT, e)  # this is a bug, reported; torch's decision stands
         return answer
 
     decide.__wrapped__ = own  # type: ignore[attr-defined]
@@ -334,7 +336,7 @@ def _autotune_meta(meta: Any) -> Any:
     """A kernel's ``inductor_meta`` with the autotune remote cache kcache turned on switched off
     (torch's default, None) where the local autotune cache is off, caches are forced off, or in a
     fresh scope: the compile workers that read it then do as without kcache."""
-    try:
+    with guarded(TOPIC, WHAT):  # the edge, as in wrap_decision: a bug, reported; torch's meta stands
         if (
             isinstance(meta, dict)
             and meta.get("autotune_remote_cache")
@@ -342,8 +344,6 @@ def _autotune_meta(meta: Any) -> Any:
             and not (meta.get("autotune_local_cache", True) and remote_allowed(_kinds.INDUCTOR_AUTOTUNE))
         ):
             meta["autotune_remote_cache"] = None
-    except Exception as e:  # the edge, as in wrap_decision: a bug, reported; torch's meta stands
-        failed(TOPIC, WHAT, e)
     return meta
 
 

@@ -43,9 +43,11 @@ import re
 import sys
 from typing import Any
 
-from ..boundary import failed, guarded, raised_strict
+from ..boundary import guarded, raised_strict
 from ..log import logger, warn_once
 from . import declare as _kinds
+from .torchcall import TorchRaised
+from .torchcall import own as torchs
 
 KIND = _kinds.INDUCTOR_PRECOMPILE
 _SOURCE_ID = re.compile(r"[0-9A-Za-z_.-]{1,200}")
@@ -88,17 +90,16 @@ def on_import(mod: Any) -> None:
     def load_(fn: Any) -> Any:
         if _on():
             try:
-                where = (cache.path_prefix(), pkg.source_id_from_fn(fn))
-            except Exception as e:  # broad: torch's own, on the user's function: its load that
+                where = (torchs(cache.path_prefix), torchs(pkg.source_id_from_fn, fn))
+            except TorchRaised as e:  # torch's own, on the user's function: its load that
                 logger.debug("caching precompile: %s", e)  # follows meets the same error
                 where = None
             if where is not None:
-                try:
-                    _materialize(*where)
-                except OSError as e:  # torch's folder cannot be written: torch misses, as it would
-                    logger.debug("caching precompile: package not written for torch: %s", e)
-                except Exception as e:  # the edge (torch's DynamoCache.load): a bug, reported
-                    failed(TOPIC, WHAT, e)
+                with guarded(TOPIC, WHAT):  # the edge (torch's DynamoCache.load): a bug, reported
+                    try:
+                        _materialize(*where)
+                    except OSError as e:  # torch's folder cannot be written: torch misses, as it would
+                        logger.debug("caching precompile: package not written for torch: %s", e)
         return load(fn)
 
     install: Any = getattr(pkg, "install", None)
@@ -160,8 +161,8 @@ def _start_afresh(package: Any, error: Exception) -> bool:
     Returns False (torch's error then goes on) for a package kcache did not write, or when the
     package cannot be put back."""
     try:
-        source_id = package.source_id
-    except Exception:  # broad: torch's property (AssertionError without a function), or a foreign
+        source_id = torchs(getattr, package, "source_id")
+    except TorchRaised:  # torch's property (AssertionError without a function), or a foreign
         return False  # package object's: not a package kcache wrote
     target = _served.pop(source_id, None) if isinstance(source_id, str) else None
     if target is None:
@@ -169,11 +170,11 @@ def _start_afresh(package: Any, error: Exception) -> bool:
     try:
         fn = package._innermost_fn
         try:
-            package.uninstall()  # what the failed install had put in modules' globals
-        except Exception as e:  # broad: torch's uninstall of a package it failed to install
+            torchs(package.uninstall)  # what the failed install had put in modules' globals
+        except TorchRaised as e:  # torch's uninstall of a package it failed to install
             logger.debug("caching precompile: uninstall after a failed install: %s", e)
-        type(package).__init__(package, fn, None, ignore_inlined_sources=False)
-    except Exception as e:  # broad: then torch's own error goes on (see the docstring)
+        torchs(type(package).__init__, package, fn, None, ignore_inlined_sources=False)
+    except (TorchRaised, AttributeError) as e:  # then torch's own error goes on (see the docstring)
         logger.debug("caching precompile: could not start %s afresh: %s", source_id, e)
         return False
     try:

@@ -32,7 +32,7 @@ import threading
 from typing import Any
 
 from .. import memo as _memo
-from ..boundary import failed
+from ..boundary import guarded
 from ..log import logger
 from .attached import cache as active_cache
 
@@ -116,16 +116,17 @@ def memo_torch_key(original: Any) -> bytes:
     store = _memo.usable(active_cache())
     if store is None or not isinstance(root, str) or not isinstance(where, str) or torch is None:
         return original()
-    try:
-        inductor_root = os.path.dirname(os.path.abspath(where))
-        files = covered(root, inductor_root)
-        key = memo_key(files, root, str(torch.__version__))
-        value = _memo.recall(store, key, MEMBER, _is_key)
-    except OSError as e:  # a file went while walking, the memo's entry changed: torch computes
-        logger.debug("torch.compile: torch_key memo not read: %s", e)
-        return original()
-    except Exception as e:  # the edge (torch asks for its key): a bug, reported; torch computes
-        failed(TOPIC, WHAT, e)
+    read = False  # the memo was read (a hit or a miss): else torch computes, nothing is kept
+    with guarded(TOPIC, WHAT):  # the edge (torch asks for its key): a bug, reported; torch computes
+        try:
+            inductor_root = os.path.dirname(os.path.abspath(where))
+            files = covered(root, inductor_root)
+            key = memo_key(files, root, str(torch.__version__))
+            value = _memo.recall(store, key, MEMBER, _is_key)
+            read = True
+        except OSError as e:  # a file went while walking, the memo's entry changed: torch computes
+            logger.debug("torch.compile: torch_key memo not read: %s", e)
+    if not read:
         return original()
     if value is not None:
         return value
@@ -136,10 +137,9 @@ def memo_torch_key(original: Any) -> bytes:
     if not checked:
         logger.info("torch_key memo: torch hashed a file the memo's key does not cover; not kept")
     elif isinstance(value, bytes) and _is_key(value):
-        try:
+        # The store skips what it cannot write: a raise is a bug, reported (raised when strict).
+        with guarded(TOPIC, WHAT, then="torch's key is used, not remembered"):
             _memo.keep(store, key, MEMBER, value, {"probe": "torch-key"}, time.perf_counter() - t0)
-        except Exception as e:  # the store skips what it cannot write: a raise is a bug
-            failed(TOPIC, WHAT, e, then="torch's key is used, not remembered")
     return value
 
 

@@ -129,7 +129,7 @@ def _reserved(name: str, v: Any) -> str | None:
         "num_buffers_warp_spec": lambda: _int(v, 0, 64),
         "configs_hash": lambda: type(v) is str and _HASH.fullmatch(v) is not None,
         "found_by_coordesc": lambda: type(v) is bool,
-        "time_taken_ms": lambda: type(v) in (int, float) and math.isfinite(v) and 0 <= v < 1 << 53,
+        "time_taken_ms": lambda: type(v) in (int, float) and 0 <= v < 1 << 53 and math.isfinite(v),
         "triton_cache_hash": lambda: v is None or (type(v) is str and _HASH.fullmatch(v) is not None),
         "extra_options": lambda: _json_value(v),
     }[name]()
@@ -181,8 +181,8 @@ def problem(blob: bytes) -> str | None:
         return _problem(blob)
     except _Bad as e:
         return str(e)
-    except Exception as e:  # broad: hostile bytes: json's and the codec's errors, depth, ...
-        return f"{type(e).__name__}: {str(e)[:200]}"
+    except (ValueError, RecursionError) as e:  # hostile bytes: the codec's and json's errors
+        return f"{type(e).__name__}: {str(e)[:200]}"  # (a huge integer too), nesting too deep
 
 
 def _problem(blob: bytes) -> str | None:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import kinds as _kinds
 from .. import memo as _memo
-from ..boundary import failed, guarded
+from ..boundary import guarded
 from ..log import logger
 from .attached import cache as active_cache
 
@@ -100,14 +100,12 @@ class _ProbeSubprocess:
         return self._answer(self._real.check_call, True, args, rest, kwargs)
 
     def _answer(self, call: Any, check: bool, args: Any, rest: tuple, kwargs: dict) -> Any:
-        try:
-            found = self._recalled(args, rest, kwargs)
-        except OSError as e:  # the library or the memo's entry changed under us: torch probes
-            logger.debug("torch.compile: ISA probe memo not read: %s", e)
-            found = None
-        except Exception as e:  # the edge (torch's ISA probe): a bug, reported; torch probes
-            failed(TOPIC, WHAT, e)
-            found = None
+        found = None
+        with guarded(TOPIC, WHAT):  # the edge (torch's ISA probe): a bug, reported; torch probes
+            try:
+                found = self._recalled(args, rest, kwargs)
+            except OSError as e:  # the library or the memo's entry changed under us: torch probes
+                logger.debug("torch.compile: ISA probe memo not read: %s", e)
         if found is None:
             return call(args, *rest, **kwargs)
         store, key, code = found

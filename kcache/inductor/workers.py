@@ -21,9 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..boundary import failed, raised_strict
+from ..boundary import guarded
 from ..forksafe import module_lock
 from ..log import logger
+from .torchcall import TorchRaised
+from .torchcall import own as torchs
 
 MODULE = "torch._inductor.async_compile"
 _lock = module_lock(__name__, "_lock")
@@ -36,11 +38,11 @@ TOPIC, WHAT = "inductor-workers", "kcache's scheduling of Inductor's compile poo
 def _deferring() -> bool:
     from . import policy
 
-    try:
+    # The edge (torch starts its pool): policy reads torch's config itself, so what is left is a
+    # bug, reported (raised when strict); torch's warm-up runs.
+    with guarded(TOPIC, WHAT):
         return policy.fx_served()
-    except Exception as e:  # the edge (torch starts its pool): policy reads torch's config itself,
-        failed(TOPIC, WHAT, e)  # so what is left is a bug, reported; torch's warm-up runs
-        return False
+    return False
 
 
 def _started(mod: Any) -> bool:
@@ -85,9 +87,9 @@ def on_import(mod: Any) -> None:
     def triton_(self: Any, kernel_name: str, source_code: str, *args: Any, **kwargs: Any) -> Any:
         if not _started(mod) and _deferring():
             try:
-                compiled = kernels.get(source_code) is not None
-            except Exception:  # broad: torch's own lookup (it hashes with torch_key()); then the
-                compiled = False  # kernel goes the usual way and torch meets its own error there
+                compiled = torchs(kernels.get, source_code) is not None  # it hashes with torch_key()
+            except TorchRaised:  # then the kernel goes the usual way and torch meets its own
+                compiled = False  # error there
             if compiled:  # from a served graph's bundle: no worker needed for it
                 self.use_process_pool = _no_pool
                 try:
@@ -117,10 +119,8 @@ def compile_coming() -> None:
     warm = _own.get("maybe_warm_pool")
     if warm is not None:
         try:
-            warm()
-        except Exception as e:  # broad: torch's own pool warm-up; torch starts it later anyway
-            if raised_strict(e):  # kcache's own wakeup (called by torch's) met a bug
-                raise
+            torchs(warm)  # (kcache's own wakeup, called by torch's, may meet a bug: it goes on)
+        except TorchRaised as e:  # torch's own pool warm-up: torch starts it later anyway
             logger.debug("torch.compile: compile pool not warmed: %s", e)
 
 

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kcache import counters
+from kcache.boundary import guarded
 from kcache.nvfuser import descriptors as _d
 from kcache.nvfuser.declare import NVFUSER_FUSION as COUNTER_KIND  # counter kind in ``kcache stats``
 
@@ -95,8 +96,8 @@ def _tensor_guards_cls() -> Any:
         )
         if ok:
             _guard_cls = make
-    except Exception:  # broad: probing torch's guard API, which differs between versions
-        _guard_cls = False
+    except (ImportError, AttributeError, TypeError, RuntimeError):  # probing torch's guard API,
+        _guard_cls = False  # which differs between versions (a C++ error is a RuntimeError)
     return _guard_cls
 
 
@@ -109,10 +110,9 @@ _live: weakref.WeakSet[FusionCache] = weakref.WeakSet()
 def flush_all() -> None:
     """Push the hit/miss counts of every live :class:`FusionCache` to :mod:`kcache.counters`."""
     for c in list(_live):
-        try:
+        # Counts are statistics: one cache's bug (raised when strict) must not stop the others'.
+        with guarded("nvfuser-counts", "pushing a FusionCache's counts", then="they are not counted"):
             c.flush()
-        except Exception:  # broad: counts are statistics; one cache's must not stop the others'
-            pass
 
 
 atexit.register(flush_all)
@@ -200,8 +200,8 @@ class FusionCache:
                 if g.check(*args):
                     next(self._hitc)
                     return e[1]
-            except Exception:  # another number of arguments (TypeError), or a tensor without
-                pass  # strides (sparse, nested): the Python path below decides or raises
+            except (TypeError, RuntimeError):  # another number of arguments, or a tensor without
+                pass  # strides (torch's C++ error): the Python path below decides or raises
             # Suspend the guard: calls that alternate between call shapes would otherwise pay a
             # failing check each. The next repeat of this entry's call shape re-arms it.
             e[0] = g = False
@@ -259,7 +259,7 @@ class FusionCache:
                     g = make(*args)
                     if not g.check(*args):
                         g = 0
-            except Exception:  # broad: as above (torch's guards raise what the arguments make them)
+            except (TypeError, RuntimeError):  # as above (torch's guards, from these arguments)
                 g = 0
         e[5] = g
         e[0] = g

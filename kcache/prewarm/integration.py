@@ -10,7 +10,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ..log import logger
+from ..boundary import guarded
 from ..patch import CacheSlot, Integration
 
 if TYPE_CHECKING:
@@ -26,14 +26,10 @@ def _attach(get_cache: Callable[[], Any]) -> Callable[[], None]:
     def detach() -> None:
         unbind()
         while _undo:
-            try:
+            # An undo expects nothing to fail: a bug, reported (raised when strict), must not
+            # stop disable() from undoing the rest.
+            with guarded("prewarm-detach", "undoing KCACHE_RECORD's recorder", then="going on"):
                 _undo.pop()()
-            except Exception as e:  # broad: what a recorder's undo raises must not stop disable()
-                from ..boundary import strict
-
-                if strict():
-                    raise
-                logger.debug("prewarm detach: %s", e)
 
     return detach
 
@@ -49,14 +45,10 @@ def _on_triton(_mod: ModuleType) -> None:
         return
     from .meta import check_store_build
 
-    try:
+    # An advisory check at Triton's import, which reads the store (a miss for what it cannot read):
+    # what it raises is a bug, reported once (raised when strict); the program goes on.
+    with guarded("prewarm-build-check", "kcache's check of the store's prewarm build", then="not checked"):
         check_store_build(_cache())
-    except Exception as e:  # broad: an advisory check at Triton's import; raised under KCACHE_STRICT=1
-        from ..boundary import strict
-
-        if strict():
-            raise
-        logger.debug("prewarm build check: %s", e)
 
 
 INTEGRATION = Integration(

@@ -44,28 +44,36 @@ def resolve(spec: Spec, *, extra_paths: Sequence[str] = ()) -> None:
         RESOLVERS[e.kind](spec, e, where)
 
 
-def _import_ref(ref: str, where: str) -> Any:
-    mod_name = ref.partition(":")[0]
+def _import_program(ref: str, why: Callable[[Exception], str]) -> Any:
+    """:func:`import_object` of something the spec names, in the program's own modules: whatever
+    their code raises becomes one :class:`SpecError` line, ``why(error)``."""
     try:
         return import_object(ref)
-    except ModuleNotFoundError as ex:
-        missing = ex.name or mod_name
-        raise SpecError(f"{where}: cannot import module {missing!r} (not found on sys.path)") from None
-    except AttributeError:
-        raise SpecError(f"{where}: module {mod_name!r} has no {ref.partition(':')[2]!r}") from None
     except SpecError:
         raise
-    except Exception as ex:  # the module's own code raised, whatever it raised: one line naming it
-        raise SpecError(f"{where}: importing {mod_name!r} failed: {type(ex).__name__}: {ex}") from None
+    except Exception as ex:  # broad: the program's modules run their own code, whatever it raises
+        raise SpecError(why(ex)) from None
+
+
+def _import_ref(ref: str, where: str) -> Any:
+    mod_name = ref.partition(":")[0]
+
+    def why(ex: Exception) -> str:
+        if isinstance(ex, ModuleNotFoundError):
+            return f"{where}: cannot import module {ex.name or mod_name!r} (not found on sys.path)"
+        if isinstance(ex, AttributeError):
+            return f"{where}: module {mod_name!r} has no {ref.partition(':')[2]!r}"
+        return f"{where}: importing {mod_name!r} failed: {type(ex).__name__}: {ex}"
+
+    return _import_program(ref, why)
 
 
 def _resolve_triton(spec: Spec, e: Entry, where: str) -> None:
     _check_triton(spec, e, e.obj, where)
     if isinstance(e.grid, str):
-        try:
-            g = import_object(e.grid)
-        except Exception as ex:  # as for the kernel: any error of the grid's module, one line
-            raise SpecError(f"{spec.source}: {e.label} grid: cannot import {e.grid!r}: {ex}") from None
+        g = _import_program(
+            e.grid, lambda ex: f"{spec.source}: {e.label} grid: cannot import {e.grid!r}: {ex}"
+        )
         if not callable(g):
             raise SpecError(f"{spec.source}: {e.label} grid: {e.grid} is not callable")
 
@@ -86,10 +94,9 @@ def _resolve_nvfuser(spec: Spec, e: Entry, where: str) -> None:
 def _resolve_torch(spec: Spec, e: Entry, where: str) -> None:
     if not callable(e.obj):
         raise SpecError(f"{where}: {e.ref} is a {type(e.obj).__name__}, not callable")
-    try:
-        e.inputs_obj = import_object(e.inputs or "")
-    except Exception as ex:  # as for the model: any error of the inputs' module, one line
-        raise SpecError(f"{spec.source}: {e.label} inputs: cannot import {e.inputs!r}: {ex}") from None
+    e.inputs_obj = _import_program(
+        e.inputs or "", lambda ex: f"{spec.source}: {e.label} inputs: cannot import {e.inputs!r}: {ex}"
+    )
     if not callable(e.inputs_obj):
         raise SpecError(f"{spec.source}: {e.label} inputs: {e.inputs} is not callable")
     e.what = "torch.compile"
@@ -126,7 +133,7 @@ def kernel_chain(obj: Any) -> list[Any]:
 def _is_jit(obj: Any) -> bool:
     try:
         from triton.runtime.jit import JITFunction
-    except Exception:  # pragma: no cover - triton missing
+    except ImportError:  # pragma: no cover - triton missing
         return False
     return isinstance(obj, JITFunction)
 
@@ -135,7 +142,7 @@ def _check_triton(spec: Spec, e: Entry, obj: Any, where: str) -> None:
     try:
         from triton.runtime.autotuner import Autotuner, Heuristics
         from triton.runtime.jit import JITFunction, KernelInterface
-    except Exception as ex:  # broad: importing Triton runs its code (a broken install raises anything)
+    except ImportError as ex:  # (the kernel's own module, imported already, imports Triton)
         raise SpecError(f"{where}: Triton is not importable here ({ex})") from None
     if not isinstance(obj, KernelInterface):
         raise SpecError(
@@ -164,7 +171,8 @@ def _check_triton(spec: Spec, e: Entry, obj: Any, where: str) -> None:
         from triton.backends.nvidia.compiler import CUDAOptions
 
         known_opts = set(CUDAOptions.__dataclass_fields__)
-    except Exception:  # broad: as above; the options every Triton has then
+    except (ImportError, AttributeError):  # a Triton without the CUDA backend: the options every
+        # Triton has then
         known_opts = {"num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "debug"}
     for k in e.options:
         if k not in known_opts or k in ("arch", "backend_name", "extern_libs", "warp_size"):

@@ -41,12 +41,7 @@ def libtriton_path() -> str | None:
         from ..triton.keymemo import _libtriton_path
 
         return _libtriton_path(cache_mod)
-    except Exception as e:  # broad: importing Triton runs its code; a broken install is expected
-        from ..boundary import expected
-
-        expected(
-            e, (ImportError, OSError), "prewarm-libtriton", "kcache's lookup of libtriton", then="not checked"
-        )
+    except (ImportError, OSError):  # no Triton, or one that cannot load its library: not checked
         return None
 
 
@@ -76,8 +71,8 @@ def current_build(*, compute: bool = True) -> dict[str, Any]:
             if hit is not None:
                 d = hit.read("digest").decode()
                 out["libtriton_sha256"] = d if len(d) == 64 else None
-    except Exception as e:  # broad: an optional field of a report (Triton's code, the store)
-        logger.debug("libtriton digest: %s", e)
+    except (OSError, KeyError, UnicodeDecodeError) as e:  # libtriton unreadable, a memo entry
+        logger.debug("libtriton digest: %s", e)  # without its member or not text: an optional field
     return out
 
 
@@ -108,7 +103,9 @@ def check_store_build(store: Cache | None) -> str | None:
         return None  # never prewarmed
     try:
         built = json.loads(first.read("build.json"))
-    except Exception:  # broad: the stored build is advice; hostile bytes say nothing
+    except (KeyError, ValueError, RecursionError):  # the stored build is advice: an entry without
+        return None  # it, or bytes that are not JSON, say nothing
+    if not isinstance(built, dict):
         return None
     me = current_build(compute=False)
     digest = me.get("libtriton_sha256") or "any"  # without the memo, the ABI and version only

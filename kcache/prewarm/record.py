@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import importlib.machinery
 import json
 import os
-import re
 import sys
 import threading
 import time
@@ -38,8 +36,28 @@ from types import FrameType, ModuleType
 from typing import Any
 
 from .._imports import forget, when_imported
-from ..log import logger, warn_once
+from ..boundary import guarded
+from ..log import warn_once
 from .env import WORKER_ENV, current_invalidating_env
+from .recordargs import Unrecordable, fit_grid, grid_value, import_name, spec_value
+from .spectoml import entry_toml, toml_comment, toml_ready, toml_text
+
+# Importable from here, as before the split (tests, tools/chaos_links.py, callers of entry_toml).
+__all__ = [
+    "HEADER",
+    "MAX_RECORD_BYTES",
+    "Recorder",
+    "Unrecordable",
+    "attach",
+    "chain_hooks",
+    "entry_toml",
+    "fit_grid",
+    "import_name",
+    "spec_value",
+    "toml_comment",
+    "toml_ready",
+    "toml_text",
+]
 
 HEADER = (
     "# kcache prewarm spec, appended to by programs run with KCACHE_RECORD=<this file>.\n"
@@ -47,204 +65,6 @@ HEADER = (
     "version = 1\n"
 )
 _EXCLUDED_OPTIONS = {"debug", "instrumentation_mode", "fpsan_homomorphic_casts"}
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-class Unrecordable(Exception):
-    pass
-
-
-# ------------------------------------------------------------------------------ TOML writing
-# tomli_w writes the TOML (values, keys, string escapes); what is here is what it does not do for
-# the recorder: values are made plain first (tomli_w writes str(v): an Enum mixed with int, a
-# float subclass or IntEnum on Python 3.10 would not read back), a lone surrogate is refused with
-# its reason (tomli_w writes it, and the file could not be UTF-8), non-printable characters are
-# escaped (tomli_w escapes only ASCII control characters), and comments (tomli_w writes none).
-# Every value written reads back equal with tomllib (tests/test_prewarm_spec.py checks it on
-# generated text, keys and nested values).
-
-
-def toml_ready(v: Any) -> Any:
-    """``v`` with plain types only, as TOML holds it: booleans, integers, floats, strings, lists
-    (from lists and tuples) and dicts with string keys (from mappings). An int or float subclass
-    (IntEnum, numpy's float64) becomes its value, a str subclass a str. Raises TypeError for
-    anything else, ValueError for a string TOML cannot hold (a lone surrogate, U+D800-U+DFFF, e.g.
-    an undecodable byte of a file name or an environment variable under ``surrogateescape``: not a
-    Unicode scalar value, so no TOML string holds it, and writing another would change it)."""
-    if isinstance(v, bool):
-        return v  # bool cannot be subclassed
-    if isinstance(v, int):
-        return int.__int__(v)  # the value itself, whatever a subclass's __int__ or __str__ says
-    if isinstance(v, float):
-        return float.__float__(v)
-    if isinstance(v, str):
-        bad = _SURROGATE.search(v)
-        if bad is not None:
-            raise ValueError(f"{_surrogate_text(bad.group())}, which TOML cannot hold")
-        return str.__str__(v)
-    if isinstance(v, (list, tuple)):
-        return [toml_ready(x) for x in v]
-    if isinstance(v, Mapping):
-        out: dict[str, Any] = {}
-        for k, x in v.items():
-            if not isinstance(k, str):
-                raise TypeError(f"cannot write a {type(k).__name__} key to TOML")
-            out[toml_ready(k)] = toml_ready(x)
-        return out
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-def toml_text(table: Mapping[str, Any]) -> str:
-    """``table`` as a TOML document (tomli_w) that tomllib reads back equal, printable but for its
-    line ends. Raises as :func:`toml_ready`."""
-    import tomli_w  # only when a spec is written, not in every process that imports triton
-
-    return _visible(tomli_w.dumps(toml_ready(table)))
-
-
-def toml_comment(text: str) -> str:
-    """``text`` as comment lines (``# ...``). A comment may hold no control character but tab and
-    no lone surrogate (the file is UTF-8): every non-printable character is written as an escape
-    (``\\u000b``), which is only text in a comment."""
-    lines = text.split("\n")  # only "\n" ends a line: "\r", "\x0b"... are escaped like the rest
-    return "\n".join("# " + _visible(line) for line in lines)
-
-
-def _visible(text: str) -> str:
-    """Every non-printable character but "\\n" of ``text`` as a ``\\uXXXX`` escape. In tomli_w's
-    output (no multi-line strings) such a character can only be inside a basic string, where the
-    escape stands for the same character, and "\\n" only ends a line (inside a string it is
-    ``\\n``); in a comment the escape is text."""
-    if text.replace("\n", "").isprintable():
-        return text  # the common case: nothing to escape
-    return "".join(c if c.isprintable() or c == "\n" else _escape(c) for c in text)
-
-
-def _surrogate_text(ch: str) -> str:
-    return f"a string with a lone surrogate (U+{ord(ch):04X}: an undecodable byte?)"
-
-
-def _escape(ch: str) -> str:
-    o = ord(ch)
-    return f"\\u{o:04X}" if o <= 0xFFFF else f"\\U{o:08X}"
-
-
-def entry_toml(entry: Mapping[str, Any], comment: str | None = None) -> str:
-    """One ``[[triton]]`` table: kernel, grid, then the tables options, env and args (tensors as
-    their own tables, ``[triton.args.x_ptr]``). Raises as :func:`toml_ready`."""
-    if not isinstance(entry["kernel"], str):
-        raise TypeError(f"the kernel is a {type(entry['kernel']).__name__}, not a module:name")
-    table: dict[str, Any] = {"kernel": entry["kernel"]}
-    table.update((k, entry[k]) for k in ("grid", "options", "env") if entry.get(k))
-    table["args"] = entry["args"]
-    # tomli_w heads the table "[triton]" (its first key, kernel, is a string); in the file the
-    # entry is one more element of the array of tables: "[[triton]]", and the sub-tables after it
-    # ([triton.args] ...) belong to that element.
-    body = toml_text({"triton": table})
-    head = "[triton]\n"
-    if not body.startswith(head):
-        raise ValueError(f"tomli_w began the entry with {body[:40]!r}, not {head!r}")
-    text = "[[triton]]\n" + body[len(head) :]
-    return (toml_comment(comment) + "\n" + text) if comment else text
-
-
-# ------------------------------------------------------------------------------ values
-def spec_value(v: Any) -> Any:
-    """A runtime argument -> its spec value (a TOML-ready Python object). Raises Unrecordable."""
-    if v is None:
-        return {"none": True}
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str):
-        bad = _SURROGATE.search(v)
-        if bad is not None:
-            raise Unrecordable(_surrogate_text(bad.group()))
-        return v
-    if isinstance(v, int):
-        return int(v)
-    if isinstance(v, float):
-        return float(v)
-    if hasattr(v, "data_ptr") and hasattr(v, "dtype") and hasattr(v, "shape") and hasattr(v, "stride"):
-        from .values import dtype_name
-
-        name = dtype_name(str(v.dtype))
-        if name is None:
-            raise Unrecordable(f"a tensor of dtype {v.dtype}")
-        out: dict[str, Any] = {"tensor": name, "shape": [int(s) for s in v.shape]}
-        try:
-            contiguous = bool(v.is_contiguous())
-        except Exception:  # broad: a tensor-like of the program's (any subclass)
-            contiguous = True
-        if not contiguous:
-            out["strides"] = [int(s) for s in v.stride()]
-        try:
-            ptr = int(v.data_ptr())
-        except Exception:  # broad: as above
-            ptr = 0
-        if ptr % 16:
-            out["alignment"] = ptr & -ptr
-        return out
-    cls = type(v)
-    mod = getattr(cls, "__module__", "")
-    if mod.startswith("triton.language") and cls.__name__ == "constexpr":
-        return spec_value(v.value)
-    if mod.startswith("triton.language") and hasattr(v, "name") and cls.__name__.endswith("dtype"):
-        return {"triton_dtype": str(v.name)}
-    if isinstance(v, (list, tuple)):
-        return [spec_value(x) for x in v]
-    raise Unrecordable(f"a {cls.__name__}")
-
-
-# ------------------------------------------------------------------------------ names
-_name_memo: dict[int, tuple[Any, str | None, str | None]] = {}
-
-
-def import_name(obj: Any, fn: Any) -> tuple[str | None, str | None]:
-    """(``module:name`` by which another process can import ``obj``, or None; why not)."""
-    hit = _name_memo.get(id(obj))
-    if hit is not None and hit[0] is obj:
-        return hit[1], hit[2]
-    modname = getattr(fn, "__module__", None) or ""
-    ref, why = None, None
-    mod = sys.modules.get(modname)
-    if modname == "__main__" or mod is None:
-        why = f"{getattr(fn, '__name__', '?')} is defined in the main script (__main__), which another process cannot import"
-    elif "<locals>" in getattr(fn, "__qualname__", ""):
-        why = f"{fn.__qualname__} is defined inside a function"
-    else:
-        name = getattr(fn, "__name__", None)
-        if name and getattr(mod, name, None) is obj:
-            ref = f"{modname}:{name}"
-        else:
-            for k, v in list(vars(mod).items()):
-                if v is obj:
-                    ref = f"{modname}:{k}"
-                    break
-        if ref is None:
-            why = f"{getattr(fn, '__name__', '?')} is not a module-level name of {modname}"
-        elif not _importable(modname, mod):
-            why = f"module {modname} was not imported from sys.path (loaded from a file path?)"
-            ref = None
-    _name_memo[id(obj)] = (obj, ref, why)
-    return ref, why
-
-
-def _importable(modname: str, mod: ModuleType) -> bool:
-    spec = getattr(mod, "__spec__", None)
-    if spec is None:
-        return False
-    top = modname.split(".")[0]
-    if top in sys.builtin_module_names:
-        return True
-    try:
-        found = importlib.machinery.PathFinder.find_spec(top, sys.path)
-    except Exception:  # broad: finders run any code
-        found = None
-    if found is None:
-        return False
-    if "." not in modname and spec.origin and found.origin:
-        return os.path.realpath(spec.origin) == os.path.realpath(found.origin)
-    return True
 
 
 # ------------------------------------------------------------------------------ the recorder
@@ -281,7 +101,9 @@ class Recorder:
         rid, entry, why = got
         try:
             self._append(rid, entry, why)
-        except Exception as e:  # broad: recording must never fail the program's compile
+        except (OSError, TypeError, ValueError) as e:  # the file (a link, full, another user's),
+            # or an entry TOML cannot hold: recording never fails the program's compile (a bug
+            # goes to the hook's edge: see chain_hooks)
             warn_once("record-write", f"KCACHE_RECORD: cannot append to {self.path}: {e}")
 
     def _build(self, jit: Any, kw: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
@@ -353,7 +175,7 @@ class Recorder:
         if options:
             entry["options"] = options
         if not warmup:
-            g = _grid_value(grid, given if outer is None else None)
+            g = grid_value(grid, given if outer is None else None)
             if g is None and callable(grid) and outer is not None:
                 g = fit_grid(grid, given, outer)  # an autotuner's lambda: per config
             if g is not None:
@@ -406,87 +228,10 @@ class Recorder:
             warn_once(f"record-skip:{why}", f"KCACHE_RECORD: not recorded: {why}")
 
 
-def _grid_value(grid: Any, bound: Mapping[str, Any] | None) -> Any:
-    if grid is None:
-        return None
-    if isinstance(grid, (tuple, list)):
-        return [int(g) for g in grid] if all(isinstance(g, int) for g in grid) else None
-    if callable(grid):
-        qn = getattr(grid, "__qualname__", "")
-        mod = getattr(grid, "__module__", "")
-        if qn and "<" not in qn and mod and mod != "__main__" and "." not in qn:
-            if getattr(sys.modules.get(mod), qn, None) is grid:
-                return f"{mod}:{qn}"
-        if bound is not None:  # a plain kernel: the grid is fixed by its bound arguments
-            try:
-                g = grid(bound)
-                if all(isinstance(x, int) for x in g):
-                    return [int(x) for x in g]
-            except Exception:  # broad: the program's grid function (any code)
-                return None
-    return None
-
-
-def fit_grid(grid: Any, given: Mapping[str, Any], tuner: Any) -> list[Any] | None:
-    """An autotuned kernel's grid is a function of the config (``lambda META: (cdiv(M,
-    META["BLOCK_M"]), ...)``): find, per dimension, a constant or an expression over the integer
-    arguments and the configs' constexprs (``cdiv(A, C)``, ``cdiv(A, C) * cdiv(A2, C2)``, ``A``)
-    that gives the grid's value for EVERY config. None if no such expression fits."""
-    from .expr import FUNCS
-
-    configs = list(getattr(tuner, "configs", None) or [])
-    if not configs:
-        return None
-    ints = {k: v for k, v in given.items() if isinstance(v, int) and not isinstance(v, bool)}
-    metas = []
-    for cfg in configs:
-        try:
-            metas.append({**given, **cfg.all_kwargs()})
-        except Exception:  # broad: the program's configs (any code)
-            return None
-    try:
-        values = [tuple(int(x) for x in grid(m)) for m in metas]
-    except Exception:  # broad: the program's grid function (any code)
-        return None
-    ndim = max(len(v) for v in values)
-    if ndim > 3 or any(len(v) != ndim for v in values):
-        return None
-    ckeys = sorted(
-        {k for m, cfg in zip(metas, configs) for k, v in cfg.kwargs.items() if isinstance(v, int) and v > 0}
-    )
-    cdiv = FUNCS["cdiv"]
-    singles: list[tuple[str, Callable[..., Any]]]
-    singles = [(f"cdiv({a}, {c})", lambda m, a=a, c=c: cdiv(m[a], m[c])) for a in ints for c in ckeys]
-    singles += [(a, lambda m, a=a: m[a]) for a in ints]
-    out: list[Any] = []
-    for d in range(ndim):
-        want = [v[d] for v in values]
-        if len(set(want)) == 1:
-            out.append(want[0])
-            continue
-        found = None
-        for text, f in singles:
-            if all(f(m) == w for m, w in zip(metas, want)):
-                found = text
-                break
-        if found is None:
-            for i, (t1, f1) in enumerate(singles):
-                for t2, f2 in singles[i:]:
-                    if all(f1(m) * f2(m) == w for m, w in zip(metas, want)):
-                        found = f"{t1} * {t2}"
-                        break
-                if found:
-                    break
-        if found is None:
-            return None
-        out.append("=" + found)
-    return out
-
-
 def _env_now() -> dict[str, str]:
     try:
         return dict(sorted(current_invalidating_env().items()))
-    except Exception:  # broad: importing Triton runs its code (a broken install raises anything)
+    except RuntimeError:  # Triton's lister (C++: pybind's RuntimeError) failed: no env recorded
         return {}
 
 
@@ -517,12 +262,10 @@ def chain_hooks(recorder: Recorder) -> Callable[[], None]:
                 return user
 
             def hook(**kw: Any) -> Any:
-                try:
+                # The edge (Triton calls it): recording never breaks the program; a bug is
+                # reported once (raised when strict), and the program's own hook runs.
+                with guarded("record-hook", "KCACHE_RECORD's recording of a kernel", then="not recorded"):
                     (rec.capture if before else rec.commit)(kw)
-                except Exception as e:  # the edge (Triton calls it): recording never breaks the program
-                    from ..boundary import failed
-
-                    failed("record-hook", "KCACHE_RECORD's recording of a kernel", e, then="not recorded")
                 return user(**kw) if user is not None else None
 
             return hook
@@ -566,10 +309,11 @@ def attach(record_path: str | None) -> Callable[[], None]:
         undo.append(with_protect)
 
     def on_triton(mod: ModuleType) -> None:
-        try:
+        # An advisory check at Triton's import (see .integration): a bug is reported, not raised.
+        with guarded(
+            "prewarm-build-check", "kcache's check of the store's prewarm build", then="not checked"
+        ):
             check_store_build(active_store())
-        except Exception as e:  # broad: an advisory check at Triton's import
-            logger.debug("prewarm build check: %s", e)
         if record_path and not os.environ.get(WORKER_ENV):
             rec = Recorder(record_path)
             undo.append(chain_hooks(rec))
@@ -579,10 +323,8 @@ def attach(record_path: str | None) -> Callable[[], None]:
     def detach() -> None:
         forget("triton", on_triton)
         while undo:
-            try:
-                undo.pop()()
-            except Exception:  # broad: undoing goes on whatever one part met
-                pass
+            with guarded("prewarm-detach", "undoing KCACHE_RECORD's recorder", then="going on"):
+                undo.pop()()  # an undo expects nothing to fail: a bug is reported, the rest undone
 
     return detach
 

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..boundary import guarded
 from ..config import counted
 from ..log import logger
 from .env import WORKER_ENV, applied_env, current_invalidating_env, env_key, env_set
@@ -95,10 +96,10 @@ class Executor:
             self.stand_in = install_stand_in(self.arch)
             self.host_code = self.stand_in.host_code_note
         self.utils_builds = self._aux_puts() - before
-        try:
+        # The build record is advice; what it cannot read it leaves out, and the store skips what
+        # it cannot write: a raise is a bug, reported once (raised when strict).
+        with guarded("prewarm-build", "recording the prewarm's Triton build", then="the build is not noted"):
             self.build = record_build(self.store, f"cuda:{self.arch}" if self.arch else None)
-        except Exception as e:  # broad: the build record is advice (Triton's code, the store)
-            logger.info("prewarm: could not record the build: %s", e)
 
     def _aux_puts(self) -> int:
         if self.store is None:
@@ -106,17 +107,21 @@ class Executor:
         return int(self.store.counts.process_totals().get("triton-aux", {}).get("puts", 0))
 
     def teardown(self) -> None:
+        # Each step expects nothing to fail (a folder removed ignoring errors, an attribute put
+        # back, a flush that skips what it cannot write): a bug in one is reported once (raised
+        # when strict) and the others run.
+        what = "the prewarm's teardown"
         for kx in self._executors.values():
-            with contextlib.suppress(Exception):
+            with guarded("prewarm-teardown", what, then="going on"):
                 kx.close()
         while self._undo:
-            with contextlib.suppress(Exception):
+            with guarded("prewarm-teardown", what, then="going on"):
                 self._undo.pop()()
         if self.stand_in is not None:
-            with contextlib.suppress(Exception):
+            with guarded("prewarm-teardown", what, then="going on"):
                 self.stand_in.uninstall()
         if self.store is not None:
-            with contextlib.suppress(Exception):
+            with guarded("prewarm-teardown", what, then="going on"):
                 self.store.flush(force=True)
         if self._enabled_here:
             import kcache
@@ -143,7 +148,8 @@ class Executor:
                 )
             else:
                 counted = kx.run(item, r)
-        except Exception as ex:  # one item's failure, whatever it is, is that item's result
+        except Exception as ex:  # broad: an item runs the program's code (its kernels, its model):
+            # one item's failure, whatever it is, is that item's result
             r.status = "failed"
             msg = str(ex).strip().splitlines()
             r.reason = f"{type(ex).__name__}: {msg[0][:300] if msg else ''}".rstrip(": ")
@@ -193,7 +199,7 @@ def _why_not(store_dir: str | None) -> str:
         Store.open(s.dir, max_size=s.max_size, readonly=s.readonly, allow_insecure=s.allow_insecure).close()
     except StoreError as e:
         return str(e)
-    except Exception as e:  # broad: a report of why the store cannot be used
+    except OSError as e:  # a folder the store could not even look at
         return f"{type(e).__name__}: {e}"
     return "see the warning above"
 
@@ -226,7 +232,7 @@ def _gpu_available() -> bool:
         import torch
 
         return bool(torch.cuda.is_available())
-    except Exception:  # broad: importing torch runs its code (a broken install raises anything)
+    except (ImportError, OSError):  # no torch, or one whose libraries cannot be loaded (OSError)
         return False
 
 

@@ -56,7 +56,7 @@ def _cu_symbols() -> set[str]:
         if os.path.exists(p):
             with open(p, encoding="utf-8", errors="replace") as f:
                 texts.append(f.read())
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(OSError, TypeError):  # a module without its source file
         texts.append(inspect.getsource(nvd))
     names: set[str] = set()
     for t in texts:
@@ -169,8 +169,8 @@ def stub_libcuda() -> str | None:
             src = source()
             try:
                 d = _stable(cc, src)
-            except Exception:  # an unusable cache folder: a private one below, as before
-                d = None
+            except (OSError, subprocess.SubprocessError):  # an unusable cache folder, or a build
+                d = None  # there that failed: a private one below, as before
             if d is None:
                 d = tempfile.mkdtemp(prefix="kcache-stub-libcuda-")
                 import atexit
@@ -178,7 +178,8 @@ def stub_libcuda() -> str | None:
                 atexit.register(shutil.rmtree, d, True)
                 _build(cc, src, d)
             ctypes.CDLL(os.path.join(d, SO), mode=os.RTLD_NOW | getattr(os, "RTLD_GLOBAL", 0))
-        except Exception as e:  # broad: a compiler and a dlopen: what they raise is told
+        except (ImportError, OSError, subprocess.SubprocessError) as e:  # no Triton CUDA backend to
+            # read the symbols from, a compiler that failed or timed out, a dlopen: told
             detail = getattr(e, "stderr", b"") or b""
             _error = f"could not build a stub libcuda ({e} {detail.decode(errors='replace')[:200]})".strip()
             return None

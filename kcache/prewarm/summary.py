@@ -212,7 +212,7 @@ class Progress:
         self.counts[r.status] = self.counts.get(r.status, 0) + 1
         self._current = None
         if self.callback is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # broad: the caller's callback; its errors are its own
                 self.callback(r)
         if self.bar:
             self._draw(r.label)

@@ -20,7 +20,7 @@ def _ptxas_for(arch: int) -> str | None:
     """The path of the ptxas Triton runs for ``arch`` (None when that cannot be told)."""
     try:
         from triton.backends.nvidia import compiler as nvc
-    except Exception:  # broad: no Triton, or a Triton without the CUDA backend: not ours to judge
+    except ImportError:  # no Triton, or a Triton without the CUDA backend: not ours to judge
         return None
     try:
         try:
@@ -29,8 +29,8 @@ def _ptxas_for(arch: int) -> str | None:
             tool = nvc.get_ptxas()
         path = getattr(tool, "path", None)
         return str(path) if path else None
-    except Exception:  # broad: Triton's own lookup failed; the compile will say why
-        return None
+    except (RuntimeError, OSError, ValueError, AttributeError):  # Triton's own lookup failed ("Cannot find
+        return None  # ptxas", a tool that does not run): the compile will say why
 
 
 def supported_archs(arch: int) -> tuple[set[int], str] | None:
@@ -60,7 +60,7 @@ def target_problem(arch: int) -> str | None:
         from importlib.metadata import version
 
         which = f"Triton {version('triton')}"
-    except Exception:  # broad: only for the message
+    except ImportError:  # PackageNotFoundError: Triton not installed as a distribution
         which = "this Triton"
     return (
         f"--target cuda:{arch}: the ptxas of {which} cannot compile for sm_{arch}; it compiles for "

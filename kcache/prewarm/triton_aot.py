@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import subprocess
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -141,11 +142,12 @@ def install_stand_in(arch: int, *, host_code: bool = True) -> StandIn:
             try:
                 import triton.backends.nvidia.driver as nvd
 
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(AttributeError):  # not lru_cache'd in this Triton
                     nvd.libcuda_dirs.cache_clear()
                     nvd.library_dirs.cache_clear()
                 utils = nvd.CudaUtils()
-            except Exception as e:  # broad: Triton builds its utilities with a C compiler: told, not raised
+            except (ImportError, OSError, RuntimeError, subprocess.SubprocessError) as e:  # Triton
+                # builds its utilities with a C compiler (none, or it failed): told, not raised
                 note = f"Triton's CUDA utilities could not be built here ({type(e).__name__}: {e})"
                 utils = None
     else:
@@ -355,7 +357,8 @@ def build_launchers(kernels: list[Any]) -> str | None:
             drv.launcher_cls(k.src, k.metadata)
         except NeedsGPU as e:
             return str(e)
-        except Exception as e:  # broad: Triton's launcher build (a C compiler): told, not raised
+        except (ImportError, OSError, RuntimeError, subprocess.SubprocessError) as e:  # Triton's
+            # launcher build (a C compiler that failed): told, not raised
             return f"launcher not built: {type(e).__name__}: {e}"
     return None
 
@@ -398,7 +401,7 @@ def run_on_gpu(
 
             if getattr(knobs.autotuning, "cache", False) and not tuner.cache_results:
                 tuner.cache_results = True  # imported before kcache turned autotune caching on
-        except Exception:  # broad: Triton's knobs vary between versions
+        except (ImportError, AttributeError):  # a Triton without this knob (they vary)
             pass
         if grid is None:
             nargs = dict(zip(tuner.arg_names, pos))

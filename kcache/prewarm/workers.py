@@ -212,5 +212,5 @@ def _has_fileno(f: Any) -> bool:
     try:
         f.fileno()
         return True
-    except Exception:  # a replaced sys.stderr (pytest's capture, a StringIO): whatever it raises
-        return False
+    except (AttributeError, OSError, ValueError):  # a replaced sys.stderr: no fileno (a StringIO:
+        return False  # io.UnsupportedOperation), or a closed one

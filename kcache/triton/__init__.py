@@ -67,7 +67,7 @@ def _autotuner_init(original: Any) -> Any:
             hooks = bound.get("pre_hook") is not None or bound.get("post_hook") is not None
             if hooks and not bound.get("cache_results") and getattr(self, "cache_results", False):
                 self.cache_results = False
-        except Exception:  # broad: a foreign signature; the autotuner is built already
+        except TypeError:  # arguments its own signature does not bind: the autotuner is built
             pass
 
     return __init__
@@ -105,7 +105,7 @@ def install(triton: ModuleType | None = None) -> None:
         _set_knob(knobs.cache, "manager_class", KcacheCacheManager)
     try:
         attached.set_folder(attached.folder(knobs.cache.dir))
-    except Exception as e:  # broad: Triton's knobs vary between versions
+    except AttributeError as e:  # a Triton without this knob (they vary between versions)
         logger.info("Triton's cache folder not known: %s", e)
     if os.environ.get("TRITON_CACHE_AUTOTUNING", "").strip() == "" and hasattr(knobs, "autotuning"):
         if not patches.holds(knobs.autotuning, "cache"):
@@ -117,7 +117,7 @@ def install(triton: ModuleType | None = None) -> None:
             wrapped = _autotuner_init(own) if own is not None and not is_ours(own) else None
             if wrapped is not None:
                 patches.wrap(Autotuner, "__init__", lambda _: wrapped)
-        except Exception as e:  # broad: Triton's autotuner varies between versions
+        except (ImportError, AttributeError) as e:  # a Triton whose autotuner is elsewhere
             logger.info("autotuners with hooks of their own are cached too: %s", e)
     # Each of these checks the Triton it finds (and does nothing where a part is missing): an
     # exception is kcache's bug, one warning (raised under KCACHE_STRICT=1); caching goes on.
@@ -167,10 +167,10 @@ def uninstall() -> None:
         return
     toolmemo = sys.modules.get("kcache.triton.toolmemo")
     if toolmemo is not None:
-        try:
+        with guarded(
+            "triton-uninstall", "undoing kcache's tool version memo", then="kcache is off all the same"
+        ):
             toolmemo.uninstall_tool_memo()
-        except Exception as e:  # broad: undoing goes on whatever the import hooks met
-            logger.debug("uninstall_tool_memo: %s", e)
 
 
 # install() when Triton is imported; the detach uninstalls it (late-bound: tests replace them).

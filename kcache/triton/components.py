@@ -84,8 +84,8 @@ def _components(src: Any, backend: Any, options: Any, env_vars: Any) -> dict[str
                     comps[f"option.{k}"] = v
         for k, v in sorted(dict(env_vars or {}).items()):
             comps[f"env.{k}"] = v
-    except Exception:  # broad: components are for explain only; a key never fails for them
-        pass
+    except (AttributeError, TypeError, ValueError):  # a source, backend or options of another
+        pass  # shape: components are for explain only, a key never fails for them
     return comps
 
 

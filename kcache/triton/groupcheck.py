@@ -144,7 +144,8 @@ def problem(
     runs without Triton, on the rules that do not depend on it). Never raises."""
     try:
         return _problem(filename, members, target, with_triton)
-    except Exception as e:  # anything the checks themselves meet is a reason not to serve
+    # broad: judging hostile bytes with Triton's own backends: any error is a reason not to serve
+    except Exception as e:
         return f"{type(e).__name__}: {str(e)[:200]}"
 
 

@@ -58,13 +58,13 @@ def triton_env_lister() -> Callable[[], dict[str, Any]] | None:
         from triton._C.libtriton import get_cache_invalidating_env_vars
 
         return get_cache_invalidating_env_vars
-    except Exception:  # no Triton, or one that cannot load its library: nothing in the key
+    except ImportError:  # no Triton, or one that cannot load its library: nothing in the key
         pass
     try:
         from triton.runtime.cache import get_cache_invalidating_env_vars
 
         return get_cache_invalidating_env_vars
-    except Exception:  # as above
+    except ImportError:  # as above
         return None
 
 
@@ -83,7 +83,8 @@ def invalidating_env() -> dict[str, str]:
     """Triton's cache-invalidating variables set in this process (imports Triton, if present)."""
     try:
         return triton_env()
-    except Exception:  # a Triton whose lister raises: the variables that look like its own
+    except RuntimeError:  # a Triton whose lister (C++: pybind's RuntimeError) fails: the
+        # variables that look like its own
         return {k: v for k, v in os.environ.items() if k.startswith("TRITON_") and v}
 
 
@@ -96,7 +97,7 @@ def _triton_folder() -> str | None:
 
     try:
         spec = importlib.util.find_spec("triton")
-    except Exception:  # broad: find_spec runs the import system's finders (any code)
+    except (ImportError, ValueError):  # a finder's refusal, or a module without __spec__
         return None
     if spec is None or not spec.submodule_search_locations:
         return None

@@ -207,7 +207,7 @@ def import_triton_cache(
         import triton
 
         this_triton: str | None = triton.__version__
-    except Exception:  # broad: importing Triton runs its code (a broken install raises anything)
+    except (ImportError, AttributeError):  # no Triton here (or one without a version)
         this_triton = None
     report: dict[str, Any] = {
         "source": str(root),

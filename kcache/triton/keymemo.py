@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import fingerprint
 from .. import kinds as _kinds
-from ..boundary import failed
+from ..boundary import guarded
 from ..forksafe import module_lock
 from ..log import logger
 from ..memo import boot_id, remember, sha256_file
@@ -239,11 +239,11 @@ def install_key_memo() -> None:
             return str(own())
         _busy.on = True
         try:
-            return memo_triton_key(own, cache_mod)
-        except OSError as e:
-            logger.info("triton_key memo failed (%s); using Triton's", e)
-        except Exception as e:  # the edge (Triton asks for its key)
-            failed(TOPIC, WHAT, e)
+            with guarded(TOPIC, WHAT):  # the edge (Triton asks for its key)
+                try:
+                    return memo_triton_key(own, cache_mod)
+                except OSError as e:
+                    logger.info("triton_key memo failed (%s); using Triton's", e)
         finally:
             _busy.on = False
         return str(own())

@@ -122,7 +122,7 @@ def _gpu_model() -> str | None:
         from triton.runtime import driver
 
         dev = driver.active.get_current_device()
-    except Exception:  # broad: Triton's driver raises whatever its backend meets (no GPU, no libcuda)
+    except Exception:  # broad: Triton's driver asks torch or CUDA (foreign code: no GPU, no libcuda, ...)
         dev = 0
     from ..fingerprint import device_name
 
@@ -393,7 +393,7 @@ def _always_compile() -> bool:
         from triton import knobs
 
         return bool(knobs.compilation.always_compile)
-    except Exception:  # broad: a Triton whose knobs differ: as if unset (Triton reads its own)
+    except (ImportError, AttributeError):  # a Triton without this knob: as if unset
         return False
 
 

@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from .. import kinds as _kinds
-from ..boundary import failed, guarded
+from ..boundary import guarded
 from ..memo import boot_id, identity, keep, recall, trusted
 from .attached import cache as active_cache
 
@@ -64,19 +64,21 @@ class _MemoSubprocess:
             or not os.path.isfile(args[0])
         ):
             return self._real.check_output(args, *rest, **kwargs)
-        try:
-            key = memo_key(args[0], kwargs.get("stderr"))
-            out = recall(store, key, "output", _plausible)
-            if out is not None:
-                return out
-        except OSError:  # the tool changed or vanished under us: ask it
-            return self._real.check_output(args, *rest, **kwargs)
-        except Exception as e:  # the edge (Triton asks for a tool's version): a bug is reported
-            failed("triton-tool-memo", "kcache's memo of a tool's version", e)
-            return self._real.check_output(args, *rest, **kwargs)
+        key: str | None = None  # stays None when the memo cannot be used: asked, nothing kept
+        # The edge (Triton asks for a tool's version): a bug is reported (raised when strict).
+        with guarded("triton-tool-memo", "kcache's memo of a tool's version"):
+            try:
+                known = memo_key(args[0], kwargs.get("stderr"))
+                out = recall(store, known, "output", _plausible)
+            except OSError:  # the tool changed or vanished under us: ask it
+                out = None
+            else:
+                if out is not None:
+                    return out
+                key = known
         t0 = time.perf_counter()
         out = self._real.check_output(args, *rest, **kwargs)
-        if isinstance(out, bytes):
+        if key is not None and isinstance(out, bytes):
             with guarded("triton-tool-memo", "kcache's memo of a tool's version"):
                 keep(store, key, "output", out, {"tool": os.path.basename(args[0])}, time.perf_counter() - t0)
         return out

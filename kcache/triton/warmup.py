@@ -27,6 +27,7 @@ import threading
 from typing import Any
 
 from .. import kinds as _kinds
+from ..boundary import fail_open
 from ..forksafe import module_lock
 from ..log import logger
 
@@ -43,6 +44,8 @@ _JOIN_S = 5.0
 _state = "idle"
 _gate = module_lock(__name__, "_gate")  # a forked child gets a free one (kcache.forksafe)
 _orig_import: Any = None
+#: The fail-open boundary's topic (kcache/boundary.py) where Triton asks for libcuda's folders.
+TOPIC, WHAT = "triton-libcuda-memo", "kcache's memo of libcuda's folders"
 
 
 def start_gluon_import() -> None:
@@ -75,7 +78,7 @@ def start_gluon_import() -> None:
     builtins.__import__ = _guard
     try:
         _thread.start()
-    except Exception as e:  # no threads left: the JIT imports it itself
+    except RuntimeError as e:  # "can't start new thread": the JIT imports it itself
         _thread = None
         _unguard()
         logger.debug("gluon pre-import not started: %s", e)
@@ -92,7 +95,7 @@ def _compiles_anyway() -> bool:
         from triton import knobs
 
         return bool(knobs.compilation.always_compile)
-    except Exception:  # broad: a Triton whose knobs differ: the warm-up as before
+    except (ImportError, AttributeError):  # a Triton without this knob: the warm-up as before
         return False
 
 
@@ -112,7 +115,8 @@ def _run() -> None:
             __import__(ENTRY)
         except ImportError:
             __import__(FALLBACK)
-    except Exception as e:  # the JIT will import it (and report) itself
+    except Exception as e:  # broad: a thread's last resort around Triton's own module code;
+        # the JIT imports it (and reports what it raises) itself
         logger.debug("gluon pre-import: %s", e)
     finally:
         with _gate:
@@ -191,7 +195,7 @@ def _knob(driver: Any) -> str:
     """``TRITON_LIBCUDA_PATH`` as Triton's knob reads it ("" when unset)."""
     try:
         return str(driver.knobs.nvidia.libcuda_path or "")
-    except Exception:  # broad: Triton's knobs vary between versions
+    except AttributeError:  # a Triton without this knob (they vary between versions)
         return ""
 
 
@@ -219,31 +223,27 @@ def install_libcuda_memo(driver: Any) -> None:
 
 
 def _memo(driver: Any, orig: Any) -> Any:
-    def libcuda_dirs() -> list[str]:
-        if _knob(driver):
-            # Triton answers from TRITON_LIBCUDA_PATH without ldconfig: nothing to remember (and
-            # an entry per folder named, e.g. prewarm's stand-in, would only add up).
-            return orig()
+    def remembered() -> list[str]:
         from .attached import cache
 
         store = cache()
         key = _key(driver) if store is not None and store.trust_host_code else None
         if key is not None and store is not None:
-            try:
-                hit = store.get(_kinds.TRITON_META, key, count=False)
-                if hit is not None:
+            hit = store.get(_kinds.TRITON_META, key, count=False)
+            if hit is not None:
+                try:
                     dirs = json.loads(hit.read("dirs.json"))
-                    if (
-                        isinstance(dirs, list)
-                        and dirs
-                        and all(
-                            isinstance(d, str) and os.path.exists(os.path.join(d, "libcuda.so.1"))
-                            for d in dirs
-                        )
-                    ):
-                        return dirs
-            except Exception as e:  # broad: a memo; Triton's own search runs when it cannot answer
-                logger.debug("libcuda memo: %s", e)
+                except (KeyError, ValueError, RecursionError) as e:  # an entry without the member,
+                    logger.debug("libcuda memo: %s", e)  # or not JSON: Triton's own search runs
+                    dirs = None
+                if (
+                    isinstance(dirs, list)
+                    and dirs
+                    and all(
+                        isinstance(d, str) and os.path.exists(os.path.join(d, "libcuda.so.1")) for d in dirs
+                    )
+                ):
+                    return dirs
         dirs = orig()
         if key is not None and store is not None and dirs:
             store.put(
@@ -253,6 +253,17 @@ def _memo(driver: Any, orig: Any) -> Any:
                 summary={"file": "libcuda"},
             )
         return dirs
+
+    # The edge (Triton asks for libcuda's folders): a bug of the memo's is reported (raised under
+    # KCACHE_STRICT=1) and Triton's own search answers.
+    guarded_memo = fail_open(TOPIC, WHAT, fallback=lambda: orig())(remembered)
+
+    def libcuda_dirs() -> list[str]:
+        if _knob(driver):
+            # Triton answers from TRITON_LIBCUDA_PATH without ldconfig: nothing to remember (and
+            # an entry per folder named, e.g. prewarm's stand-in, would only add up).
+            return orig()
+        return guarded_memo()
 
     libcuda_dirs = _lru(libcuda_dirs)
     libcuda_dirs.__wrapped__ = orig  # type: ignore[attr-defined]

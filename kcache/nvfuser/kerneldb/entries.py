@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 KIND = NVFUSER
 MANIFEST_KIND = NVFUSER_MANIFEST
 LOCK_TIMEOUT_S = 20.0
+#: What decoding stored bytes raises when they are not what kcache wrote (hostile or corrupt):
+#: msgpack's errors (ValueError and its own base; TypeError for a key that cannot be hashed), a
+#: member that is not there (KeyError).
+_UNDECODABLE = (ValueError, TypeError, KeyError, msgpack.UnpackException)
 
 
 def entry_key(fp: Fingerprint, content_hash: str) -> str:
@@ -100,7 +104,7 @@ def kernel_from_hit(hit: Any, content_hash: str) -> Kernel | None:
         if not isinstance(sig, str) or not isinstance(args, str):
             return None
         k = Kernel(sig, args, hit.read("kernel.cu"), hit.read("kernel.cubin"))
-    except Exception:  # broad: stored bytes that do not make a kernel (hostile or corrupt) are a miss
+    except _UNDECODABLE:  # stored bytes that do not make a kernel (hostile or corrupt): a miss
         return None
     if k.problem() or k.content_hash != content_hash:
         return None
@@ -117,7 +121,7 @@ def read_manifest(store: Cache, fp: Fingerprint, count: bool = True) -> list[str
         if not isinstance(members, list):
             return None
         return [m for m in members if _kinds.valid_id(m)]
-    except Exception:  # broad: msgpack raises more than its documented errors on hostile bytes
+    except _UNDECODABLE:  # hostile or corrupt bytes: no manifest
         return None
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ...boundary import failed, guarded
+from ...boundary import guarded
 from ...forksafe import module_lock
 from ...log import logger, warn_once
 
@@ -58,23 +58,24 @@ def _start(st: _ModuleState) -> Session | None:
             return st.session
         if st.store is None:
             return None
-        try:
-            t0 = time.perf_counter()
-            fp = current_fingerprint(st.module)
-            s = Session.create(st.store, fp, st.name)
-            s.point(st.module, prefer=PREFER)
-            s.start_s = time.perf_counter() - t0
-            if st.name == "nvfuser":
-                from ..legacy import LegacyFusionCache
+        s = None  # stays None when the session cannot be made: nvFuser runs without kcache
+        # The edge (nvFuser's execute): a bug, reported (raised when strict).
+        with guarded("nvfuser-attach", "kcache's nvFuser session"):
+            try:
+                t0 = time.perf_counter()
+                fp = current_fingerprint(st.module)
+                made = Session.create(st.store, fp, st.name)
+                made.point(st.module, prefer=PREFER)
+                made.start_s = time.perf_counter() - t0
+                if st.name == "nvfuser":
+                    from ..legacy import LegacyFusionCache
 
-                s.legacy = LegacyFusionCache.install(st.module, s)
-        except OSError as e:  # its private folder could not be made, seeded or pointed at
+                    made.legacy = LegacyFusionCache.install(st.module, made)
+                s = made
+            except OSError as e:  # its private folder could not be made, seeded or pointed at
+                warn_once("nvfuser-attach", f"nvfuser: kernels are not kept by kcache in this process: {e}")
+        if s is None:
             st.failed = True
-            warn_once("nvfuser-attach", f"nvfuser: kernels are not kept by kcache in this process: {e}")
-            return None
-        except Exception as e:  # the edge (nvFuser's execute): a bug, reported (raised when strict)
-            st.failed = True
-            failed("nvfuser-attach", "kcache's nvFuser session", e)
             return None
         st.session = s
         _sessions[st.name] = s
@@ -180,10 +181,10 @@ def _after_fork() -> None:
 
 def _at_exit() -> None:
     for s in list(_sessions.values()):
-        try:
+        # A session's flush never raises for a bad folder or store (harvest counts those): what
+        # it raises is a bug, reported (raised when strict); the other sessions are stored.
+        with guarded("nvfuser-exit", "storing nvFuser's new kernels at exit", then="they are not kept"):
             s.close()
-        except Exception as e:  # broad: at exit, kernels not stored are a loss, never an error of the program
-            warn_once("nvfuser-exit", f"nvfuser: could not store new kernels at exit: {e}")
 
 
 def flush() -> int:
@@ -191,10 +192,10 @@ def flush() -> int:
     number of kernels that were new to the store."""
     n = 0
     for s in list(_sessions.values()):
-        try:
+        with guarded(
+            "nvfuser-flush", "storing nvFuser's new kernels", then="they are not kept"
+        ):  # as at exit
             n += s.flush()
-        except Exception as e:  # broad: one module's kernels not stored must not stop the others' flush
-            warn_once("nvfuser-flush", f"nvfuser: could not store new kernels: {e}")
     return n
 
 
@@ -207,10 +208,9 @@ def detach_all() -> None:
     """Store what is new, then unwrap nvFuser and forget the store (kcache.disable())."""
     with _lock:
         for s in list(_sessions.values()):
-            try:
+            # As at exit; detaching goes on (unwrap nvFuser) whatever the flush met.
+            with guarded("nvfuser-detach", "storing nvFuser's new kernels", then="they are not kept"):
                 s.flush()
-            except Exception as e:  # broad: detaching goes on (unwrap nvFuser) whatever the flush met
-                warn_once("nvfuser-detach", f"nvfuser: could not store new kernels: {e}")
             s.store = None
         from ..attached import patches
 

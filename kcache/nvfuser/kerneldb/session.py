@@ -337,7 +337,7 @@ def adopt_stale(store: Cache, fp: Fingerprint, base: str, exclude: str = "") -> 
                 info = json.load(f)
             if isinstance(info, dict) and info.get("fingerprint") == fp.hash and not store.readonly:
                 n += len(harvest(store, os.path.join(path, DB_DIR), fp).added)
-        except Exception:  # broad: a dead process's leftovers are best effort; the folder goes either way
-            pass
+        except (OSError, ValueError):  # a dead process's leftovers (a file gone, not JSON): best
+            pass  # effort, the folder goes either way
         shutil.rmtree(path, ignore_errors=True)
     return n
