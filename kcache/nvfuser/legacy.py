@@ -84,7 +84,7 @@ class LegacyFusionCache:
             # nvFuser checks the device and CUDA version itself; a mismatch leaves a half-read
             # cache, which reset() empties.
             logger.info("nvfuser: stored fusion cache not loaded: %s", e)
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception):  # broad: nvFuser's C++ again, on a cache it half-read
                 self.module.FusionCache.reset()
             return False
         self.loaded_digest = hit.record.files[0].sha256 if hit.record.files else None

@@ -409,6 +409,7 @@ def run_on_gpu(
                 k = tuner.fn.warmup(*pos, **kw, **cfg.all_kwargs(), grid=(1,))
                 res.kernels.append(k)
                 res.configs += 1
+                # broad: Triton's loader and the driver (no GPU: the kernel stays compiled, unloaded)
                 with contextlib.suppress(Exception):
                     k._init_handles()
             res.notes.append(
