@@ -15,7 +15,10 @@ sockets in :class:`~.bounded.BoundedSocket` or bounds its calls itself) and rais
 - :class:`Unavailable`: the call failed (timeout, connection, a 5xx, the bound): counted as an
   error, charged to the node's breaker and to the tier's budget; the lookup is a miss;
 - :class:`Answered`: the server answered an error about this one key (a key of another type
-  planted where an entry is): a refusal, not a sign of the server's health;
+  planted where an entry is): a refusal, not a sign of the server's health either way (no
+  breaker opens or closes for it); its time is charged to the budget all the same, and a
+  streak of them with no success (every request refused: credentials, a policy) turns the
+  tier off like a breaker;
 - :class:`Full`: the server refuses writes for lack of room (reads go on; no breaker);
 - :class:`TooLarge` from :meth:`Backend.read`: the value grew past the bound since its size was
   asked (nothing past the bound was read).

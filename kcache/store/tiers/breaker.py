@@ -7,6 +7,9 @@ Without it, each node of a cluster paid its own breaker's failures: a slot map n
 masters cost 150 lookups 15.5 s (issue 34). With it, a process spends at most the budget (plus
 the one call each thread had under way) per cool-down, however many nodes there are.
 
+The :class:`Streak` is per tier too: error answers in a row (a server that refuses every request
+answers fast, and no breaker sees a failure), past its limit the whole tier is skipped as well.
+
 A single server has one breaker. A cluster has one per node (by address): a master that fails
 turns off only the keys of its slots, and once a replica has taken over them (a failover: 1 to
 3 s with ``cluster-node-timeout 1000``) they map to another node, whose breaker is closed. A
@@ -72,6 +75,13 @@ class Breaker:
                 self._recent.clear()
             self._open = self._probing = False
             self.cooldown = self.first_cooldown
+
+    def answered(self) -> None:
+        """The call got an error answer (about one key, or every request: :class:`Streak`): no
+        verdict on the node. Not :meth:`ok`, which would close an open breaker for a server that
+        answers only errors; a probe ends, and the next call probes again."""
+        with self._lock:
+            self._probing = False
 
     def fail(self) -> bool:
         """Count a failure; True when this one opened the breaker."""
@@ -177,4 +187,47 @@ class Budget:
             "trips": self.trips,
             "spent_s": round(self.charged, 3),
             "limit_s": self.limit_s,
+        }
+
+
+class Streak:
+    """Error answers in a row across the tier, with no success between them: after ``limit`` the
+    whole tier is skipped for ``cooldown_s``; then calls go again, and the next error answer
+    before any success skips it again. A server that answers every request with an error (expired
+    or wrong credentials, a policy that refuses, a proxy's error page) answers fast: the budget,
+    which counts time, would let it be asked forever, and no breaker would ever open."""
+
+    def __init__(self, limit: int, cooldown_s: float) -> None:
+        self.limit, self.cooldown_s = limit, cooldown_s
+        self._lock = threading.Lock()
+        self.count = 0  # error answers since the last success
+        self.open_until = 0.0
+        self.trips = 0
+
+    def allow(self) -> bool:
+        """Whether calls may go to the tier now."""
+        return not self.open_until or time.monotonic() >= self.open_until
+
+    def ok(self) -> None:
+        """A call that succeeded: the streak ends."""
+        if self.count or self.open_until:  # (unlocked look: a success is the common case)
+            with self._lock:
+                self.count, self.open_until = 0, 0.0
+
+    def answered(self) -> bool:
+        """Count an error answer; True when this one turned the tier off."""
+        with self._lock:
+            self.count += 1
+            now = time.monotonic()
+            if self.count < self.limit or now < self.open_until:
+                return False
+            self.open_until = now + self.cooldown_s
+            self.trips += 1
+            return True
+
+    def state(self) -> dict[str, float | int | bool]:
+        return {
+            "open": bool(self.open_until) and time.monotonic() < self.open_until,
+            "trips": self.trips,
+            "in_a_row": self.count,
         }

@@ -57,6 +57,12 @@ class Core(Protocol):
         self, kind: str, e: BaseException, n: int = 1, breaker: Breaker | None = None, took: float = 0.0
     ) -> None: ...
 
+    def answered(self, e: BaseException, breaker: Breaker | None = None, took: float = 0.0) -> None:
+        """A call answered with an error: counted towards the tier's streak of them, time charged."""
+
+    def succeeded(self, breaker: Breaker) -> None:
+        """A call the backend did: its node's breaker closes, the streak of error answers ends."""
+
     def transfer_s(self, nbytes: int, floor: float | None = None) -> float: ...
 
     def read_value(

@@ -27,8 +27,12 @@ The operations the machinery (:mod:`.shared`) asks for, on objects under
 Every call is bounded as a whole (:mod:`.s3_http`): no retries (botocore's client makes up to 5 attempts by default,
 with backoff), a deadline for the call however the server trickles, a byte bound. Statuses:
 404 is a miss, 412 and 409 a lost race, 403 and 400 an answer about one key
-(:class:`~.backend.Answered`), 5xx (``SlowDown``, ``InternalError``) and anything that is not a
-response :class:`~.backend.Unavailable`.
+(:class:`~.backend.Answered`: the machinery counts them, and turns the tier off when every
+request gets one), 5xx (``SlowDown``, ``InternalError``), redirects (the bucket is in another
+region: not followed), the answers about this process's access rather than a key
+(:data:`NOT_ABOUT_A_KEY`: ``ExpiredToken``, ``InvalidAccessKeyId``, ``NoSuchBucket``...) and
+anything that is not a response :class:`~.backend.Unavailable`. An error's status is its answer
+whatever its body (a proxy's long HTML page is not read).
 """
 
 from __future__ import annotations
@@ -49,6 +53,25 @@ ENTRY, LEASE = "e/", "l/"
 #: taken for an expired lease on a loaded machine).
 CLOCK_STEP_S = 1.0
 _BUCKET_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789.-")
+#: S3's error codes that are about this process's access or the bucket, not one key: every
+#: request would get the same, so each is a failed call (the breaker, the budget, a warning
+#: that names it), not an answer about a key.
+NOT_ABOUT_A_KEY = frozenset(
+    {
+        "PermanentRedirect",  # 301: the bucket is in another region
+        "TemporaryRedirect",  # 307
+        "AuthorizationHeaderMalformed",  # 400: signed for another region
+        "ExpiredToken",  # 400: AWS_SESSION_TOKEN expired
+        "InvalidToken",
+        "TokenRefreshRequired",
+        "InvalidAccessKeyId",  # 403
+        "SignatureDoesNotMatch",
+        "RequestTimeTooSkewed",  # this machine's clock
+        "AccountProblem",
+        "AllAccessDisabled",
+        "NoSuchBucket",  # 404: not a miss
+    }
+)
 
 
 class S3Backend(Backend):
@@ -137,10 +160,33 @@ class S3Backend(Backend):
             path = f"/{self.bucket}/" if self.path_style else "/"
         else:
             path = object_path(self.bucket, key, self.path_style)
-        r = self._http.request(method, path, query=query, headers=headers, body=body, max_body=max_body)
+        try:
+            r = self._http.request(method, path, query=query, headers=headers, body=body, max_body=max_body)
+        except TooLong as e:
+            if 200 <= e.status < 300:
+                raise  # a success's body over what was asked: size() and read() take its length
+            # An error's body over 16 KiB (a proxy's HTML page): its status is the answer, and its
+            # length no entry's size (it was once taken for one: "not reading an entry of 20013
+            # bytes", and two requests a lookup).
+            r = Response(e.status, e.headers, b"")
         if r.status >= 500:
-            raise Unavailable(f"S3 answered {r.status} {_code(r)}")
+            raise Unavailable(f"S3 answered {r.status} {_code(r)}".strip())
+        if r.status >= 300 and r.status != 304:
+            code = _code(r)
+            if 300 <= r.status < 400 or code in NOT_ABOUT_A_KEY:
+                raise Unavailable(self._not_a_key(r, code))
         return r
+
+    def _not_a_key(self, r: Response, code: str) -> str:
+        """What an answer that is about this process's access, not one key, says (a warning's
+        text: the status, S3's code, where the bucket is; never a credential)."""
+        text = f"S3 answered {r.status} {code}".strip()
+        where = _word(r.headers.get("x-amz-bucket-region", "")) or _tag(r, "Region")
+        if where and where != self.region:
+            text += f": the bucket is in {where}, not {self.region} (set AWS_REGION={where})"
+        elif 300 <= r.status < 400:
+            text += ": a redirect, not followed (the endpoint or the region?)"
+        return text
 
     @property
     def entries_prefix(self) -> str:
@@ -160,7 +206,7 @@ class S3Backend(Backend):
         try:
             r = self._req("GET", self._key(kind, ident), headers={"Range": "bytes=0-0"}, max_body=1)
         except TooLong as e:  # a server that ignores Range: its length, and not a byte of it read
-            return e.length
+            return e.length  # (of a success: _req answers an error's long page by its status)
         if r.status in (404, 416):  # (416: an empty object, ``bytes */0``: nothing to take)
             return 0
         _ok(r)
@@ -322,9 +368,21 @@ def _flag(v: object) -> bool:
 
 
 def _code(r: Response) -> str:
+    return _tag(r, "Code")
+
+
+def _tag(r: Response, name: str) -> str:
+    """The text of S3's error XML element ``name`` (``Code``, ``Region``), if a plain word."""
     body = r.body[:2000].decode("utf-8", "replace")
-    start = body.find("<Code>")
-    return body[start + 6 : body.find("</Code>")] if start >= 0 and "</Code>" in body else ""
+    start, end = body.find(f"<{name}>"), body.find(f"</{name}>")
+    return _word(body[start + len(name) + 2 : end]) if 0 <= start < end else ""
+
+
+def _word(text: str) -> str:
+    """``text`` if it is one short word of S3's (a code, a region): what a server sends is shown
+    in warnings only as that."""
+    text = text.strip()
+    return text if 0 < len(text) <= 64 and all(c.isalnum() or c in "-_." for c in text) else ""
 
 
 def _ok(r: Response) -> None:

@@ -42,11 +42,12 @@ class Response:
 
 
 class TooLong(Exception):
-    """A response body longer than the caller may read: ``length`` (from the headers)."""
+    """A response body longer than the caller may read: ``length`` (from the headers), of a
+    response of ``status`` (only a success's body is a value: an error's page is no value)."""
 
-    def __init__(self, length: int, headers: dict[str, str]) -> None:
+    def __init__(self, length: int, headers: dict[str, str], status: int = 200) -> None:
         super().__init__(f"{length} bytes")
-        self.length, self.headers = length, headers
+        self.length, self.headers, self.status = length, headers, status
 
 
 class _Connection(http.client.HTTPConnection):
@@ -171,7 +172,7 @@ class Http:
                 if length is None or length > bound:
                     self._drop()  # its body is not read: the connection cannot be used again
                     if length is not None:
-                        raise TooLong(length, hdrs)
+                        raise TooLong(length, hdrs, r.status)
                     raise Unavailable("an S3 response without a length")
                 data = r.read(length)
                 if len(data) != length:

@@ -16,7 +16,9 @@ backend (:mod:`.backend` says what a backend does):
   a breaker per node (:mod:`.breaker`) and a budget per tier: the wall time this process's
   threads spent on calls that failed, past :data:`BUDGET_CALLS` call deadlines (0.5 s) within
   :data:`BREAKER_COOLDOWN_S`, turns the whole tier off for that cool-down, however many nodes a
-  cluster names.
+  cluster names. Calls answered with an error count their time too, and :data:`ANSWERS_IN_A_ROW`
+  of them with no success between (credentials, a policy, the region: every request refused)
+  turn the tier off the same way, with one warning that names the answer.
 - **Failures** are the backend's typed exceptions (:class:`~.backend.Unavailable`, ...),
   counted here (``remote_*``, one warning per cause): a miss, a dropped write, never an error
   of the caller.
@@ -47,7 +49,7 @@ from . import flight as _flight
 from . import lease as rl
 from .backend import Answered, Backend, Full, TierConfig, TooLarge, Unavailable
 from .bounded import bounded
-from .breaker import Breaker, Breakers, Budget
+from .breaker import Breaker, Breakers, Budget, Streak
 from .core import FAIL, Failed
 from .entry import Refused, eligible, unpack_entry
 from .writer import Writer
@@ -60,6 +62,7 @@ BREAKER_COOLDOWN_S = 30.0  # then one call probes it; the whole tier's cool-down
 NODE_COOLDOWN_S = 1.0  # a cluster's node: its first cool-down (a failover takes 1 to 3 s); doubles
 BUDGET_CALLS = 5  # deadlines' worth of failed calls per cool-down, in all, before the whole tier is
 # skipped (0.5 s at the default KCACHE_REMOTE_TIMEOUT of 100 ms)
+ANSWERS_IN_A_ROW = 20  # error answers with no success between them that turn the whole tier off
 TRANSFER_S_PER_MIB = 1 / 32  # a value's read or write may take this much longer per MiB (32 MiB/s)
 SMALL_REPLY = 64 << 10  # the most a call that reads no value may read
 BAD_REMEMBERED = 4096  # (entry, value version) pairs this process refuses after mark_bad
@@ -130,6 +133,7 @@ class SharedTier(Tier):
         node_s = NODE_COOLDOWN_S if self._has_nodes() else BREAKER_COOLDOWN_S
         self.breakers = Breakers(BREAKER_FAILURES, BREAKER_WINDOW_S, BREAKER_COOLDOWN_S, node_s)
         self.budget = Budget(BUDGET_CALLS * self.cfg.timeout_s, BREAKER_COOLDOWN_S, BREAKER_COOLDOWN_S)
+        self.answers = Streak(ANSWERS_IN_A_ROW, BREAKER_COOLDOWN_S)
         self.fruitless = rl.FruitlessBudget()
         self.keeper = rl.LockKeeper(self.cfg.secret, self.cfg.lease_s, self._renew, split=self._split_leases)
         self.writer = Writer(self)
@@ -159,6 +163,7 @@ class SharedTier(Tier):
             off=self.off,
             breakers=self.breakers.states(),
             budget=self.budget.state(),
+            answers=self.answers.state(),
         )
         return out
 
@@ -231,11 +236,10 @@ class SharedTier(Tier):
         try:
             with bounded(self.cfg.timeout_s if seconds is None else seconds, max_bytes):
                 out = fn()
-        except Answered as e:  # an error about one key (a planted key of another type)
-            self._timed(kind, timed, t0)
+        except Answered as e:  # an error about one key (a planted key of another type), or every key's
+            took = self._timed(kind, timed, t0)
             self._count(kind, remote_refused=1)
-            self._answered(e)
-            breaker.ok()
+            self.answered(e, breaker, took=took if caller else 0.0)
             return FAIL
         except (Unavailable, Full, OSError) as e:
             took = self._timed(kind, timed, t0)
@@ -251,7 +255,7 @@ class SharedTier(Tier):
             self.failed(kind, e, breaker=breaker, took=took if caller else 0.0)
             return FAIL
         self._timed(kind, timed, t0)
-        breaker.ok()
+        self.succeeded(breaker)
         return out
 
     def _timed(self, kind: str, timed: bool, t0: float) -> float:
@@ -266,7 +270,7 @@ class SharedTier(Tier):
         node's breaker is open first has the backend ask for the slots again (at most once a
         second): a replica that took over a dead master's slots is used at once, not after the
         dead node's cool-down."""
-        if not self.budget.allow():
+        if not self.budget.allow() or not self.answers.allow():
             return None
         node = self.backend.node_of(ident, writer) if ident else ""
         breaker = self.breakers.get(node)
@@ -284,7 +288,21 @@ class SharedTier(Tier):
         breaker = self.breakers.get(self.backend.node_of(ident, writer))
         return breaker if breaker.allow() else None
 
-    def _answered(self, e: BaseException) -> None:
+    def succeeded(self, breaker: Breaker) -> None:
+        """A call (or a batch of writes) that the backend did: its node answers, and the tier
+        does not answer only errors."""
+        self.answers.ok()
+        breaker.ok()
+
+    def answered(self, e: BaseException, breaker: Breaker | None = None, took: float = 0.0) -> None:
+        """A call the backend answered with an error (:class:`~.backend.Answered`): about one key
+        (a planted key of another type), or, when every request gets one, about this process's
+        access (credentials, a policy, the region). No verdict on the node (its breaker is not
+        closed by it); its ``took`` seconds are charged to the budget all the same (a server that
+        answers errors slowly costs what one that fails does); :data:`ANSWERS_IN_A_ROW` in a row
+        with no success turn the tier off for a cool-down at a time, with one warning."""
+        (breaker or self.breakers.get()).answered()
+        self._charge(took, e)
         text = str(e)
         if text.startswith(("MOVED ", "ASK ")) or "MovedError" in type(e).__name__:
             warn_once(
@@ -293,8 +311,26 @@ class SharedTier(Tier):
                 "some of the keys: name its nodes as KCACHE_REMOTE=redis+cluster://host:port,... "
                 "(docs/remote.md)",
             )
+        if self.answers.answered():
+            warn_once(
+                "remote-answers",
+                f"the shared tier at {self.cfg.shown_url} answered {self.answers.limit} requests in a "
+                f"row with an error ({text[:200]}), none with a success: credentials? permissions "
+                f"(a policy, an ACL)? region? Skipping it for {self.answers.cooldown_s:.0f} s at a "
+                "time, compiling and caching locally",
+            )
         else:
             logger.info("kcache: the shared tier answered an error: %s", e)
+
+    def _charge(self, took: float, e: BaseException) -> None:
+        """Charge a call's ``took`` seconds to the budget (one warning when that turns it off)."""
+        if self.budget.charge(took):
+            warn_once(
+                "remote-budget",
+                f"calls to the shared tier at {self.cfg.shown_url} that failed have cost this "
+                f"process {self.budget.limit_s:.1f} s ({type(e).__name__}: {e}); skipping it for "
+                f"{self.budget.cooldown_s:.0f} s at a time, compiling and caching locally",
+            )
 
     def _count(self, kind: str, **deltas: float) -> None:
         if kind:  # the lease keeper's calls belong to no kind
@@ -309,19 +345,15 @@ class SharedTier(Tier):
             self._count(kind, remote_errors=n)
         name = type(e).__name__
         if isinstance(e, Full):
+            if breaker is not None:
+                breaker.answered()  # the node answers (a probe ends; no verdict)
             warn_once(
                 "remote-full",
                 f"the shared tier at {self.cfg.shown_url} is full ({e}); new entries stay local "
                 "(docs/remote.md: an eviction policy, or a lifecycle rule)",
             )
             return  # reads still work: not a reason to stop asking
-        if self.budget.charge(took):
-            warn_once(
-                "remote-budget",
-                f"calls to the shared tier at {self.cfg.shown_url} that failed have cost this "
-                f"process {self.budget.limit_s:.1f} s ({name}: {e}); skipping it for "
-                f"{self.budget.cooldown_s:.0f} s at a time, compiling and caching locally",
-            )
+        self._charge(took, e)
         if breaker is None:
             breaker = self.breakers.get()
         opened = breaker.fail()

@@ -183,31 +183,42 @@ class Writer:
             with bounded(tier.transfer_s(nbytes, WRITE_TIMEOUT_MIN_S), 64 << 10):
                 outcomes = tier.backend.write(ops)
         except (Unavailable, Full, Answered, OSError) as e:
-            if puts:
-                for it in puts[1:]:  # an error per entry, one failure for the breaker
-                    counts.add(it.kind, remote_errors=1)
+            for it in puts[1:]:  # an error per entry, one failure (or answer) for the breaker
+                counts.add(it.kind, remote_errors=1)
+            if isinstance(e, Answered):  # refused, not failed (SharedTier.answered)
+                if puts:
+                    counts.add(puts[0].kind, remote_errors=1)
+                tier.answered(e, breaker)
+            elif puts:
                 tier.failed(puts[0].kind, e, breaker=breaker)
             else:
                 tier.failed("", e, n=0, breaker=breaker)  # only releases: their expiry ends them
             return
         failure: BaseException | None = None
+        answer: BaseException | None = None
+        done = False
         for (it, n), op, out in zip(plan, ops, outcomes):
             if isinstance(out, BaseException):
                 if isinstance(out, Full):
                     tier.failed("", out, n=0, breaker=breaker)
-                elif not isinstance(out, Answered):
+                elif isinstance(out, Answered):
+                    answer = answer or out
+                else:
                     failure = out
                 if op.op == "put":
                     counts.add(it.kind, remote_errors=1)
                 continue
+            done = True
             if op.op == "put" and out:
                 counts.add(it.kind, remote_puts=1, remote_bytes_out=n)
             elif op.op == "delete" and out:
                 counts.add(it.kind, remote_marked_bad=1)
         if failure is not None:
             tier.failed("", failure, n=0, breaker=breaker)  # counted per entry above
-        else:
-            breaker.ok()
+        elif done:
+            tier.succeeded(breaker)
+        elif answer is not None:  # every write of the batch refused: one answer (as one failure)
+            tier.answered(answer, breaker)
 
     # ------------------------------------------------------------------ flushing
     def exit_flush_s(self) -> float:
