@@ -13,6 +13,7 @@ may run no command. No timing assertion: requests served, budget spent, warnings
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 import time
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tier_stores import Stores, counts
+from tier_stores import Stores, counts, flushed
 
 from kcache.store import Store
 from kcache.store.tiers import shared
@@ -254,6 +255,46 @@ def test_an_error_page_is_not_an_entry_size(s3_answering, stores, kcache_warning
         assert c["remote_misses"] == 10, c
     else:
         assert c["remote_refused"] == 10, c
+
+
+LONG_PAGE = b"<html>" + b"x" * 20_000 + b"</html>"
+
+
+@pytest.mark.parametrize("put_status", [403, 200])
+def test_a_long_answer_to_a_write_or_a_lease_is_not_a_backend_bug(
+    s3_answering, stores, kcache_warnings, put_status
+) -> None:
+    """A long body to a ``PUT`` (a proxy's 403 page; a 200 with 100 KB no PutObject sends) raised
+    the HTTP layer's TooLong, which no caller expected: "the shared tier's backend raised TooLong"
+    (raised into the program under KCACHE_STRICT=1: single_flight raised), "kcache's shared tier
+    writer failed (TooLong ...)". Now a failed call or an error answer, counted."""
+    page = LONG_PAGE * (5 if put_status == 200 else 1)  # over the 64 KiB a PUT's answer may be
+    srv = s3_answering(lambda m, p: (put_status, {}, page) if m == "PUT" else None)
+    a = stores("a", URL, "kcache:", KCACHE_REMOTE_TIMEOUT="2s")
+    with a.single_flight("triton", "K") as hit:  # a lease: PUT If-None-Match
+        assert hit is None
+        a.put("triton", "K", {"k.cubin": b"x" * 100})
+    flushed(a)
+    assert srv.by_method.get("PUT", 0) >= 2, srv.by_method  # the lease, the entry
+    assert counts(a).get("remote_errors", 0) >= 1, counts(a)
+    bug = ("backend raised", "writer failed")
+    assert not any(b in m for m in kcache_warnings for b in bug), kcache_warnings
+
+
+@pytest.mark.parametrize("status, body", [(403, LONG_PAGE), (200, b"<ListBucketResult>" + b" " * (5 << 20))])
+def test_kcache_remote_reports_a_long_answer_without_a_traceback(
+    s3_answering, clean_env, status, body
+) -> None:
+    """A listing answered with a long error page, or a success longer than the 4 MiB a page may
+    be: an error in the report (exit 1), not "kcache: error: TooLong"."""
+    srv = s3_answering(lambda m, p: (status, {}, body))
+    env = dict(clean_env, KCACHE_REMOTE=URL, **aws_env(srv))
+    p = subprocess.run(
+        [PYTHON, "-m", "kcache", "remote"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert "Traceback" not in p.stderr and "error: TooLong" not in p.stderr, p.stderr
+    said = "S3 answered 403" if status == 403 else "S3 answered 200 with 5242898 bytes"
+    assert p.returncode == 1 and said in p.stdout, p.stdout + p.stderr
 
 
 # ------------------------------------------------------------------------------------ Redis

@@ -41,12 +41,13 @@ class Response:
         self.status, self.headers, self.body = status, headers, body
 
 
-class TooLong(Exception):
+class TooLong(Unavailable):
     """A response body longer than the caller may read: ``length`` (from the headers), of a
-    response of ``status`` (only a success's body is a value: an error's page is no value)."""
+    response of ``status``. A kind of :class:`~.backend.Unavailable`: only the calls that ask for
+    a value's size or bytes take its length (of a success's body: an error's page is no value)."""
 
     def __init__(self, length: int, headers: dict[str, str], status: int = 200) -> None:
-        super().__init__(f"{length} bytes")
+        super().__init__(f"S3 answered {status} with {length} bytes, more than the call reads")
         self.length, self.headers, self.status = length, headers, status
 
 
