@@ -66,3 +66,16 @@ def expected() -> str:
     """What ``KCACHE_REMOTE`` may be, for messages."""
     forms = [cls.url_forms for cls in builtin() if cls.url_forms]
     return "; ".join(forms + ["or package.module:Class (a backend class of your own)"])
+
+
+def default_timeout_s(settings: Any) -> float | None:
+    """The call deadline (seconds) of the backend ``settings.remote`` names, where
+    ``KCACHE_REMOTE_TIMEOUT`` is not set and that backend has its own default (S3's 500 ms: an
+    object store's, not a memory server's 100 ms); None otherwise. One rule for the tier that is
+    made (:func:`kcache.store.tiers.backend_for`) and for what ``kcache config`` shows."""
+    remote = getattr(settings, "remote", None)
+    if not remote or (getattr(settings, "sources", None) or {}).get("remote_timeout") != "default":
+        return None
+    cls = for_url(remote) if "://" in remote else None  # (a user's class is not imported here)
+    own = getattr(cls, "default_timeout_s", None)
+    return float(own) if own else None

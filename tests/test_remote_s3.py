@@ -179,6 +179,29 @@ def test_s3_urls_are_settings() -> None:
         assert "Pw-Left" not in s.remote_problems[0]
 
 
+@pytest.mark.parametrize(
+    "url, env, shown",
+    [
+        ("s3://bucket/p", {}, 500.0),  # S3's own default (an object store's), not the tier's 100 ms
+        ("s3://bucket/p", {"KCACHE_REMOTE_TIMEOUT": "2s"}, 2000.0),
+        ("redis://127.0.0.1:1/0", {}, config.DEFAULT_REMOTE_TIMEOUT_MS),
+    ],
+)
+def test_kcache_config_shows_the_deadline_the_tier_uses(tmp_path, url, env, shown) -> None:
+    """Review m2: ``kcache config`` said ``remote_timeout 100 ms (default)`` for ``s3://``,
+    whose calls have 500 ms unless KCACHE_REMOTE_TIMEOUT is set."""
+    from kcache.maintenance import config_report
+
+    s = config.load({"KCACHE_REMOTE": url, "KCACHE_DIR": str(tmp_path / "s"), **env})
+    row = next(r for r in config_report(s)["settings"] if r["name"] == "remote_timeout")
+    backend = backend_for(s)
+    assert backend is not None
+    assert row["value"] == shown == pytest.approx(backend.cfg.timeout_s * 1000), (row, backend.cfg.timeout_s)
+    assert row["source"] == (
+        "env KCACHE_REMOTE_TIMEOUT" if env else "default for s3://" if shown == 500 else "default"
+    )
+
+
 def test_kcache_remote_and_config_report_the_bucket(s3, stores, clean_env) -> None:
     bucket = s3.bucket()
     url = f"s3://{bucket}/p"
@@ -205,6 +228,8 @@ def test_kcache_remote_and_config_report_the_bucket(s3, stores, clean_env) -> No
         [PYTHON, "-m", "kcache", "config"], capture_output=True, text=True, env=env, timeout=60
     )
     assert f"s3://{bucket}/p" in cfg.stdout and "shared tier: not authenticated" in cfg.stdout
+    line = next(ln for ln in cfg.stdout.splitlines() if ln.startswith("remote_timeout"))
+    assert "500 ms" in line and "default for s3://" in line, line
 
 
 # ------------------------------------------------------------------------------------ hostile

@@ -21,6 +21,7 @@ def config_report(settings: Settings) -> dict[str, Any]:
         for name, var in ENV.items()
     ]
     rows += _backend_rows(settings)
+    _backend_default(settings, rows)
     _where_from(settings, rows)
     _bad_values(settings, rows)
     for row in rows:
@@ -84,6 +85,18 @@ def _where_from(settings: Settings, rows: list[dict[str, Any]]) -> None:
                 row["value"], row["source"] = kept["max_size"], f"store {NAME}"
             else:
                 row["source"] += f" (over the store's {NAME}: {format_size(kept['max_size'])})"
+
+
+def _backend_default(settings: Settings, rows: list[dict[str, Any]]) -> None:
+    """The deadline the tier uses when ``KCACHE_REMOTE_TIMEOUT`` is not set: its backend's own
+    where it has one (``s3://``: 500 ms; the row showed the tier's 100 ms, which S3 never used)."""
+    from .. import remotes
+
+    own = remotes.default_timeout_s(settings)
+    for row in rows:
+        if row["name"] == "remote_timeout" and own:
+            scheme = remotes.scheme_of(str(getattr(settings, "remote", ""))) or "the backend"
+            row["value"], row["source"] = own * 1000.0, f"default for {scheme}://"
 
 
 def _bad_values(settings: Settings, rows: list[dict[str, Any]]) -> None:

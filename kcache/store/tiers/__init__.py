@@ -36,11 +36,9 @@ def backend_for(settings: Settings, key_tag: str | None = None) -> Backend | Non
         cls = remotes.for_url(cfg.url)
         if cls is None:
             return None
-        if (
-            cls.default_timeout_s
-            and (getattr(settings, "sources", None) or {}).get("remote_timeout") == "default"
-        ):
-            cfg.timeout_s = cls.default_timeout_s  # (an object store's, not a memory server's)
+        own = remotes.default_timeout_s(settings)
+        if own:
+            cfg.timeout_s = own  # (an object store's, not a memory server's)
         made: Backend = cls(cfg)
         return made
     try:
