@@ -6,7 +6,7 @@ tier's budget, a streak of them with no success turns the tier off with one warn
 answer, an answer never closes an open breaker, and an error page's length is never taken for an
 entry's size.
 
-Against real servers: a small S3-speaking ``http.server`` of this file on 127.0.0.1 (it answers as
+Against real servers: a small S3-speaking ``http.server`` (tests/answering_s3.py) on 127.0.0.1 (it answers as
 each test says and counts the requests it served), and a real redis-server with an ACL user that
 may run no command. No timing assertion: requests served, budget spent, warnings.
 """
@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
-import time
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from answering_s3 import AWS_SECRET, aws_env, error, serving
 from tier_stores import Stores, counts, flushed
 
 from kcache.store import Store
@@ -31,7 +28,6 @@ from kcache.store.tiers import shared
 PYTHON = sys.executable
 pytestmark = pytest.mark.usefixtures("no_descriptors_left", "stores_closed")
 URL = "s3://bucket/p"
-AWS_SECRET = "answers-secret-key-XYZ"
 
 
 @pytest.fixture
@@ -41,96 +37,9 @@ def stores(tmp_path: Path):
     s.close()
 
 
-#: How the server answers one request: (status, headers, body), or None for a 404 without a body.
-Answer = Callable[[str, str], "tuple[int, dict[str, str], bytes] | None"]
-
-
-def error(status: int, code: str, pad: int = 0, **headers: str) -> tuple[int, dict[str, str], bytes]:
-    body = f"<Error><Code>{code}</Code><Message>no</Message></Error>".encode()
-    return status, headers, body + b" " * pad
-
-
-class _Quiet(ThreadingHTTPServer):
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client that hung up on a long page it would not read: what the tests make
-
-
-class AnsweringS3:
-    """An HTTP server on 127.0.0.1 that answers every request as ``answer(method, path)`` says,
-    after ``delay`` seconds; ``requests`` counts them (by method in ``by_method``)."""
-
-    def __init__(self, answer: Answer, delay: float = 0.0) -> None:
-        self.answer, self.delay = answer, delay
-        self.requests = 0
-        self.by_method: dict[str, int] = {}
-        self._lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _any(self) -> None:
-                n = int(self.headers.get("Content-Length") or 0)
-                if n:
-                    self.rfile.read(n)
-                with outer._lock:
-                    outer.requests += 1
-                    outer.by_method[self.command] = outer.by_method.get(self.command, 0) + 1
-                if outer.delay:
-                    time.sleep(outer.delay)
-                got = outer.answer(self.command, self.path)
-                status, headers, body = got if got is not None else (404, {}, b"")
-                try:
-                    self.send_response(status)
-                    for k, v in headers.items():
-                        self.send_header(k, v)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                except OSError:  # the client does not read a long error page: it hangs up
-                    self.close_connection = True
-
-            do_GET = do_PUT = do_DELETE = do_HEAD = _any  # noqa: N815
-
-        self.httpd = _Quiet(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = False  # server_close() joins them: their sockets are closed
-        self.endpoint = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 @pytest.fixture
 def s3_answering(monkeypatch):  # noqa: ANN001, ANN201
-    servers: list[AnsweringS3] = []
-
-    def make(answer: Answer, delay: float = 0.0) -> AnsweringS3:
-        srv = AnsweringS3(answer, delay)
-        servers.append(srv)
-        for k, v in aws_env(srv).items():
-            monkeypatch.setenv(k, v)
-        for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_SESSION_TOKEN"):
-            monkeypatch.delenv(k, raising=False)
-        return srv
-
-    yield make
-    for srv in servers:
-        srv.close()
-
-
-def aws_env(srv: AnsweringS3) -> dict[str, str]:
-    return {
-        "AWS_ENDPOINT_URL": srv.endpoint,
-        "AWS_ACCESS_KEY_ID": "AKIAANSWERS",
-        "AWS_SECRET_ACCESS_KEY": AWS_SECRET,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
+    yield from serving(monkeypatch)
 
 
 def tier_of(store: Store) -> Any:
@@ -142,7 +51,7 @@ def test_an_error_answered_slowly_is_charged_to_the_budget(s3_answering, stores,
     """403 after 0.4 s to every request (the review's slow403.py): before, 20 lookups cost 20
     requests and 8.8 s, and the budget stayed at 0.0. Now each answer's time is charged (at least
     the server's 0.4 s), so the 5 s budget of a 1 s deadline is spent within 13 calls."""
-    srv = s3_answering(lambda m, p: error(403, "AccessDenied"), delay=0.4)
+    srv = s3_answering(lambda m, p, h: error(403, "AccessDenied"), delay=0.4)
     a = stores("a", URL, "kcache:", KCACHE_REMOTE_TIMEOUT="1s")
     for i in range(30):
         assert a.get("triton", f"K{i}") is None
@@ -161,7 +70,7 @@ def test_every_request_answered_with_an_error_turns_the_tier_off_with_one_warnin
     """A fast 403 to everything (a policy that refuses, a proxy): each lookup used to cost a round
     trip forever, with nothing but an info line. Now 20 in a row with no success turn the tier
     off for the cool-down, with one warning that says what S3 answered, and never a secret."""
-    srv = s3_answering(lambda m, p: error(403, "AccessDenied"))
+    srv = s3_answering(lambda m, p, h: error(403, "AccessDenied"))
     a = stores("a", URL, "kcache:", KCACHE_REMOTE_TIMEOUT="2s")  # a budget of 10 s: not the subject
     for i in range(50):
         assert a.get("triton", f"K{i}") is None
@@ -180,7 +89,7 @@ def test_a_success_between_error_answers_keeps_the_tier_on(s3_answering, stores,
     """Answers about some keys (a policy that refuses a part of the bucket, a planted object) are
     not the tier's failure: one success in every 20 requests keeps it asked."""
     every = shared.ANSWERS_IN_A_ROW
-    srv = s3_answering(lambda m, p: None if srv.requests % every == 0 else error(403, "AccessDenied"))
+    srv = s3_answering(lambda m, p, h: None if srv.requests % every == 0 else error(403, "AccessDenied"))
     a = stores("a", URL, "kcache:")
     for i in range(3 * every):
         assert a.get("triton", f"K{i}") is None
@@ -192,7 +101,7 @@ def test_an_error_answer_never_closes_an_open_breaker(s3_answering, stores) -> N
     """A breaker opened by failures (503s) is probed after its cool-down; a probe answered with an
     error is no sign of health: before, it closed the breaker (``breaker.ok()``)."""
     answers = {"now": error(503, "SlowDown")}
-    s3_answering(lambda m, p: answers["now"])
+    s3_answering(lambda m, p, h: answers["now"])
     a = stores("a", URL, "kcache:")
     for i in range(shared.BREAKER_FAILURES):
         assert a.get("triton", f"K{i}") is None
@@ -228,7 +137,7 @@ def test_answers_about_access_not_a_key_are_failures(
     bucket: every request would get the same, so each is a failed call: the breaker opens after
     3, with one warning that says where the bucket is. Before, each was an answer about one key
     (NoSuchBucket: a miss), and every lookup paid a request, silently."""
-    srv = s3_answering(lambda m, p: answer)
+    srv = s3_answering(lambda m, p, h: answer)
     a = stores("a", URL, "kcache:")
     for i in range(10):
         assert a.get("triton", f"K{i}") is None
@@ -244,7 +153,7 @@ def test_an_error_page_is_not_an_entry_size(s3_answering, stores, kcache_warning
     was taken for the entry's size, and each lookup cost a second request and said "not reading
     a triton entry of 20013 bytes ... (over KCACHE_REMOTE_MAX_ENTRY)"."""
     page = (status, {"Content-Type": "text/html"}, b"<html>" + b"x" * 20_000 + b"</html>")
-    srv = s3_answering(lambda m, p: page)
+    srv = s3_answering(lambda m, p, h: page)
     a = stores("a", URL, "kcache:", KCACHE_REMOTE_TIMEOUT="2s")
     for i in range(10):
         assert a.get("triton", f"K{i}") is None
@@ -269,7 +178,7 @@ def test_a_long_answer_to_a_write_or_a_lease_is_not_a_backend_bug(
     (raised into the program under KCACHE_STRICT=1: single_flight raised), "kcache's shared tier
     writer failed (TooLong ...)". Now a failed call or an error answer, counted."""
     page = LONG_PAGE * (5 if put_status == 200 else 1)  # over the 64 KiB a PUT's answer may be
-    srv = s3_answering(lambda m, p: (put_status, {}, page) if m == "PUT" else None)
+    srv = s3_answering(lambda m, p, h: (put_status, {}, page) if m == "PUT" else None)
     a = stores("a", URL, "kcache:", KCACHE_REMOTE_TIMEOUT="2s")
     with a.single_flight("triton", "K") as hit:  # a lease: PUT If-None-Match
         assert hit is None
@@ -287,7 +196,7 @@ def test_kcache_remote_reports_a_long_answer_without_a_traceback(
 ) -> None:
     """A listing answered with a long error page, or a success longer than the 4 MiB a page may
     be: an error in the report (exit 1), not "kcache: error: TooLong"."""
-    srv = s3_answering(lambda m, p: (status, {}, body))
+    srv = s3_answering(lambda m, p, h: (status, {}, body))
     env = dict(clean_env, KCACHE_REMOTE=URL, **aws_env(srv))
     p = subprocess.run(
         [PYTHON, "-m", "kcache", "remote"], capture_output=True, text=True, env=env, timeout=60

@@ -16,7 +16,8 @@ The operations the machinery (:mod:`.shared`) asks for, on objects under
   (``Range: bytes=0-<bound-1>``; a ``Content-Range`` total or a length over the bound is refused
   before a byte of the body is read), its version the ``ETag``; a bad entry is deleted with
   ``If-Match: <ETag>`` (a newer one stays);
-- writes are one request each (S3 has no pipeline), in the writer's thread;
+- writes are one request each (S3 has no pipeline), in the writer's thread, each a call with
+  its own deadline (:meth:`S3Backend.split`), as are a lease's renewals;
 - a lease is the object ``l/<id>``: created with ``If-None-Match: *`` (S3's conditional write:
   one creator wins, the others get 412), renewed and released only with ``If-Match`` the ETag
   this process wrote, replaced (a holder that died) with ``If-Match`` the ETag seen. S3 has no
@@ -39,14 +40,15 @@ from __future__ import annotations
 
 import email.utils
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
 from .backend import GONE, Answered, Backend, LeaseView, Op, Outcome, TierConfig, TooLarge, Unavailable
 from .lease import LOCK_TTL_S, VALUE_MAX
 from .s3_http import Http, Response, TooLong, object_path
 
+T = TypeVar("T")
 ENTRY, LEASE = "e/", "l/"
 #: ``Date`` and ``Last-Modified`` are whole seconds: a lease's age may read up to a second more
 #: than it is, so it lives this much longer here (a holder's heartbeat, every 0.5 s, is never
@@ -197,6 +199,13 @@ class S3Backend(Backend):
 
     def _lease_key(self, ident: str) -> str:
         return f"{self.root}{LEASE}{ident}"
+
+    def split(self, items: Sequence[T], ident: Callable[[T], str], writer: bool = False) -> list[list[T]]:
+        """One item a call: S3 has no pipeline, so a batch is one request per item in sequence,
+        and under one call's deadline a few at a far store's latency passed it (12 lease renewals
+        at 60 ms: every heartbeat failed, the leases expired, and the breaker turned lookups off).
+        Each write and each renewal gets its own deadline."""
+        return [[it] for it in items]
 
     # ------------------------------------------------------------------ entries
     def size(self, kind: str, ident: str) -> int:

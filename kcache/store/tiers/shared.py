@@ -132,6 +132,10 @@ class SharedTier(Tier):
         self._closing = False
         node_s = NODE_COOLDOWN_S if self._has_nodes() else BREAKER_COOLDOWN_S
         self.breakers = Breakers(BREAKER_FAILURES, BREAKER_WINDOW_S, BREAKER_COOLDOWN_S, node_s)
+        # The lease keeper's heartbeats have breakers of their own: a heartbeat that fails (a
+        # batch of renewals on a slow link) must not turn lookups off, nor a lookup's failure
+        # stop the heartbeats of leases other machines wait on.
+        self.keeper_breakers = Breakers(BREAKER_FAILURES, BREAKER_WINDOW_S, BREAKER_COOLDOWN_S, node_s)
         self.budget = Budget(BUDGET_CALLS * self.cfg.timeout_s, BREAKER_COOLDOWN_S, BREAKER_COOLDOWN_S)
         self.answers = Streak(ANSWERS_IN_A_ROW, BREAKER_COOLDOWN_S)
         self.fruitless = rl.FruitlessBudget()
@@ -162,6 +166,7 @@ class SharedTier(Tier):
             leases=self.backend.leases,
             off=self.off,
             breakers=self.breakers.states(),
+            lease_breakers=self.keeper_breakers.states(),
             budget=self.budget.state(),
             answers=self.answers.state(),
         )
@@ -224,11 +229,12 @@ class SharedTier(Tier):
         the timeout) and reading at most ``max_bytes``; :data:`FAIL` when it fails or is skipped
         (a breaker or the budget; counted, one warning). ``timed``: its time counts as
         ``remote_s`` (not the looks of a single-flight wait, which count as waiting); ``caller``:
-        on a program's thread, so its failed time is charged to the budget (not the keeper's)."""
+        on a program's thread, so its failed time is charged to the budget and its failures to
+        the breakers that gate lookups (not the lease keeper's: those have their own)."""
         self._mine()
         if not self.ready():
             return FAIL
-        breaker = self.admit(ident)
+        breaker = self.admit(ident, breakers=None if caller else self.keeper_breakers)
         if breaker is None:
             self._count(kind, remote_bypassed=1)
             return FAIL
@@ -243,7 +249,7 @@ class SharedTier(Tier):
             return FAIL
         except (Unavailable, Full, OSError) as e:
             took = self._timed(kind, timed, t0)
-            self.failed(kind, e, breaker=breaker, took=took if caller else 0.0)
+            self.failed(kind, e, breaker=breaker, took=took if caller else 0.0, keeper=not caller)
             return FAIL
         except Exception as e:  # broad: a backend's bug (a user's class is foreign code): a miss
             took = self._timed(kind, timed, t0)
@@ -252,7 +258,7 @@ class SharedTier(Tier):
             warn_once(
                 f"remote-bug:{type(e).__name__}", f"the shared tier's backend raised {type(e).__name__}: {e}"
             )
-            self.failed(kind, e, breaker=breaker, took=took if caller else 0.0)
+            self.failed(kind, e, breaker=breaker, took=took if caller else 0.0, keeper=not caller)
             return FAIL
         self._timed(kind, timed, t0)
         self.succeeded(breaker)
@@ -264,16 +270,18 @@ class SharedTier(Tier):
             self._count(kind, remote_s=took)
         return took
 
-    def admit(self, ident: str, writer: bool = False) -> Breaker | None:
-        """The breaker of a call about ``ident`` that may go ahead, or None (skip it: the whole
-        tier is over its budget, or the node's breaker is open). On a cluster, a call whose
+    def admit(self, ident: str, writer: bool = False, breakers: Breakers | None = None) -> Breaker | None:
+        """The breaker (of ``breakers``: default, those that gate lookups and writes) of a call
+        about ``ident`` that may go ahead, or None (skip it: the whole tier is over its budget,
+        or the node's breaker is open). On a cluster, a call whose
         node's breaker is open first has the backend ask for the slots again (at most once a
         second): a replica that took over a dead master's slots is used at once, not after the
         dead node's cool-down."""
         if not self.budget.allow() or not self.answers.allow():
             return None
+        breakers = breakers or self.breakers
         node = self.backend.node_of(ident, writer) if ident else ""
-        breaker = self.breakers.get(node)
+        breaker = breakers.get(node)
         if breaker.allow():
             return breaker
         if not breaker.name:
@@ -285,7 +293,7 @@ class SharedTier(Tier):
         except (Unavailable, Answered, Full, OSError) as e:  # no node answers: the breaker stays
             logger.debug("kcache: shared tier: asking where entries live: %s", e)
             return None
-        breaker = self.breakers.get(self.backend.node_of(ident, writer))
+        breaker = breakers.get(self.backend.node_of(ident, writer))
         return breaker if breaker.allow() else None
 
     def succeeded(self, breaker: Breaker) -> None:
@@ -337,10 +345,16 @@ class SharedTier(Tier):
             self.counts.add(kind, **deltas)
 
     def failed(
-        self, kind: str, e: BaseException, n: int = 1, breaker: Breaker | None = None, took: float = 0.0
+        self,
+        kind: str,
+        e: BaseException,
+        n: int = 1,
+        breaker: Breaker | None = None,
+        took: float = 0.0,
+        keeper: bool = False,
     ) -> None:
-        """Count a failed call (``n`` errors of ``kind``), tell its node's breaker, charge the
-        budget ``took`` seconds, and warn once per cause."""
+        """Count a failed call (``n`` errors of ``kind``), tell its node's breaker (``keeper``:
+        one of the lease keeper's), charge the budget ``took`` seconds, and warn once per cause."""
         if n:
             self._count(kind, remote_errors=n)
         name = type(e).__name__
@@ -357,7 +371,14 @@ class SharedTier(Tier):
         if breaker is None:
             breaker = self.breakers.get()
         opened = breaker.fail()
-        if opened and breaker.name:  # a cluster's node
+        if opened and keeper:
+            warn_once(
+                "remote-lease-down",
+                f"renewing this process's single-flight leases in the shared tier at "
+                f"{self.cfg.shown_url} fails ({name}: {e}); other machines may compile what this "
+                f"one compiles; trying again in {breaker.cooldown:.0f} s",
+            )
+        elif opened and breaker.name:  # a cluster's node
             warn_once(
                 "remote-down",
                 f"a node of the shared tier at {self.cfg.shown_url} fails ({breaker.name}: {name}: "
