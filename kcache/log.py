@@ -56,7 +56,10 @@ def configure(level: str | None = None) -> None:
 def _log_file(path: str | None) -> None:
     """Write kcache's log lines to ``path`` too (ccache's ``CCACHE_LOGFILE``): appended, one line
     each with the time and the process id (many processes share one file), the file made 0600.
-    A file that cannot be opened warns once on stderr; logging goes on there."""
+    Only a regular file is written (:func:`kcache.userfile.open_append`): a FIFO at the name
+    would stall the program at its first log line, a device is not ours to write; in a folder
+    every user can write (/tmp), only a file of this user's, not through a link. A file that
+    cannot be opened or is refused warns once on stderr; logging goes on there."""
     if _file and _file[0] == path:
         return
     if _file:
@@ -65,15 +68,17 @@ def _log_file(path: str | None) -> None:
         _file.clear()
     if not path or os.path.isdir(path):  # a folder is a bad setting: kcache.config says so, once
         return
+    from .userfile import UserFileError, open_append
+
     try:
-        fd = os.open(os.path.expanduser(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = open_append(os.path.expanduser(path), what="the log file (KCACHE_LOGFILE)")
         stream = os.fdopen(fd, "a", buffering=1, encoding="utf-8", errors="backslashreplace")
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError) as e:  # UserFileError is a ValueError
         _file[:] = [path, logging.NullHandler()]  # tried: not again in this process
         with _lock:
             _warned.add("logfile")
-        logger.warning("cannot write the log file KCACHE_LOGFILE=%s (%s): logging to stderr only", path,
-                       getattr(e, "strerror", None) or e)  # fmt: skip
+        why = e.reason if isinstance(e, UserFileError) else getattr(e, "strerror", None) or e
+        logger.warning("cannot write the log file KCACHE_LOGFILE=%s (%s): logging to stderr only", path, why)
         return
     handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(asctime)s kcache[%(process)d]: %(levelname)s: %(message)s"))
