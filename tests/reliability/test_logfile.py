@@ -141,3 +141,30 @@ def test_unwritable_log_file_still_one_warning(tmp_path: Path) -> None:
     rc, _, err = run_warning(tmp_path, tmp_path / "no" / "such" / "k.log", open_store(tmp_path))
     w = refusals(err)
     assert rc == 0 and len(w) == 1 and os.strerror(errno.ENOENT) in w[0], err
+
+
+# ------------------------------------------------------------------------------ review m9
+def test_an_existing_file_of_ours_is_made_0600(tmp_path: Path) -> None:
+    """The docs say the file is made 0600: one that ``touch`` made (0644) is, too."""
+    log = tmp_path / "kcache.log"
+    log.touch()
+    log.chmod(0o644)
+    rc, _, err = run_warning(tmp_path, log, open_store(tmp_path))
+    assert rc == 0 and not refusals(err), err
+    assert log.stat().st_mode & 0o777 == 0o600
+    assert "caching is off" in log.read_text()
+
+
+def test_hostile_text_cannot_forge_a_log_line(tmp_path: Path) -> None:
+    """A message carrying a newline (here in a store's name, as a key's component or a file's
+    name would) stays one line of the file: the newline is written escaped, and so are the other
+    characters that end a line for ``str.splitlines`` and a terminal's escape."""
+    forged = "kcache[1]: WARNING: all is well"
+    store = open_store(tmp_path, f"store\n{forged}\u2028{forged}\x1b[2K")
+    log = tmp_path / "kcache.log"
+    rc, _, err = run_warning(tmp_path, log, store)
+    assert rc == 0 and not refusals(err), err
+    assert forged in err  # stderr shows the message as it is (a terminal, not a file)
+    lines = log.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 1 and "caching is off" in lines[0], lines
+    assert "store\\n" + forged + "\\u2028" + forged + "\\x1b[2K" in lines[0], lines
