@@ -235,8 +235,21 @@ def read_text(path: str | os.PathLike[str], *, limit: int, what: str = "input", 
 # What does not count: strings (and TOML's comments), removed before the brackets are counted.
 # One alternation, matched left to right, so that a quote inside a comment or a ``#`` inside a
 # string is taken for what it is.
-_JSON_SKIP = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
-_TOML_SKIP = re.compile(rb'"""[\s\S]*?"""|\'\'\'[\s\S]*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*')
+#
+# Linear, whatever the text (review M6): a string that is never closed matches to the end (of
+# the document; in TOML, of its line: a basic string cannot span lines), so that each start
+# succeeds once. Were it to fail instead, the scan would start again at every quote inside it,
+# and ``"\"\"\"...`` (each quote escaped) cost the square of its length: 32 KB took seconds, a
+# 1 MiB fingerprint an hour. Skipping the rest is sound: the parser stops with an error at that
+# unclosed string, before any bracket it hides. The loops are unrolled (``[^"\\]*`` runs, one
+# escape between them), so that no character can be matched two ways.
+_JSON_SKIP = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.S)
+_TOML_SKIP = re.compile(
+    rb'"""[\s\S]*?"""|\'\'\'[\s\S]*?\'\'\''  # multi-line strings (a start fails only with no close after it: a few)
+    rb'|"[^"\\\n]*(?:\\.[^"\\\n]*)*(?:"|\\?(?:\n|\Z))'  # a basic string, closed or not
+    rb"|'[^'\n]*'"  # a literal string (no escapes: an unclosed one fails at its line's end, once)
+    rb"|#[^\n]*"  # a comment
+)
 _NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
 _STEP = [0] * 256
 _STEP[ord("[")] = _STEP[ord("{")] = 1
