@@ -72,8 +72,12 @@ class Hit(Protocol):
 #: Held entry folders' descriptors are numbered from 64 (above the ones a process starts with),
 #: at most MAX_PINS of them per store and process, then private links. Their numbers stay under
 #: a quarter of the process's descriptor limit (never under what 64 + 192 took before: 256 where
-#: the limit is 512 or more), so that the program keeps the rest.
+#: the limit is 512 or more), so that the program keeps the rest, and under select()'s
+#: FD_SETSIZE less PIN_HEADROOM: a program's own descriptors are numbered past the held ones
+#: once it has more than 64, and one past 1024 makes select.select raise (pexpect, older
+#: libraries) where without kcache it would not.
 PIN_FIRST, MAX_PINS = 64, 4032
+FD_SETSIZE, PIN_HEADROOM = 1024, 128
 #: Growing a process's table of descriptors past its size waits for an RCU grace period when the
 #: process has threads (8-20 ms measured on Linux 6.18 at 256 and at 512, against 2-3 us below
 #: the size): a hit never does it. A process starts with room for 256; past that, a held folder
@@ -462,6 +466,7 @@ class Served:
             # far from the limit, whatever it is; and only where /proc names a descriptor's folder
             # (asked through tmp/'s descriptor, with the fstat it was opened with)
             stop = max(min(soft // 2, PIN_FIRST + 192), min(soft // 4, PIN_FIRST + MAX_PINS))
+            stop = min(stop, FD_SETSIZE - PIN_HEADROOM)
             self._pin_stop = stop if fs.proc_fd_usable(tfd, store.stat("tmp")) else PIN_FIRST
         nxt = self._pin_next
         if nxt >= self._pin_stop or len(self._pins) >= MAX_PINS:
