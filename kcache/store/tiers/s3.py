@@ -101,7 +101,17 @@ class S3Backend(Backend):
     def open(self) -> None:
         """botocore's session: the region, the endpoint and the credentials (resolved now, on the
         program's thread, as part of its start: an instance role asks the metadata service, with
-        botocore's own timeouts, capped here at 1 s and one attempt unless configured)."""
+        botocore's own timeouts, capped here at 1 s and one attempt unless configured). What the
+        AWS configuration refuses (a profile this machine lacks, partial credentials, a
+        ``credential_process`` that fails, ...) is a ``ValueError``: the tier is off, one warning."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._open()
+        except (BotoCoreError, ClientError) as e:  # (every botocore exception is one of the two)
+            raise ValueError(f"the AWS configuration: {type(e).__name__}: {e}") from e
+
+    def _open(self) -> None:
         import botocore.session
         from botocore.configprovider import ConfiguredEndpointProvider
 
