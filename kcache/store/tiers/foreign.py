@@ -76,6 +76,20 @@ class Foreign(Backend):
         except Exception as e:  # broad: a user's class is foreign code: the close goes on
             self._said("close", e, "closing goes on")
 
+    def wants_upkeep(self) -> bool:
+        try:
+            return bool(self._inner.wants_upkeep())
+        except Exception as e:  # broad: a user's class is foreign code: no upkeep then
+            self._said("wants_upkeep", e, "no upkeep")
+            return False
+
+    def upkeep(self) -> float | None:
+        try:
+            return self._inner.upkeep()
+        except Exception as e:  # broad: a user's class is foreign code: no more upkeep
+            self._said("upkeep", e, "no more upkeep")
+            return None
+
     # ------------------------------------------------------------------ nodes
     def node_of(self, ident: str, writer: bool = False) -> str:
         try:

@@ -185,6 +185,8 @@ class SharedTier(Tier):
         try:
             self.backend.open()
             self._opened = True
+            if self.backend.wants_upkeep():  # (S3's credentials that expire: refreshed by the writer)
+                self.writer.start_upkeep()
         except ImportError as e:
             self.off = True
             extra = self.backend.extra
