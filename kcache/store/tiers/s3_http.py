@@ -180,7 +180,12 @@ class Http:
             if r.will_close:
                 self._drop()
             return Response(r.status, hdrs, data)
-        except (OSError, http.client.HTTPException, ValueError) as e:
+        except ValueError as e:
+            # Its text is never shown: http.client's putheader() puts the header's value into it
+            # ("Invalid header value b'<a session token with a newline>'": review finding M4).
+            self._drop()
+            raise Unavailable(f"{type(e).__name__} (a request that cannot be sent: a header or path)") from e
+        except (OSError, http.client.HTTPException) as e:
             self._drop()
             raise Unavailable(f"{type(e).__name__}: {e}") from e
 
