@@ -235,9 +235,10 @@ def test_a_process_started_inside_torch_s_fresh_scope_compiles_cold(
 ) -> None:
     """Review M7: a process started inside ``fresh_cache()`` inherits the scope's folders, the
     shape a launcher gives a process of its own (served: tests/test_triton_host_code.py). It was
-    served from the store (and so would be Inductor's compile workers first started inside a
-    scope): the scope asks for a cold compile. kcache marks the scope in the environment
-    (``KCACHE_FRESH_SCOPE``): such a child steps aside, a folder given at launch stays served."""
+    served from the store, and so were Inductor's compile workers first started inside a scope:
+    the scope asks for a cold compile. kcache marks the scope in the environment
+    (``KCACHE_FRESH_SCOPE``): such a child steps aside, a folder given at launch stays served.
+    Counted (kcache's Triton hits in each child and compile worker), not timed."""
     pytest.importorskip("torch", reason="torch's fresh_cache()")
     prog = script(warm["tmp"] / "programs", "folders.py", PROGRAM)
     parent = script(warm["tmp"] / "programs", "scopes.py", SCOPES)
