@@ -181,13 +181,15 @@ def _grown_when_asked_body(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("soft", "stop"),
-    [(256, 128), (512, 256), (1024, 256), (2048, 512), (20000, 4096), (1 << 30, 4096)],
+    [(256, 128), (512, 256), (1024, 256), (2048, 512), (20000, 896), (1 << 30, 896)],
 )
 def test_held_numbers_stay_within_a_share_of_the_descriptor_limit(
     tmp_path: Path, monkeypatch, soft: int, stop: int
 ) -> None:
     """Never more of the limit than before (numbers under 256 where the limit is 512 or more),
-    and at most a quarter of it past that: the program keeps the rest."""
+    at most a quarter of it past that: the program keeps the rest; and never near select()'s
+    FD_SETSIZE (1024), however high the limit: the program's own descriptors are numbered past
+    the held ones, and one past 1024 makes select.select raise (review m6)."""
     s = Store.open(tmp_path / "store")
     real = os.sysconf
     monkeypatch.setattr(served_mod.os, "sysconf", lambda n: soft if n == "SC_OPEN_MAX" else real(n))

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from kcache.maintenance.stats import store_stats
 from kcache.store import Store, StoreError, fs, tunables
 from kcache.store import opening as store_local
-from kcache.store.index import Index
+from kcache.store.index import DB_NAME, Index
 from kcache.store.records import RECORD_NAME, FileInfo, Record, crc32, valid_name
 from kcache.store.safety import fs_type, is_network_fs
 
@@ -1282,6 +1282,46 @@ def test_readonly_stats_never_write(tmp_path: Path) -> None:
     assert out.stdout.strip() == "1"
     after = {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*") if p.is_file()}
     assert after == before
+
+
+@pytest.mark.parametrize("state", ["empty file", "being made"])
+def test_an_index_another_process_is_creating_lists_nothing_without_a_warning(
+    tmp_path: Path, state: str, capfd
+) -> None:
+    """The index is made by the first process that writes one, and between the database's file
+    and its committed tables there is a moment when another process' listing (Store.keys, which
+    nvFuser's kernel-db harvest calls) finds a database without kcache's tables. That is a
+    database about to be made, not a corrupt one: listed as empty, no warning (CI caught the
+    warning when six processes harvested into one new store at once)."""
+    root = tmp_path / "s"
+    Store.open(root, max_size=1 << 30).close()  # the store's folders; no index yet
+    db = root / "index" / DB_NAME
+    maker = None
+    if state == "empty file":
+        db.write_bytes(b"")  # what sqlite3.connect leaves before its first write
+    else:
+        # The maker's own steps (Index.open), in another process (SQLite shares one process'
+        # view of a file between its connections): WAL on, then the schema inside a write
+        # transaction, held open while this process lists.
+        code = (
+            "import sqlite3, sys\n"
+            "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "c.execute('PRAGMA journal_mode=WAL'); c.execute('BEGIN IMMEDIATE')\n"
+            "c.execute('CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT)')\n"
+            "print('made', flush=True); sys.stdin.readline(); c.execute('ROLLBACK')\n"
+        )
+        maker = subprocess.Popen(
+            [sys.executable, "-c", code, str(db)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert maker.stdout is not None and maker.stdout.readline().strip() == "made"
+    s = Store.open(root, max_size=1 << 30)
+    try:
+        assert s.keys("triton") == []
+    finally:
+        s.close()
+        if maker is not None:
+            maker.communicate("go\n", timeout=60)
+    assert "warning" not in capfd.readouterr().err.lower()
 
 
 @pytest.mark.parametrize("remover", ["this", "another"])

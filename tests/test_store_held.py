@@ -129,6 +129,37 @@ def _past_the_budget_body(tmp_path: Path) -> None:
     s.close()
 
 
+def test_a_path_handed_out_names_the_entry_in_another_process(tmp_path: Path) -> None:
+    """A path handed out is this process' ``/proc/self/fd/N/...``. Copied (Inductor pickles a
+    compiled kernel's ``metadata_group`` from its compile workers to the parent, and into its FX
+    graph entries) it must name the same bytes in the process that reads it, not whatever that
+    process has at descriptor N: a copy is the entry's path in the store. Held folders and
+    private links (a read-only store's hits) alike."""
+    import copy
+
+    s = Store.open(tmp_path / "store")
+    ro = Store.open(tmp_path / "store", readonly=True)
+    handed = {}
+    for i, store in enumerate([s, ro]):
+        s.put("triton", f"k{i}", {"k.ttgir": bytes([65 + i]) * 100})
+        hit = store.get("triton", f"k{i}", files=True)
+        assert hit is not None and (hit._pin is not None) == (store is s)
+        handed[i] = copy.copy(hit.paths["k.ttgir"])
+        assert type(handed[i]) is str and not handed[i].startswith("/proc/")
+        assert open(handed[i], "rb").read() == bytes([65 + i]) * 100
+    # the reader: another process, whose descriptors are its own
+    for i, p in handed.items():
+        out = subprocess.run(
+            [PYTHON, "-c", "import sys; sys.stdout.write(open(sys.argv[1], 'rb').read().decode())", p],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0 and out.stdout == chr(65 + i) * 100, out.stderr
+    ro.close()
+    s.close()
+
+
 def test_a_repeated_lookup_reads_nothing_again(tmp_path: Path, monkeypatch) -> None:
     """The memo: the second lookup of an entry this process holds opens no file of it (a stat of
     its record by name); it is a hit with the same files, counted as one."""

@@ -201,6 +201,12 @@ class Index:
                 check_same_thread=False,
             )
             try:
+                if not conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
+                    # No table at all: a database another process has just created and not
+                    # yet given its schema (its creator holds the write lock between the file's
+                    # creation and the tables'). Read as what it is about to be: empty.
+                    conn.close()
+                    return cls.open_readonly(None)
                 cls._check_schema(conn)
             except BaseException:  # re-raised: it only cleans up on the way
                 conn.close()

@@ -83,14 +83,23 @@ class HeldPath(str):
     """A path kcache handed out (a plain ``str`` in every use) that keeps its files while it lives."""
 
     def __reduce__(self) -> tuple[type, tuple[str]]:
-        return (str, (str(self),))  # pickled or copied: a plain path (the files are this process's)
+        # Pickled or copied: a plain path, and where the files are an entry's, the entry's own
+        # path in the store. A ``/proc/self/fd/N/...`` path means this process' descriptor N:
+        # pickled into another process (Inductor sends a compiled kernel's ``metadata_group``
+        # from its compile workers to the parent, and into its FX graph entries), it would name
+        # whatever that process has at N (another entry's folder, with a kernel of the same
+        # name). The store's path names the same bytes everywhere while the entry lives.
+        return (str, (getattr(self, "_c", None) or str(self),))
 
 
-def hold_paths(paths: dict[str, str], ticket: Ticket) -> dict[str, str]:
-    """``paths`` (name -> path) as :class:`HeldPath` objects that keep ``ticket`` alive."""
+def hold_paths(paths: dict[str, str], ticket: Ticket, entry_dir: str | None = None) -> dict[str, str]:
+    """``paths`` (name -> path) as :class:`HeldPath` objects that keep ``ticket`` alive;
+    ``entry_dir``: the folder of the entry whose members they are (what a copy names)."""
     out: dict[str, str] = {}
     for name, p in paths.items():
         hp = HeldPath(p)
         hp._t = ticket  # type: ignore[attr-defined]  # (a str subclass has no slots of its own)
+        if entry_dir is not None:
+            hp._c = os.path.join(entry_dir, name)  # type: ignore[attr-defined]
         out[name] = hp
     return out

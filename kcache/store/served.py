@@ -72,8 +72,12 @@ class Hit(Protocol):
 #: Held entry folders' descriptors are numbered from 64 (above the ones a process starts with),
 #: at most MAX_PINS of them per store and process, then private links. Their numbers stay under
 #: a quarter of the process's descriptor limit (never under what 64 + 192 took before: 256 where
-#: the limit is 512 or more), so that the program keeps the rest.
+#: the limit is 512 or more), so that the program keeps the rest, and under select()'s
+#: FD_SETSIZE less PIN_HEADROOM: a program's own descriptors are numbered past the held ones
+#: once it has more than 64, and one past 1024 makes select.select raise (pexpect, older
+#: libraries) where without kcache it would not.
 PIN_FIRST, MAX_PINS = 64, 4032
+FD_SETSIZE, PIN_HEADROOM = 1024, 128
 #: Growing a process's table of descriptors past its size waits for an RCU grace period when the
 #: process has threads (8-20 ms measured on Linux 6.18 at 256 and at 512, against 2-3 us below
 #: the size): a hit never does it. A process starts with room for 256; past that, a held folder
@@ -210,7 +214,7 @@ class Served:
                 folder, paths, lease = cached
                 t = lease.ticket()
                 if t is not None and self._folders.get("served") is folder and folder.alive():
-                    return hold_paths(paths, t), None
+                    return hold_paths(paths, t, self._entry_dir(hit.record.id)), None
             try:
                 folder = self.folder("served")
                 sub, paths = self._write(folder, hit, fds)
@@ -224,7 +228,7 @@ class Served:
                 sub, paths = self._write(folder, hit, None)
             lease = Lease(functools.partial(self._let_go_links, folder, sub, key), self._on_gone)
             self._cache[key] = (folder, paths, lease)
-            return hold_paths(paths, lease.start()), None
+            return hold_paths(paths, lease.start(), self._entry_dir(hit.record.id)), None
 
     # ------------------------------------------------------------------ letting go (see .leases)
     def _on_gone(self, lease: Lease) -> None:
@@ -261,6 +265,11 @@ class Served:
             with contextlib.suppress(OSError):  # (a descriptor, a folder's files: see _release)
                 lease.release()
 
+    def _entry_dir(self, rid: str) -> str:
+        """The entry's folder by its name in the store: what a copy of a path handed out names
+        (:class:`~.leases.HeldPath`), never opened here."""
+        return os.path.join(os.path.abspath(str(self._store.root)), "entries", rid[:2], rid)
+
     def _ticket(self, hold: Hold) -> Ticket:
         """A live ticket of ``hold`` (under _lock): its lease's, or a new lease's when the last
         paths of the one before have gone (an idle hold taken up again)."""
@@ -283,7 +292,7 @@ class Served:
         with self._lock:
             if hold.released or self._holds.get(hold.rid) is not hold or self._closed:
                 return None
-            return hold_paths(hold.paths, self._ticket(hold))
+            return hold_paths(hold.paths, self._ticket(hold), self._entry_dir(hold.rid))
 
     def _let_go_pin(self, hold: Hold) -> None:
         """The last paths of ``hold`` have gone (under _lock). While its entry is still committed
@@ -395,7 +404,7 @@ class Served:
             # other file can take while the folder is held, and an entry's files are never
             # written): the same hold. Any other hit of the id (of a folder removed since, made
             # without files) goes the way below, which checks its own members.
-            return held.pin, hold_paths(held.paths, self._ticket(held))
+            return held.pin, hold_paths(held.paths, self._ticket(held), self._entry_dir(rid))
         if efd is None or store.readonly or not self._pins_allowed():
             return None
         own = None
@@ -436,7 +445,7 @@ class Served:
         base = f"/proc/self/fd/{pin}/"
         paths = {f.name: base + f.name for f in hit.record.files}
         hold = self._holds[rid] = Hold(pin, rid, paths, dict(hit.inos))
-        return pin, hold_paths(paths, self._ticket(hold))
+        return pin, hold_paths(paths, self._ticket(hold), self._entry_dir(rid))
 
     def _pins_allowed(self) -> bool:
         # Only where a lock says whether its holder lives: not on a network filesystem, nor where
@@ -457,6 +466,7 @@ class Served:
             # far from the limit, whatever it is; and only where /proc names a descriptor's folder
             # (asked through tmp/'s descriptor, with the fstat it was opened with)
             stop = max(min(soft // 2, PIN_FIRST + 192), min(soft // 4, PIN_FIRST + MAX_PINS))
+            stop = min(stop, FD_SETSIZE - PIN_HEADROOM)
             self._pin_stop = stop if fs.proc_fd_usable(tfd, store.stat("tmp")) else PIN_FIRST
         nxt = self._pin_next
         if nxt >= self._pin_stop or len(self._pins) >= MAX_PINS:
