@@ -342,7 +342,7 @@ def wrap_fresh_cache(mod: Any) -> None:
     for name in FRESH_HELPERS:
         if mod.__dict__.get(name) is own:
             patches.wrap(mod, name, replacing(marking))
-    _bound["fresh_cache"] = (own, marking)
+            _bound[name] = (own, marking)
     rebind()
 
 
