@@ -3,6 +3,7 @@ too), level from ``KCACHE_LOG``, and warn-once."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -38,6 +39,23 @@ class _Redact(logging.Filter):
 
 logger.addFilter(_Redact())
 
+#: The characters the log file writes escaped (``\n``, ``\x1b``, ``\u2028``): C0 and C1
+#: controls, DEL, and Unicode's line and paragraph separators (``str.splitlines`` breaks at
+#: them too).
+_ESCAPES = {
+    c: chr(c).encode("unicode_escape").decode("ascii")
+    for c in (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029)
+}
+
+
+class _OneLine(logging.Formatter):
+    """The log file's formatter: one record, one line. Messages carry text from hostile inputs
+    (a key's components, a file's or a store's name): a newline in it would forge a line of
+    another process, a terminal escape would rewrite what ``tail`` shows."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return super().format(record).translate(_ESCAPES)
+
 
 def configure(level: str | None = None) -> None:
     """Attach a stderr handler once; ``level`` is a name from :data:`LEVELS`."""
@@ -56,7 +74,10 @@ def configure(level: str | None = None) -> None:
 def _log_file(path: str | None) -> None:
     """Write kcache's log lines to ``path`` too (ccache's ``CCACHE_LOGFILE``): appended, one line
     each with the time and the process id (many processes share one file), the file made 0600.
-    A file that cannot be opened warns once on stderr; logging goes on there."""
+    Only a regular file is written (:func:`kcache.userfile.open_append`): a FIFO at the name
+    would stall the program at its first log line, a device is not ours to write; in a folder
+    every user can write (/tmp), only a file of this user's, not through a link. A file that
+    cannot be opened or is refused warns once on stderr; logging goes on there."""
     if _file and _file[0] == path:
         return
     if _file:
@@ -65,18 +86,26 @@ def _log_file(path: str | None) -> None:
         _file.clear()
     if not path or os.path.isdir(path):  # a folder is a bad setting: kcache.config says so, once
         return
+    from .userfile import UserFileError, open_append
+
     try:
-        fd = os.open(os.path.expanduser(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = open_append(os.path.expanduser(path), what="the log file (KCACHE_LOGFILE)")
+        with contextlib.suppress(OSError):
+            # A file of ours made by something else (touch: 0644): as private as one made here,
+            # for what it holds (key components, paths). Another user's file is theirs to set.
+            st = os.fstat(fd)
+            if st.st_uid == os.geteuid() and st.st_mode & 0o777 != 0o600:
+                os.fchmod(fd, 0o600)
         stream = os.fdopen(fd, "a", buffering=1, encoding="utf-8", errors="backslashreplace")
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError) as e:  # UserFileError is a ValueError
         _file[:] = [path, logging.NullHandler()]  # tried: not again in this process
         with _lock:
             _warned.add("logfile")
-        logger.warning("cannot write the log file KCACHE_LOGFILE=%s (%s): logging to stderr only", path,
-                       getattr(e, "strerror", None) or e)  # fmt: skip
+        why = e.reason if isinstance(e, UserFileError) else getattr(e, "strerror", None) or e
+        logger.warning("cannot write the log file KCACHE_LOGFILE=%s (%s): logging to stderr only", path, why)
         return
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(logging.Formatter("%(asctime)s kcache[%(process)d]: %(levelname)s: %(message)s"))
+    handler.setFormatter(_OneLine("%(asctime)s kcache[%(process)d]: %(levelname)s: %(message)s"))
     logger.addHandler(handler)
     _file[:] = [path, handler]
 

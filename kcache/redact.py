@@ -58,9 +58,23 @@ def remember_secret(value: Any) -> None:
     from urllib.parse import unquote
 
     text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value or "")
-    for v in {text, unquote(text)}:
+    # also as a text may show it: stripped (a value read from a file, with its newline), and
+    # escaped as repr() writes it (an exception's message quoting it: b'tok\n')
+    for v in {text, unquote(text), text.strip(), repr(text)[1:-1]}:
         if len(v) >= MIN_SECRET:
             _SECRETS.add(v)
+
+
+def redact_all(data: Any) -> Any:
+    """``data`` (a report: dicts, lists, strings, numbers) with every string in it, keys too,
+    passed through :func:`redact` (``kcache remote``'s, as text or ``--json``)."""
+    if isinstance(data, str):
+        return redact(data)
+    if isinstance(data, dict):
+        return {redact_all(k): redact_all(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [redact_all(v) for v in data]
+    return data
 
 
 def _remember_url_secrets(url: str) -> None:

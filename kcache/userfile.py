@@ -11,6 +11,9 @@ such file goes through :func:`open_checked`:
   even being opened (opening some devices does something), then opened with ``O_NONBLOCK`` (an
   open never waits for a FIFO's writer) and judged again by ``fstat`` of what was opened: the
   decision is the descriptor's, whatever the name leads to by then (no check-then-open race);
+- a file kcache appends to (``KCACHE_LOGFILE``, ``KCACHE_RECORD``) is opened the same way
+  (:func:`open_append`): a FIFO there would stall the program at its first log line; in a folder
+  every user can write (/tmp) only a file of this user's, with one name and not through a link;
 - the size is bounded before anything is read (``fstat``'s size; the read stops one byte past
   the bound, for a file that grows meanwhile);
 - nesting is bounded before parsing: JSON and TOML by a scan of their brackets outside strings
@@ -41,13 +44,16 @@ _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 class UserFileError(ValueError):
-    """A file a user named cannot be read as what it should be (not a regular file, too large,
-    nested too deep): the message is one line naming it. The command line exits 2. ``errno``:
-    the open's error number when it failed (``ENOENT``: there is no such file), else None."""
+    """A file a user named cannot be read (or written) as what it should be (not a regular file,
+    too large, nested too deep): the message is one line naming it. The command line exits 2.
+    ``errno``: the open's error number when it failed (``ENOENT``: there is no such file), else
+    None; ``reason``: the why alone."""
 
-    def __init__(self, message: str, errno: int | None = None) -> None:
+    def __init__(self, message: str, errno: int | None = None, reason: str | None = None) -> None:
         super().__init__(message)
         self.errno = errno
+        #: the why alone, without the name (for a message that names the file its own way)
+        self.reason = reason or message
 
 
 def _kind(mode: int) -> str:
@@ -64,11 +70,57 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _judge(path: str, st: os.stat_result, limit: int | None, what: str) -> None:
+def _judge(path: str, st: os.stat_result, limit: int | None, what: str, verb: str = "read as") -> None:
     if not stat.S_ISREG(st.st_mode):
-        raise UserFileError(f"{path} is {_kind(st.st_mode)}, not a regular file; not read as {what}")
+        why = f"{_kind(st.st_mode)}, not a regular file"
+        raise UserFileError(f"{path} is {why}; not {verb} {what}", reason=f"it is {why}")
     if limit is not None and st.st_size > limit:
-        raise UserFileError(f"{path} is larger than {limit} bytes ({st.st_size}); not read as {what}")
+        why = f"larger than {limit} bytes ({st.st_size})"
+        raise UserFileError(f"{path} is {why}; not {verb} {what}", reason=f"it is {why}")
+
+
+def _open(
+    name: str,
+    flags: int,
+    *,
+    limit: int | None,
+    what: str,
+    verb: str,
+    dir_fd: int | None = None,
+    follow: bool = True,
+    mode: int = 0o600,
+) -> int:
+    """The one checked open: ``name`` opened with ``flags`` if it is a regular file of at most
+    ``limit`` bytes (see :func:`open_checked`); with ``O_CREAT`` a missing file is made, ``mode``."""
+    flags |= _O_CLOEXEC | _O_NONBLOCK | (0 if follow else getattr(os, "O_NOFOLLOW", 0))
+    try:
+        # A device or FIFO is refused before it is opened; the fstat below decides all the same.
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=follow)
+        except FileNotFoundError:
+            if not flags & os.O_CREAT:
+                raise
+        else:
+            _judge(name, st, limit, what, verb)
+        # O_NONBLOCK: a FIFO put at the name since is not waited on (opened for reading it
+        # opens at once; for writing, without a reader, it fails with ENXIO): fstat refuses it.
+        fd = os.open(name, flags, mode, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == getattr(os, "ELOOP", None) and not follow:
+            raise UserFileError(f"{name} is a link; not {verb} {what}", e.errno, "it is a link") from None
+        why = e.strerror or str(e)
+        raise UserFileError(f"{name}: {why}; not {verb} {what}", e.errno, why) from None
+    except UserFileError:
+        raise
+    except ValueError as e:  # a NUL in the name
+        raise UserFileError(f"{name!r}: {e}; not {verb} {what}", reason=str(e)) from None
+    try:
+        _judge(name, os.fstat(fd), limit, what, verb)
+        os.set_blocking(fd, True)  # O_NONBLOCK only guarded the open: a regular file reads as usual
+    except BaseException:  # re-raised: it only cleans up on the way
+        os.close(fd)
+        raise
+    return fd
 
 
 def open_checked(
@@ -84,24 +136,56 @@ def open_checked(
     missing, no permission). ``what`` names what the file should be, for the message.
     ``dir_fd``: ``path`` is relative to that folder; ``follow`` False: a link is refused (a file
     inside a store), not followed (a link the user named is theirs to name)."""
+    return _open(
+        os.fspath(path), os.O_RDONLY, limit=limit, what=what, verb="read as", dir_fd=dir_fd, follow=follow
+    )
+
+
+def others_can_write(folder: str) -> bool:
+    """Whether every user may make names in ``folder`` (writable by others, sticky like /tmp or
+    not): a name there may have been made first by someone else."""
+    try:
+        return bool(os.stat(folder).st_mode & stat.S_IWOTH)
+    except (OSError, ValueError):
+        return False
+
+
+def open_append(
+    path: str | os.PathLike[str],
+    *,
+    what: str,
+    read: bool = False,
+    limit: int | None = None,
+    private: bool | None = None,
+    mode: int = 0o600,
+) -> int:
+    """The descriptor of ``path`` opened for appending (``read``: for reading too), made with
+    ``mode`` when missing, if it is a regular file of at most ``limit`` bytes; else
+    :class:`UserFileError`. As :func:`open_checked`: a device is refused before it is opened,
+    and a FIFO is never waited on (``O_NONBLOCK``: without a reader the open fails, with one
+    the ``fstat`` refuses it), so that a file named by a setting (``KCACHE_LOGFILE``,
+    ``KCACHE_RECORD``) never stalls the program that appends to it.
+
+    ``private``: only a file of this user's with one name, never reached through a link: in a
+    folder others can write, anyone may have made the name first (a link to a victim's file, a
+    hard link to it where ``fs.protected_hardlinks`` is off, a file of their own to read what is
+    appended). None (the default): so when :func:`others_can_write` the file's folder."""
     name = os.fspath(path)
-    flags = os.O_RDONLY | _O_CLOEXEC | _O_NONBLOCK | (0 if follow else getattr(os, "O_NOFOLLOW", 0))
+    if private is None:
+        private = others_can_write(os.path.dirname(os.path.abspath(name)))
+    flags = (os.O_RDWR if read else os.O_WRONLY) | os.O_APPEND | os.O_CREAT
+    verb = "written as"
+    fd = _open(name, flags, limit=limit, what=what, verb=verb, follow=not private, mode=mode)
     try:
-        # A device or FIFO is refused before it is opened; the fstat below decides all the same.
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=follow)
-        _judge(name, st, limit, what)
-        fd = os.open(name, flags, dir_fd=dir_fd)
-    except OSError as e:
-        if e.errno == getattr(os, "ELOOP", None) and not follow:
-            raise UserFileError(f"{name} is a link; not read as {what}") from None
-        raise UserFileError(f"{name}: {e.strerror or e}; not read as {what}", e.errno) from None
-    except UserFileError:
-        raise
-    except ValueError as e:  # a NUL in the name
-        raise UserFileError(f"{name!r}: {e}; not read as {what}") from None
-    try:
-        _judge(name, os.fstat(fd), limit, what)
-        os.set_blocking(fd, True)  # O_NONBLOCK only guarded the open: a regular file reads as usual
+        st = os.fstat(fd)
+        if private and st.st_uid != os.geteuid():
+            why = f"it belongs to uid {st.st_uid}, not to this user"
+            raise UserFileError(f"{name}: {why}; not {verb} {what}", reason=why)
+        if private and st.st_nlink != 1:
+            # A hard link to one of this user's files passes the owner check: appending to it
+            # would write into that file. A file kcache appends to has one name (issue 16).
+            why = f"it has {st.st_nlink} names (a hard link to another file?)"
+            raise UserFileError(f"{name}: {why}; not {verb} {what}", reason=why)
     except BaseException:  # re-raised: it only cleans up on the way
         os.close(fd)
         raise
@@ -151,8 +235,21 @@ def read_text(path: str | os.PathLike[str], *, limit: int, what: str = "input", 
 # What does not count: strings (and TOML's comments), removed before the brackets are counted.
 # One alternation, matched left to right, so that a quote inside a comment or a ``#`` inside a
 # string is taken for what it is.
-_JSON_SKIP = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
-_TOML_SKIP = re.compile(rb'"""[\s\S]*?"""|\'\'\'[\s\S]*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*')
+#
+# Linear, whatever the text (review M6): a string that is never closed matches to the end (of
+# the document; in TOML, of its line: a basic string cannot span lines), so that each start
+# succeeds once. Were it to fail instead, the scan would start again at every quote inside it,
+# and ``"\"\"\"...`` (each quote escaped) cost the square of its length: 32 KB took seconds, a
+# 1 MiB fingerprint an hour. Skipping the rest is sound: the parser stops with an error at that
+# unclosed string, before any bracket it hides. The loops are unrolled (``[^"\\]*`` runs, one
+# escape between them), so that no character can be matched two ways.
+_JSON_SKIP = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.S)
+_TOML_SKIP = re.compile(
+    rb'"""[\s\S]*?"""|\'\'\'[\s\S]*?\'\'\''  # multi-line strings (a start fails only with no close after it: a few)
+    rb'|"[^"\\\n]*(?:\\.[^"\\\n]*)*(?:"|\\?(?:\n|\Z))'  # a basic string, closed or not
+    rb"|'[^'\n]*'"  # a literal string (no escapes: an unclosed one fails at its line's end, once)
+    rb"|#[^\n]*"  # a comment
+)
 _NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
 _STEP = [0] * 256
 _STEP[ord("[")] = _STEP[ord("{")] = 1

@@ -182,3 +182,70 @@ def test_a_password_is_still_masked_where_the_url_is_shown_whole(tmp_path: Path)
     typed = f"redis://127.0.0.1:{PORT},h2:{PW}/0"  # a password typed where a port goes: masked
     problems = json.loads(_cli(_env(tmp_path, typed, None), "config", "--json").stdout)["remote_problems"]
     assert problems and all(LEFT not in p and RIGHT not in p for p in problems), problems
+
+
+# ------------------------------------------------------------------------------------ S3 (review M4)
+AWS_TOKEN, AWS_KEY, ENDPOINT_PW = "Kc7TokenOfTheSession", "Kc7KeyOfTheSecret", "Kc7PasswordOfTheEndpoint"
+
+
+def test_no_output_prints_an_aws_secret(tmp_path: Path) -> None:
+    """An ``AWS_SESSION_TOKEN`` with a trailing newline (read from a file, pasted) makes every S3
+    request fail as it is built: http.client's ``putheader`` puts the value into its ValueError's
+    text, which was the tier's warning, the log file's line and ``kcache remote``'s error. A
+    password in ``AWS_ENDPOINT_URL`` was printed by ``kcache remote`` (text and ``--json``). Each
+    output, in a real process: none shows the token, the secret key or the password."""
+    pytest.importorskip("botocore")
+    cmds = []
+    for out, argv in OUTPUTS.items():
+        if "config" in out:
+            continue
+        d = tmp_path / out.replace(" ", "_").replace("'", "")
+        d.mkdir()
+        env = {k: v for k, v in _env(d, "s3://kc-bucket/p", None).items() if not k.startswith("AWS_")}
+        (d / "aws-config").write_text("")
+        env.update(
+            AWS_ACCESS_KEY_ID="AKIAKCACHETEST", AWS_SECRET_ACCESS_KEY=AWS_KEY,
+            AWS_SESSION_TOKEN=AWS_TOKEN + "\n", AWS_ENDPOINT_URL=f"http://kc:{ENDPOINT_PW}@{HOST}",
+            AWS_DEFAULT_REGION="us-east-1", AWS_CONFIG_FILE=str(d / "aws-config"),
+            AWS_SHARED_CREDENTIALS_FILE=str(d / "none"), AWS_EC2_METADATA_DISABLED="true",
+            KCACHE_LOGFILE=str(d / "kcache.log"),
+        )  # fmt: skip
+        cmds.append(([PYTHON, *argv], env))
+    for (_argv, env), p in zip(cmds, _run_all(cmds)):
+        log = Path(env["KCACHE_LOGFILE"])
+        text = p.stdout + p.stderr + (log.read_text() if log.exists() else "")
+        assert "Traceback" not in text, text[-2000:]
+        assert "s3://kc-bucket/p" in text, text  # it did speak of the tier
+        for secret in (AWS_TOKEN, AWS_KEY, ENDPOINT_PW):
+            assert secret not in text, f"{p.args} printed {secret!r}:\n{text}"
+
+
+def test_aws_secrets_are_remembered_when_the_tier_reads_them(monkeypatch, tmp_path: Path) -> None:
+    """The secret key and the session token the S3 backend signs with, and a password in the
+    endpoint URL, are masked in any text (an exception's message, quoting them as repr() does),
+    not only where kcache leaves them out."""
+    pytest.importorskip("botocore")
+    from kcache.store.tiers import backend_for
+
+    monkeypatch.setattr(redact, "_SECRETS", set())
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    (tmp_path / "aws-config").write_text("")
+    for k, v in dict(
+        AWS_ACCESS_KEY_ID="AKIAKCACHETEST", AWS_SECRET_ACCESS_KEY=AWS_KEY, AWS_SESSION_TOKEN=AWS_TOKEN + "\n",
+        AWS_ENDPOINT_URL=f"http://kc:{ENDPOINT_PW}@{HOST}", AWS_DEFAULT_REGION="us-east-1",
+        AWS_CONFIG_FILE=str(tmp_path / "aws-config"), AWS_EC2_METADATA_DISABLED="true",
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+    ).items():  # fmt: skip
+        monkeypatch.setenv(k, v)
+    backend = backend_for(config.load({"KCACHE_REMOTE": "s3://kc-bucket/p"}))
+    assert backend is not None
+    backend.open()
+    backend.close()
+    quoted = (
+        f"ValueError: Invalid header value {(AWS_TOKEN + chr(10)).encode()!r}; key {AWS_KEY}; {ENDPOINT_PW}"
+    )
+    text = config.redact(quoted)
+    for secret in (AWS_TOKEN, AWS_KEY, ENDPOINT_PW):
+        assert secret not in text, text

@@ -4,8 +4,11 @@ tests/reliability/test_hostile_files.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -118,3 +121,65 @@ def test_parsed_values_are_bounded_too() -> None:
     assert parse_toml("a.b = 1\n", "spec.toml", "a spec", ValueError) == {"a": {"b": 1}}
     with pytest.raises(ValueError, match="malformed TOML"):
         parse_toml("a = [\n", "spec.toml", "a spec", ValueError)
+
+
+#: Each document read back in a fresh interpreter, as the commands read them: what parse_json or
+#: parse_toml answered (the value's size, or the error's kind).
+JUDGE = """
+import json, sys
+from kcache.userfile import UserFileError, parse_json, parse_toml
+out = {}
+for path in sys.argv[1:]:
+    data = open(path, "rb").read()
+    try:
+        if path.endswith(".json"):
+            value = parse_json(data, path, "a test file")
+        else:
+            value = parse_toml(data.decode(), path, "a test file", ValueError)
+        out[path] = ["parsed", len(json.dumps(value))]
+    except UserFileError as e:
+        out[path] = ["refused", str(e)]
+    except ValueError as e:
+        out[path] = ["malformed", str(e)]
+print(json.dumps(out))
+"""
+
+
+def test_unclosed_strings_of_escaped_quotes_are_judged_at_once(tmp_path: Path) -> None:
+    """Review M6: a string never closed, each of its quotes escaped (``"\\"\\"\\"...``), made the
+    pre-scan start again at every quote: the square of its length (32 KB took seconds; a 1 MiB
+    fingerprint, an hour; a 16 MiB spec line, weeks). At 256 KiB the old scan takes many
+    minutes; now it is linear, judged well within the child's 60 s (no timing is asserted: the
+    limit only stops a scan that would run for ever)."""
+    n = 128 * 1024  # 256 KiB of \"
+    esc = b'\\"' * n
+    docs = {
+        "open.json": b'{"k": "' + esc,  # never closed: refused by json
+        "open-deep.json": b'{"k": "' + esc + b"[" * 100_000,  # brackets after it: never parsed
+        "closed.json": b'{"k": "' + esc + b'", "d": [[1]]}',  # a real (long) value
+        "open.toml": b'x = "' + esc + b"\ny = [[1]]\n",  # a basic string ends at its line
+        "closed.toml": b'x = "' + esc + b'"\ny = [[1]]\n',
+        "open-multi.toml": b'x = """' + esc,  # a multi-line string never closed
+    }
+    for name, data in docs.items():
+        (tmp_path / name).write_bytes(data)
+    r = subprocess.run(
+        [sys.executable, "-c", JUDGE, *(str(tmp_path / n) for n in docs)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = {os.path.basename(k): v for k, v in json.loads(r.stdout).items()}
+    assert got["open.json"][0] == "malformed" and "Unterminated string" in got["open.json"][1]
+    assert got["open-deep.json"][0] == "malformed"
+    assert got["closed.json"] == ["parsed", len(json.dumps({"k": '"' * n, "d": [[1]]}))]
+    assert got["open.toml"][0] == "malformed" and "malformed TOML" in got["open.toml"][1]
+    assert got["closed.toml"] == ["parsed", len(json.dumps({"x": '"' * n, "y": [[1]]}))]
+    assert got["open-multi.toml"][0] == "malformed"
+    # What the scan skips after a string it never sees closed, the parser never reaches (it
+    # stops at that string); the brackets before it still count, and in TOML the next line's.
+    assert nesting(b'[[[["\\"\\"', "json") == 4
+    assert nesting(b'[[[["abc\\', "json") == 4  # a lone backslash at the end
+    assert nesting(b'a = [[[["\\"\\"\n[[t]]\n', "toml") == 6  # 4, then 2 more on the next line
+    assert nesting(b'a = "\\\nb = [[1]]\n', "toml") == 2  # a backslash at the end of a line

@@ -7,12 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import Settings, redact
+from ..redact import redact_all
 
 
 def remote_report(
     settings: Settings, *, limit: int = 10_000, timeout_s: float = 2.0, budget_s: float = 10.0
 ) -> dict[str, Any]:
-    """What ``kcache remote`` prints. ``reachable`` is False (with ``error``) when no node answers
+    """What ``kcache remote`` prints, every string in it redacted (a password in an endpoint URL,
+    a secret quoted by an error). ``reachable`` is False (with ``error``) when no node answers
     within ``timeout_s``; ``limit`` bounds the entry keys looked at (0: all) and ``budget_s`` the
     time spent looking (``complete`` says whether every key was seen)."""
     from ..store.tiers import backend_for
@@ -50,4 +52,5 @@ def remote_report(
         out["error"] = f"the {backend.name} backend's client library is not installed{how}"
     except (ValueError, TypeError, OSError, Unavailable) as e:  # an option the client library refuses, ...
         out["error"] = redact(f"{type(e).__name__}: {e}")
-    return out
+    redacted: dict[str, Any] = redact_all(out)
+    return redacted

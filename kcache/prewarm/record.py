@@ -333,29 +333,12 @@ MAX_RECORD_BYTES = 64 << 20  # a KCACHE_RECORD file: a spec of thousands of kern
 
 
 def _open_record_file(path: str) -> int:
-    """Open the ``KCACHE_RECORD`` file for appending: created 0600 if absent; never through a
-    link (a link planted at the name is refused, not followed), and only a regular file of this
-    user's (in a shared folder such as /tmp, another user may have made the name first)."""
-    import stat
+    """Open the ``KCACHE_RECORD`` file for appending (and reading): created 0600 if absent; never
+    through a link (a link planted at the name is refused, not followed), only a regular file of
+    this user's with one name (in a shared folder such as /tmp, another user may have made the
+    name first), never waited on (a FIFO): :func:`kcache.userfile.open_append`. Refused:
+    :class:`~kcache.userfile.UserFileError` (a ``ValueError``)."""
+    from ..userfile import open_append
 
-    fd = os.open(
-        path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600
-    )
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"{path} is not a regular file")
-        if st.st_uid != os.geteuid():
-            raise OSError(f"{path} belongs to uid {st.st_uid}, not to this user")
-        if st.st_size > MAX_RECORD_BYTES:  # it is read whole to find the entries it holds
-            raise OSError(f"{path} is larger than {MAX_RECORD_BYTES} bytes; not recording into it")
-        if st.st_nlink != 1:
-            # A hard link to one of this user's files (another user can plant one in a shared
-            # folder where fs.protected_hardlinks is off) passes the owner check: appending to
-            # it would write into that file. A spec file has one name (issue 16).
-            raise OSError(f"{path} has {st.st_nlink} names (a hard link to another file?); not writing it")
-        os.set_blocking(fd, True)
-    except BaseException:  # re-raised: it only cleans up on the way
-        os.close(fd)
-        raise
-    return fd
+    # read whole to find the entries it holds: bounded
+    return open_append(path, what="the KCACHE_RECORD spec", read=True, limit=MAX_RECORD_BYTES, private=True)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..log import logger, warn_once
 from . import fs
+from .errors import disk_full, warn_failed
 
 if TYPE_CHECKING:
     from .opening import Folders
@@ -76,8 +77,12 @@ class Usage:
         except FileNotFoundError:
             return None  # the store's folder was removed under this process: nothing to count
         except OSError as e:
-            self._broken = True
-            warn_once("usage", f"cannot keep count of the store's size ({e}); its size bound is not kept")
+            # A full filesystem is the store's one warning (said once, whichever part meets it
+            # first), and a pause: the count is tried again at the next turn (it is made anew,
+            # and counted from the folders, once there is room). Anything else: for good.
+            self._broken = not disk_full(e, lfd)
+            why = f"cannot keep count of the store's size ({e}); its size bound is not kept"
+            warn_failed(self._folders.root_name, e, lfd, "usage", why)
             return None
         st = os.fstat(fd)
         owners = self._folders.owners  # None: a store used despite its checks (KCACHE_ALLOW_INSECURE=1)

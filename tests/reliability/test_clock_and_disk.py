@@ -8,6 +8,8 @@
 - On a tmpfs filled to the last byte, ``kcache clear --kind`` and ``clear --all`` remove entries
   (folders first, the index after), free space and say so; ``verify --fix`` then leaves the store
   clean.
+- A filesystem out of inodes is one warning for the store, its size count included, and the
+  count comes back in the same process once there is room (2026-12-06).
 
 Children import the kcache of this checkout (``PYTHONPATH``); run against the code before
 efe2a87 every test here fails (see the docstrings).
@@ -26,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import tmpfs
+from .conftest import base_env, no_traceback, tmpfs, warning_lines
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -298,3 +300,60 @@ def test_full_disk_of_leftovers_only(what: str, tmp_path: Path) -> None:
             assert r.stdout.startswith(b"removed 1 entry") and b"cleaned 1 leftover from tmp/" in r.stdout, (
                 r.stdout
             )
+
+
+#: A put on the full filesystem (fails), the count read as eviction reads it (on the flush
+#: thread, at exit, here through ``evict``), then the inodes freed and another put: its count is
+#: kept again.
+FULL_CHILD = """
+import json, os, shutil, sys
+from kcache.store import Store
+root, fill = sys.argv[1:3]
+s = Store.open(root, max_size=1 << 30)
+out = {"full_put": s.put("triton", "k2", {"a.bin": os.urandom(1000)}) is None}
+out["evict"] = s.evict(target=1 << 30)  # reads the count, as the flush thread and exit do
+shutil.rmtree(fill)
+out["put_after"] = s.put("triton", "k3", {"a.bin": os.urandom(1000)}) is not None
+s.close()
+print(json.dumps(out))
+"""
+
+FULL_FIRST = """
+import os, sys
+from kcache.store import Store
+s = Store.open(sys.argv[1], max_size=1 << 30)
+assert s.put("triton", "k1", {"a.bin": os.urandom(1000)}) is not None
+s.evict(target=1 << 30)  # evict.lock made, while there is room
+s.close()
+"""
+
+
+def test_a_full_disk_is_one_warning_and_the_count_comes_back(tmp_path: Path) -> None:
+    """A full filesystem is one warning for the whole store, its size count included: the count
+    (``locks/usage.du``) warned on its own before (2026-12-06), a second line for the same cause,
+    and gave up for the rest of the process, so that a long-running program kept no size bound
+    once the space came back. Both fail on main before that."""
+    with tmpfs(tmp_path / "mnt", "64m", inodes=200) as mnt:
+        root = mnt / "store"
+        env = base_env(tmp_path)
+        r = subprocess.run(
+            [sys.executable, "-c", FULL_FIRST, str(root)], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert r.returncode == 0 and not warning_lines(r.stderr), r.stderr
+        count = root / "locks" / "usage.du"
+        count.unlink()  # the count made anew by the next process that needs it (as after a reset)
+        ci.fill_inodes(mnt / "fill")
+        r = subprocess.run(
+            [sys.executable, "-c", FULL_CHILD, str(root), str(mnt / "fill")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        no_traceback(r)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        assert out == {"full_put": True, "evict": [0, 0], "put_after": True}, out
+        w = warning_lines(r.stderr)
+        assert len(w) == 1 and "full filesystem" in w[0], r.stderr  # not a second one for the count
+        assert count.is_file()  # counted again once there was room, in the same process

@@ -60,7 +60,9 @@ def backend_for(settings: Settings, key_tag: str | None = None) -> Backend | Non
     except Exception as e:  # broad: a user's class is foreign code; its failure turns the tier off
         warn_once("remote-class", f"KCACHE_REMOTE={cfg.url}: {type(e).__name__}: {e}; the shared tier is off")
         return None
-    return backend
+    from .foreign import Foreign
+
+    return Foreign(backend)  # (its failures sorted as foreign code's: never raised into the program)
 
 
 def tier_for(settings: Settings, key_tag: str, counts: Counters | None) -> SharedTier | None:

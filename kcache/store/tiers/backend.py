@@ -25,8 +25,8 @@ machinery treats it as :class:`Unavailable` and warns once (a user's class is fo
 
 **What is optional.** A backend without leases (``leases = False``, the default) works: the
 machinery does no single flight across machines for it. ``node_of``/``refresh`` (a cluster's
-nodes, for per-node breakers), ``describe`` and ``survey`` (for ``kcache remote``) have
-defaults.
+nodes, for per-node breakers), ``describe`` and ``survey`` (for ``kcache remote``), and
+``wants_upkeep``/``upkeep`` (work in the background: S3's credentials) have defaults.
 """
 
 from __future__ import annotations
@@ -199,6 +199,18 @@ class Backend:
 
     def close(self) -> None:
         """Let go of connections (never raises)."""
+
+    def wants_upkeep(self) -> bool:
+        """After :meth:`open`: whether :meth:`upkeep` has work (S3: credentials that expire). No
+        network. False (the default): no thread is started for it."""
+        return False
+
+    def upkeep(self) -> float | None:
+        """Work that must not run on a call's thread (S3: refreshing credentials ahead of their
+        expiry), run by the tier's writer thread, never a program's: at once after :meth:`open`
+        when :meth:`wants_upkeep`, then again after the seconds it returns (None: never again).
+        Never raises."""
+        return None
 
     # ------------------------------------------------------------------ nodes
     def node_of(self, ident: str, writer: bool = False) -> str:

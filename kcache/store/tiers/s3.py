@@ -39,8 +39,10 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from ...redact import _remember_url_secrets
 from .backend import GONE, Answered, Backend, LeaseView, Op, Outcome, TierConfig, TooLarge, Unavailable
 from .lease import LOCK_TTL_S, VALUE_MAX
+from .s3_creds import Credentials
 from .s3_http import Http, Response, TooLong, object_path
 
 ENTRY, LEASE = "e/", "l/"
@@ -71,6 +73,7 @@ class S3Backend(Backend):
         path = u.path.strip("/")
         self.root = (path + "/" if path else "") + cfg.prefix
         self._http: Http | None = None
+        self._creds: Credentials | None = None
         self.endpoint = ""
         self.region = ""
         self.path_style = True
@@ -99,9 +102,21 @@ class S3Backend(Backend):
 
     # ------------------------------------------------------------------ life
     def open(self) -> None:
-        """botocore's session: the region, the endpoint and the credentials (resolved now, on the
-        program's thread, as part of its start: an instance role asks the metadata service, with
-        botocore's own timeouts, capped here at 1 s and one attempt unless configured)."""
+        """botocore's session: the region, the endpoint and the credentials (botocore's chain
+        resolved now, on the program's thread, as part of its start: an instance role asks the
+        metadata service, with botocore's own timeouts, capped here at 1 s and one attempt unless
+        configured; a ``credential_process`` runs once). Credentials that expire are refreshed
+        only in the background (:mod:`.s3_creds`, :meth:`upkeep`), never by a call. What the AWS
+        configuration refuses (a profile this machine lacks, partial credentials, a
+        ``credential_process`` that fails, ...) is a ``ValueError``: the tier is off, one warning."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self._open()
+        except (BotoCoreError, ClientError) as e:  # (every botocore exception is one of the two)
+            raise ValueError(f"the AWS configuration: {type(e).__name__}: {e}") from e
+
+    def _open(self) -> None:
         import botocore.session
         from botocore.configprovider import ConfiguredEndpointProvider
 
@@ -119,13 +134,23 @@ class S3Backend(Backend):
         if not endpoint:
             endpoint = f"https://{self.bucket}.s3.{self.region}.amazonaws.com"
         self.endpoint = str(endpoint)
-        if session.get_credentials() is None:
+        _remember_url_secrets(self.endpoint)  # (a password in AWS_ENDPOINT_URL: never shown)
+        found = session.get_credentials()
+        if found is None:
             raise ValueError("no AWS credentials (the environment, AWS_PROFILE, or a role)")
-        self._http = Http(self.endpoint, self.region, session, self.cfg.timeout_s)
+        self._creds = Credentials(found)
+        self._http = Http(self.endpoint, self.region, self._creds, self.cfg.timeout_s)
 
     def close(self) -> None:
         if self._http is not None:
             self._http.close()
+
+    def wants_upkeep(self) -> bool:
+        return self._creds is not None and self._creds.refreshable
+
+    def upkeep(self) -> float | None:
+        """The credentials refreshed ahead of their expiry (:mod:`.s3_creds`)."""
+        return self._creds.refresh() if self._creds is not None else None
 
     def _req(
         self, method: str, key: str, *, headers: dict[str, str] | None = None, body: bytes = b"",
@@ -306,6 +331,8 @@ class S3Backend(Backend):
     def survey(self, *, limit: int, budget_s: float, timeout_s: float) -> dict[str, Any]:
         from .s3_survey import survey
 
+        if self._creds is not None and self._creds.refreshable:
+            self._creds.fetch()  # (a command's thread: no program waits; nothing refreshes them here)
         return survey(self, limit=limit, budget_s=budget_s, timeout_s=timeout_s)
 
     def list_page(self, token: str | None, max_keys: int) -> Response:

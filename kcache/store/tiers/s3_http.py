@@ -22,11 +22,14 @@ import socket
 import ssl
 import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
 from .backend import Unavailable
 from .bounded import BoundedSocket, time_left
+
+if TYPE_CHECKING:
+    from .s3_creds import Credentials
 
 HEADERS_MAX = 64  # response headers read, at most (http.client's own limit is 100)
 ERROR_BODY_MAX = 16 << 10  # an error's body (S3's XML: its code) is read up to this, whatever was asked
@@ -70,11 +73,11 @@ class _Connection(http.client.HTTPConnection):
 
 
 class Http:
-    """Signed requests to one S3 endpoint (see the module). ``credentials`` and ``signer_for``
-    come from botocore (:meth:`.s3.S3Backend.open`)."""
+    """Signed requests to one S3 endpoint (see the module), with ``creds``'s snapshot
+    (:class:`.s3_creds.Credentials`, made by :meth:`.s3.S3Backend.open`)."""
 
     def __init__(
-        self, endpoint: str, region: str, session: Any, timeout_s: float, verify: bool = True
+        self, endpoint: str, region: str, creds: Credentials, timeout_s: float, verify: bool = True
     ) -> None:
         u = urlsplit(endpoint)
         if u.scheme not in ("http", "https") or not u.hostname:
@@ -85,7 +88,7 @@ class Http:
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.netloc = host if default else f"{host}:{self.port}"
         self.base = f"{self.scheme}://{self.netloc}"
-        self.region, self.session, self.timeout_s = region, session, timeout_s
+        self.region, self.creds, self.timeout_s = region, creds, timeout_s
         self._context = ssl.create_default_context() if u.scheme == "https" else None
         if self._context is not None and not verify:
             self._context.check_hostname = False
@@ -121,17 +124,15 @@ class Http:
     def sign(
         self, method: str, path: str, query: str, headers: dict[str, str], body: bytes
     ) -> dict[str, str]:
-        """The headers of the request, signed (SigV4: the credentials of now; a role's refreshed
-        by botocore when due)."""
+        """The headers of the request, signed (SigV4) with the credentials' snapshot: never
+        refreshed here (:mod:`.s3_creds`; expired: :class:`~.backend.Unavailable`)."""
         from botocore.auth import S3SigV4Auth
         from botocore.awsrequest import AWSRequest
 
-        creds = self.session.get_credentials()
-        if creds is None:
-            raise Unavailable("no AWS credentials (environment, profile, or role)")
+        frozen = self.creds.current()
         url = self.base + path + (f"?{query}" if query else "")
         req = AWSRequest(method=method, url=url, data=body, headers={"Host": self.netloc, **headers})
-        S3SigV4Auth(creds.get_frozen_credentials(), "s3", self.region).add_auth(req)
+        S3SigV4Auth(frozen, "s3", self.region).add_auth(req)
         return {k: str(v) for k, v in req.headers.items()}
 
     def request(
@@ -179,7 +180,12 @@ class Http:
             if r.will_close:
                 self._drop()
             return Response(r.status, hdrs, data)
-        except (OSError, http.client.HTTPException, ValueError) as e:
+        except ValueError as e:
+            # Its text is never shown: http.client's putheader() puts the header's value into it
+            # ("Invalid header value b'<a session token with a newline>'": review finding M4).
+            self._drop()
+            raise Unavailable(f"{type(e).__name__} (a request that cannot be sent: a header or path)") from e
+        except (OSError, http.client.HTTPException) as e:
             self._drop()
             raise Unavailable(f"{type(e).__name__}: {e}") from e
 

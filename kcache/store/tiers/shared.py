@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
+from ...boundary import failed as report_bug
 from ...boundary import strict
 from ...counters import Counters
 from ...log import logger, warn_once
@@ -184,6 +185,8 @@ class SharedTier(Tier):
         try:
             self.backend.open()
             self._opened = True
+            if self.backend.wants_upkeep():  # (S3's credentials that expire: refreshed by the writer)
+                self.writer.start_upkeep()
         except ImportError as e:
             self.off = True
             extra = self.backend.extra
@@ -193,11 +196,19 @@ class SharedTier(Tier):
                 f"KCACHE_REMOTE is set but the {self.backend.name or 'backend'}'s client library is "
                 f"not installed{how}: {e}; the shared tier is off, local caching goes on",
             )
-        except (ValueError, TypeError, Unavailable) as e:  # options the client library refuses
+        except (ValueError, TypeError, OSError, Unavailable) as e:  # settings the client library refuses
             self.off = True
             warn_once(
                 "remote-config", f"cannot use KCACHE_REMOTE={self.cfg.shown_url} ({e}); shared tier off"
             )
+        except Exception as e:  # broad: what kcache's own backend did not expect is a bug (raised
+            # under KCACHE_STRICT=1); the tier is off for good all the same, never local caching. (A
+            # client library's refusals are ValueError by then; a user's class: .foreign.)
+            self.off = True
+            report_bug(
+                "remote-open", f"opening the shared tier at {self.cfg.shown_url}", e,
+                then="the shared tier is off, local caching goes on",
+            )  # fmt: skip
 
     # ------------------------------------------------------------------ calls
     def transfer_s(self, nbytes: int, floor: float | None = None) -> float:

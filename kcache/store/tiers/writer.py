@@ -8,6 +8,12 @@ grouped by node (one call per node: a failing node holds up only its own), each 
 :data:`WRITE_TIMEOUT_MIN_S` plus the transfer time of its bytes. At exit (and close) the thread
 gets :data:`EXIT_FLUSH_S` (or room for two writes by their deadline, when longer) to empty it.
 The thread is a daemon of the process that made it: a forked child makes its own.
+
+The same thread runs the backend's upkeep (:meth:`.backend.Backend.upkeep`: S3's credentials
+refreshed ahead of their expiry), the work no call may do on its caller's thread: started at the
+tier's open for a backend that wants it (:meth:`Writer.start_upkeep`), not for any other (one
+thread, and none where nothing needs it). A write waits while an upkeep runs (a refresh that
+hangs holds up the queue, bounded and dropped as always, never a compile).
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ class Writer:
         self._busy = False
         self._thread: threading.Thread | None = None
         self._closing = False
+        self._upkeep_at: float | None = None  # (time.monotonic) when the backend's upkeep is due
 
     # ------------------------------------------------------------------ queueing
     def enqueue_put(self, rec: Record, blobs: dict[str, bytes], release: bytes | None) -> None:
@@ -95,15 +102,34 @@ class Writer:
                 item = Item("release", item.kind, item.ident, release=item.release)  # still let go
             self._queue.append(item)
             self._queued_bytes += item.size
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="kcache-remote", daemon=True)
-                self._thread.start()
+            self._start()
             self._cond.notify()
 
+    def start_upkeep(self) -> None:
+        """Run the backend's upkeep in this thread, at once and then when it asks (started now)."""
+        with self._cond:
+            if self._closing:
+                return
+            self._upkeep_at = time.monotonic()
+            self._start()
+            self._cond.notify()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kcache-remote", daemon=True)
+            self._thread.start()
+
     def _take_batch(self) -> list[Item] | None:
+        """The next batch; [] when the upkeep is due first; None when closing."""
         with self._cond:
             while not self._queue and not self._closing:
-                self._cond.wait()
+                at = self._upkeep_at
+                if at is None:
+                    self._cond.wait()
+                elif at <= time.monotonic():
+                    return []
+                else:
+                    self._cond.wait(at - time.monotonic())
             if not self._queue:
                 return None
             batch: list[Item] = []
@@ -119,9 +145,12 @@ class Writer:
     def _run(self) -> None:
         pid = os.getpid()
         while os.getpid() == pid:
+            self._upkeep()
             batch = self._take_batch()
             if batch is None:
                 return
+            if not batch:
+                continue  # the upkeep is due
             try:
                 self._write(batch)
             # broad: the thread's edge. A backend's own failures are the tier's misses (see
@@ -136,6 +165,20 @@ class Writer:
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
+
+    def _upkeep(self) -> None:
+        at = self._upkeep_at
+        if at is None or at > time.monotonic():
+            return
+        then: float | None = None
+        try:
+            then = self.tier.backend.upkeep()
+        # broad: the thread's edge, as for a batch (a backend's upkeep never raises what it
+        # expects): a bug is raised under KCACHE_STRICT=1, else one warning, and no more upkeep
+        except Exception as e:
+            failed("remote-upkeep", "kcache's shared tier upkeep", e, then="no more upkeep")
+        with self._cond:
+            self._upkeep_at = None if then is None else time.monotonic() + then
 
     # ------------------------------------------------------------------ writing
     def _write(self, batch: list[Item]) -> None:
