@@ -62,6 +62,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
             "kcache/patch.py",
             "kcache/boundary.py",
             "kcache/userfile.py",  # the one checked open for files a user names
+            "kcache/launchenv.py",  # the environment the process was started with
             "kcache/safefs/*",
         ),
     ),

@@ -282,3 +282,77 @@ for i in range(3):
     lines = [ln.split(maxsplit=2) for ln in out.stdout.splitlines() if ln.startswith("raised")]
     assert len(lines) == 3, out.stderr[-3000:]
     assert [(ln[1], json.loads(ln[2])) for ln in lines] == [("CompilationError", [True])] * 3, lines
+
+
+def test_a_compile_folder_is_removed_through_the_scratch_folder_that_holds_it(
+    kstore: Any, tmp_path: Path
+) -> None:
+    """Review m10: a compile's folder (in this process's scratch folder in the store's tmp/) goes
+    once no path into it lives. It was removed by ``shutil.rmtree`` of its ``/proc/self/fd/N/..``
+    path in the collector's callback: where the scratch folder had been removed by hand and
+    replaced, N named another folder by then, and a folder of the same name there went instead.
+    It is now removed through the scratch folder's own object, only while that is still this
+    process's folder."""
+    import gc
+    import shutil
+
+    m = KcacheCacheManager(KEY)
+    p = m.put(b"cubin", "k.cubin")
+    stage_path = os.path.dirname(p)
+    stage, scratch = os.path.basename(stage_path), os.path.dirname(stage_path)
+    assert scratch.startswith("/proc/self/fd/"), "a path through the scratch folder's descriptor"
+    n = int(os.path.basename(scratch))
+    shutil.rmtree(os.readlink(scratch))  # removed by hand
+    other = KcacheCacheManager(KEY2)
+    q = other.put(b"x", "other.cubin")  # kcache notices, lets go of it, makes another
+    # Number N names another folder now: kcache's new scratch folder, else one of the program's.
+    victim_dir = tmp_path / "victim"
+    victim_dir.mkdir()
+    if not os.path.dirname(os.path.dirname(q)) == scratch:
+        with pytest.raises(OSError):
+            os.readlink(scratch)  # free: the program's next folder takes it
+        fd = os.open(victim_dir, os.O_RDONLY | os.O_DIRECTORY)
+        os.dup2(fd, n)
+        os.close(fd)
+    os.mkdir(os.path.join(scratch, stage))
+    victim = os.path.realpath(os.path.join(scratch, stage, "keep"))
+    Path(victim).write_bytes(b"not kcache's")
+    del m, p
+    gc.collect()
+    kstore.disk._flush_turn()
+    assert os.path.exists(victim), "a folder that was not kcache's was removed"
+    # the compile folders of the scratch folder in use still go with their paths
+    mine = os.path.realpath(os.path.dirname(q))
+    assert os.path.isdir(mine)
+    del other, q
+    gc.collect()
+    kstore.disk._flush_turn()
+    assert not os.path.exists(mine)
+
+
+def test_a_compile_folder_outside_the_store_is_not_removed_in_the_collector_s_callback(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Review m10: with a read-only store, compile files go to a private temporary folder; a
+    compile's folder there is queued when its last path goes, and removed when the next one is
+    made (never by the collector's callback, wherever it runs)."""
+    import gc
+
+    for k in list(os.environ):
+        if k.startswith("KCACHE") and k != "KCACHE_STRICT":
+            monkeypatch.delenv(k)
+    store_dir = tmp_path / "store"
+    assert kcache.enable(dir=store_dir, triton=False, nvfuser=False)
+    kcache.disable()
+    assert kcache.enable(dir=store_dir, readonly=True, triton=False, nvfuser=False)
+    try:
+        m = KcacheCacheManager(KEY)
+        folder = os.path.dirname(m.put(b"cubin", "k.cubin"))
+        assert not folder.startswith(str(store_dir)) and os.path.isdir(folder)
+        del m
+        gc.collect()
+        assert os.path.isdir(folder), "removed in the collector's callback"
+        KcacheCacheManager(KEY2).put(b"x", "other.cubin")  # the next compile folder
+        assert not os.path.exists(folder)
+    finally:
+        kcache.disable()

@@ -151,6 +151,117 @@ def test_the_start_folder_and_inductor_s_own_stay_served(
     assert run(env_for(warm["tmp"], warm["store"]), mode, tmp_path / mode)["hits_in_folder"] == 1
 
 
+#: A job for Inductor's compile workers (imported there by name, from the parent's sys.path).
+POOLWORK = r"""
+import triton
+import triton.language as tl
+
+@triton.jit
+def scale(x, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out + offs, tl.load(x + offs, mask=mask) * 2, mask=mask)
+
+def hits_of_a_compile():
+    import kcache
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    def hits():
+        store = kcache.active_store()
+        return store.counts.process_totals().get("triton", {}).get("hits", 0) if store else -1
+
+    before = hits()
+    sig = {"x": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    triton.compile(ASTSource(fn=scale, signature=sig, constexprs={"BLOCK": 256}), target=GPUTarget("cuda", 90, 32))
+    return hits() - before
+"""
+
+#: A program with torch that starts processes inside torch's ``fresh_cache()`` and after it: each
+#: child compiles the kernel of ``folders.py`` (its kcache hits) or asks torch's FX-graph remote
+#: cache decision (kcache's policy in the child); and Inductor's compile workers, started before
+#: and inside a scope, compile the kernel of ``poolwork.py`` twice each.
+SCOPES = r"""
+import json, os, subprocess, sys
+import torch  # KCACHE=1: kcache attaches to torch as it loads
+from torch._inductor.compile_worker.subproc_pool import SubprocPool
+from torch._inductor.utils import fresh_cache
+import poolwork
+program, work = sys.argv[1], sys.argv[2]
+
+def pool_hits():
+    pool = SubprocPool(1)
+    try:
+        return [pool.submit(poolwork.hits_of_a_compile).result(timeout=600) for _ in range(2)]
+    finally:
+        pool.shutdown()
+ASK_TORCH = "import torch._inductor.utils as u; print(bool(u.should_use_remote_fx_graph_cache()))"
+
+def child(env=None, torch_asks=False):
+    cmd = [sys.executable, "-c", ASK_TORCH] if torch_asks else [sys.executable, program, "plain", "-"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    if r.returncode:
+        raise SystemExit(r.stderr[-3000:])
+    last = r.stdout.strip().splitlines()[-1]
+    return last == "True" if torch_asks else json.loads(last)["hits_in_folder"]
+
+def own_folder(name):  # the shape a launcher gives (tools/gpu_compile_check.py), a folder of its own
+    folder = os.path.join(work, name)
+    return dict(os.environ, TORCHINDUCTOR_CACHE_DIR=folder, TRITON_CACHE_DIR=os.path.join(folder, "triton"))
+
+out = {"pool": pool_hits()}
+with fresh_cache():
+    scope = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    out["in_scope"] = child()
+    out["compiled_into_scope"] = any(
+        n.startswith("__grp__") for _, _, names in os.walk(os.path.join(scope, "triton")) for n in names
+    )
+    out["torch_in_scope"] = child(torch_asks=True)
+    with fresh_cache():
+        out["nested"] = child()
+    out["back_in_outer"] = child()
+    out["own_folder_in_scope"] = child(own_folder("inside"))
+out["after"] = child()
+out["torch_after"] = child(torch_asks=True)
+out["own_folder_after"] = child(own_folder("after"))
+with fresh_cache():
+    out["pool_in_scope"] = pool_hits()
+print(json.dumps(out))
+"""
+
+
+def test_a_process_started_inside_torch_s_fresh_scope_compiles_cold(
+    warm: dict[str, Any], tmp_path: Path
+) -> None:
+    """Review M7: a process started inside ``fresh_cache()`` inherits the scope's folders, the
+    shape a launcher gives a process of its own (served: tests/test_triton_host_code.py). It was
+    served from the store, and so were Inductor's compile workers first started inside a scope:
+    the scope asks for a cold compile. kcache marks the scope in the environment
+    (``KCACHE_FRESH_SCOPE``): such a child steps aside, a folder given at launch stays served.
+    Counted (kcache's Triton hits in each child and compile worker), not timed."""
+    pytest.importorskip("torch", reason="torch's fresh_cache()")
+    prog = script(warm["tmp"] / "programs", "folders.py", PROGRAM)
+    parent = script(warm["tmp"] / "programs", "scopes.py", SCOPES)
+    script(warm["tmp"] / "programs", "poolwork.py", POOLWORK)
+    env = env_for(warm["tmp"], warm["store"])
+    env.update(TMPDIR=str(tmp_path), OMP_NUM_THREADS="1")  # fresh_cache() makes its folder under TMPDIR
+    r = subprocess.run(
+        [PYTHON, str(parent), str(prog), str(tmp_path)], capture_output=True, text=True, env=env, timeout=1800
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["in_scope"] == 0, f"a child of the scope was served from the store: {got}"
+    assert got["compiled_into_scope"], "the child compiled into the scope's Triton folder, as without kcache"
+    assert got["torch_in_scope"] is False, "kcache's policy in the child serves torch's caches in the scope"
+    assert got["nested"] == 0 and got["back_in_outer"] == 0, got
+    # Inductor's compile workers: served when started outside a scope (a miss, then a hit),
+    # Triton's own cache when first started inside one
+    assert got["pool"][1] == 1 and got["pool_in_scope"] == [0, 0], got
+    # served: a folder given at launch (inside a scope or not), and everything after the scope
+    assert got["own_folder_in_scope"] == 1 and got["own_folder_after"] == 1, got
+    assert got["after"] == 1 and got["torch_after"] is True, got
+
+
 AUTOTUNERS = r"""
 import json
 import triton

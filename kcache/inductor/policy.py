@@ -37,18 +37,24 @@ How a fresh folder is told from a folder the program chose for good (vLLM sets
 helpers calls ``clear_caches()`` (the callbacks of ``clear_on_fresh_cache``) and then sets the
 folder. kcache registers such a callback; a folder first seen right after it, other than the one
 in use when it ran, is a fresh one. A program that only sets the variable is not a fresh scope.
+A process started inside a scope is in it from its start: kcache keeps the scope's folder in
+``KCACHE_FRESH_SCOPE`` while the scope is open (:func:`wrap_fresh_cache`; ``kcache/launchenv.py``).
 
 Nothing here imports torch: the config modules are read from ``sys.modules``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from ..boundary import guarded
 from ..forksafe import module_lock
+from ..launchenv import FRESH_SCOPE, fresh_scope_folder
 from ..patch import is_ours, replacing
 from . import declare as _kinds
 from .attached import patches
@@ -148,11 +154,14 @@ def _current() -> str | None:
     folder = _folder()
     if folder is None:
         return None
+    started_in = fresh_scope_folder()  # this process was started inside another's scope
     with _lock:
         if _armed:
             before = _armed.pop()
             if folder != before:
                 _fresh.add(folder)
+        if folder == started_in:
+            _fresh.add(folder)
     return folder
 
 
@@ -232,7 +241,9 @@ CLEARS = {
 
 
 def on_utils_import(mod: Any) -> None:
-    """``torch._inductor.utils`` loaded: register the fresh-scope callback."""
+    """``torch._inductor.utils`` loaded: register the fresh-scope callback, and mark the scopes
+    for the processes started inside them."""
+    wrap_fresh_cache(mod)
     register = getattr(mod, "clear_on_fresh_cache", None) or getattr(
         mod, "clear_on_fresh_inductor_cache", None
     )
@@ -271,6 +282,70 @@ def wrap_clear(mod: Any) -> None:
         patches.wrap(target, "clear", lambda _: clear, raw=True)
 
 
+# ------------------------------------------------------------------------------ started inside a scope
+# A process started inside a fresh-cache scope inherits TORCHINDUCTOR_CACHE_DIR=<scope> and
+# TRITON_CACHE_DIR=<scope>/triton: the shape a launcher gives a process of its own folder, which
+# kcache serves (kcache/launchenv.py). torch's scope is told apart by kcache's variable
+# FRESH_SCOPE, kept in os.environ while the scope is open; torch's fresh_cache() restores only
+# its own two variables, so kcache wraps it to restore this one. (The clear_caches() callback
+# cannot: it runs before torch sets the scope's folder, and again after it is restored.)
+def _marking(own: Any) -> Any:
+    @contextlib.contextmanager
+    def fresh_cache(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        with own(*args, **kwargs) as got:
+            before = _mark_scope()
+            try:
+                yield got
+            finally:
+                _unmark_scope(before)
+
+    return functools.wraps(own)(fresh_cache)
+
+
+_UNMARKED = object()
+
+
+def _mark_scope() -> Any:
+    """The scope torch just opened: its folder into FRESH_SCOPE. Returns what to restore."""
+    with guarded(TOPIC, WHAT):  # the edge: torch's scope goes on, unmarked
+        utils = sys.modules.get("torch._inductor.utils")
+        scope = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        # only while kcache is attached (a module may keep the wrapper it imported by name)
+        if scope and any(is_ours(getattr(utils, name, None)) for name in FRESH_HELPERS):
+            before = os.environ.get(FRESH_SCOPE)
+            os.environ[FRESH_SCOPE] = os.path.abspath(scope)
+            return before
+    return _UNMARKED
+
+
+def _unmark_scope(before: Any) -> None:
+    if before is _UNMARKED:
+        return
+    with guarded(TOPIC, WHAT):
+        if before is None:
+            os.environ.pop(FRESH_SCOPE, None)
+        else:
+            os.environ[FRESH_SCOPE] = before
+
+
+#: torch's fresh-cache helper, and the older name it keeps for it
+FRESH_HELPERS = ("fresh_cache", "fresh_inductor_cache")
+
+
+def wrap_fresh_cache(mod: Any) -> None:
+    """Wrap ``fresh_cache`` of ``torch._inductor.utils`` (both names), and rebind it where
+    modules took it by name (:data:`BINDERS`)."""
+    own = mod.__dict__.get("fresh_cache") or mod.__dict__.get("fresh_inductor_cache")
+    if not callable(own) or is_ours(own):
+        return
+    marking = _marking(own)
+    for name in FRESH_HELPERS:
+        if mod.__dict__.get(name) is own:
+            patches.wrap(mod, name, replacing(marking))
+            _bound[name] = (own, marking)
+    rebind()
+
+
 #: module -> (torch's decision function, the kind, the remote cache class whose switch it reads)
 DECISIONS = {
     "torch._inductor.utils": ("should_use_remote_fx_graph_cache", _kinds.INDUCTOR_FX, "RemoteFxGraphCache"),
@@ -281,15 +356,17 @@ DECISIONS = {
     ),
     "torch._dynamo.pgo": ("should_use_remote_dynamo_pgo_cache", _kinds.INDUCTOR_PGO, "RemoteDynamoPGOCache"),
 }
-#: Modules that bind a decision function by name (``from ... import should_use_...``).
+#: Modules that bind a decision function or ``fresh_cache`` by name (``from ... import ...``).
 BINDERS = (
     "torch._inductor.compile_fx",
+    "torch._inductor.test_case",
     "torch._functorch._aot_autograd.aot_autograd_result",
     "torch._functorch._aot_autograd.autograd_cache",
     "torch._functorch._aot_autograd.graph_compile",
     "torch._functorch.aot_autograd",
 )
-_decisions: dict[str, tuple[Any, Any]] = {}  # function name -> (torch's own, kcache's wrapper)
+#: function name -> (torch's own, kcache's wrapper): rebound where modules took it by name
+_bound: dict[str, tuple[Any, Any]] = {}
 
 
 def _kcache_switch(cls_name: str) -> bool:
@@ -319,7 +396,7 @@ def wrap_decision(mod: Any) -> None:
 
     decide.__wrapped__ = own  # type: ignore[attr-defined]
     decide.__name__ = fn_name
-    _decisions[fn_name] = (own, decide)
+    _bound[fn_name] = (own, decide)
     patches.wrap(mod, fn_name, lambda _: decide)
     rebind()
 
@@ -377,7 +454,7 @@ def rebind(mod: Any = None) -> None:
         m = sys.modules.get(name)
         if m is None:
             continue
-        for fn_name, (own, decide) in list(_decisions.items()):
+        for fn_name, (own, decide) in list(_bound.items()):
             if m.__dict__.get(fn_name) is own:
                 patches.wrap(m, fn_name, replacing(decide))
             elif m.__dict__.get(fn_name) is decide:  # imported by name after the wrap
@@ -387,7 +464,7 @@ def rebind(mod: Any = None) -> None:
 def uninstall() -> None:
     """kcache.disable(): torch's functions come back with :data:`.attached.patches`; the cache
     registry forgets kcache's hook."""
-    _decisions.clear()
+    _bound.clear()
     mod = sys.modules.get("torch._inductor.utils")
     registered = getattr(mod, "_registered_caches", None) if mod is not None else None
     if isinstance(registered, list):

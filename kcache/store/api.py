@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Union
 if TYPE_CHECKING:
     from .hit import Hit
     from .index import Index
+    from .leases import Ticket
     from .records import Record
 
 #: Key components for ``kcache explain``: a mapping, or a function that gives one (called only
@@ -202,6 +203,12 @@ class Cache(Protocol):
     def scratch_dir(self) -> str:
         """A private folder of this process for files on their way into the store (``OSError``
         when it cannot be made)."""
+
+    def scratch_stage(self) -> tuple[str, Ticket]:
+        """A new private folder of this process for one compile's files on their way into the
+        store, and the ticket that keeps it (:mod:`kcache.store.leases`): the paths handed out
+        from it must hold the ticket (``hold_paths``); once none lives, the folder is removed,
+        never in the collector's callback (``OSError`` when it cannot be made)."""
 
     def count(self, kind: str, **deltas: float) -> None:
         """Add to the counters of ``kind`` (``kcache stats``)."""

@@ -39,6 +39,7 @@ from .api import Components, Files, Tier
 from .disk import DiskTier
 from .errors import EXPECTED, tolerated, warn_failed
 from .hit import Hit
+from .leases import Ticket
 from .locks import Lock
 from .records import Record
 from .tiers.backend import Unavailable
@@ -379,6 +380,9 @@ class TieredCache(DiskAdmin):
 
     def scratch_dir(self) -> str:
         return self.disk.scratch_dir()
+
+    def scratch_stage(self) -> tuple[str, Ticket]:
+        return self.disk.scratch_stage()
 
     # ------------------------------------------------------------------ single flight
     def single_flight(

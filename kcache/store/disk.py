@@ -68,6 +68,7 @@ from .errors import EXPECTED, CorruptEntry, RefusedEntry, StoreError, tolerated,
 from .eviction import Evictor
 from .hit import Hit, HitMemo, ServeFailed
 from .index import Index
+from .leases import Ticket
 from .locks import Lock
 from .opening import Folders, open_folders
 from .records import Record, entry_id
@@ -370,6 +371,11 @@ class DiskTier(Upkeep):
         resolves through the folder's descriptor. Held while the process lives; removed at exit
         (see :mod:`.served`)."""
         return self.served.scratch()
+
+    def scratch_stage(self) -> tuple[str, Ticket]:
+        """A new folder of this process for one compile's files, and the ticket that keeps it:
+        removed once no path that holds the ticket lives (see :meth:`.served.Served.stage`)."""
+        return self.served.stage()
 
     # ------------------------------------------------------------------ writing
     def put(

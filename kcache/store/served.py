@@ -353,6 +353,12 @@ class Served:
         cached = self._cache.get(key)
         if cached is not None and cached[0] is folder and cached[2].ticket() is None:
             del self._cache[key]
+        self._remove_in(folder, sub)
+
+    def _remove_in(self, folder: PrivateFolder, sub: str) -> None:
+        """Delete ``sub`` in ``folder`` (under _lock), through its descriptor, while the folder is
+        still one of this process's: one let go since (removed by hand, a forked parent's) has
+        closed its descriptor, whose number may name another folder by now."""
         if folder.pid == os.getpid() and (folder in self._folders.values() or folder in self._retired):
             fs.rmtree_at(folder.fd, sub)
 
@@ -543,6 +549,22 @@ class Served:
         with self._lock:
             f = self.folder("scratch")
             return fs.fd_path(f.fd, fallback=f.path)
+
+    def stage(self) -> tuple[str, Ticket]:
+        """A new folder in this process's scratch folder for one compile's files (see
+        ``Store.scratch_stage``), and the ticket its paths must keep. Once none of them lives,
+        it goes as a hit's private links do: queued by the collector's callback, removed at the
+        next turn (:meth:`_drain`), through the scratch folder's descriptor (review m10)."""
+        if self._store.closed:
+            raise OSError("the store is closed")
+        with self._lock:
+            if self._gone:
+                self._drain()
+            folder = self.folder("scratch")
+            sub = fs.unique_name("stage")
+            os.mkdir(sub, 0o700, dir_fd=folder.fd)
+            lease = Lease(functools.partial(self._remove_in, folder, sub), self._on_gone)
+            return fs.fd_path(folder.fd, sub, fallback=folder.path), lease.start()
 
     def close(self) -> None:
         """Delete this process's folders (at ``Store.close`` and exit)."""

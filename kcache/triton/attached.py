@@ -15,6 +15,8 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..launchenv import folder as folder  # a folder setting as an absolute path
+from ..launchenv import fresh_scope_folder, started_with
 from ..patch import CacheSlot, Patches
 
 if TYPE_CHECKING:
@@ -26,12 +28,6 @@ patches = Patches("triton")
 _UNSET = object()
 _folder_at_install: Any = _UNSET  # Triton's cache folder when kcache installed (None: not known)
 _pending: Callable[[], None] | None = None
-
-
-def folder(path: Any) -> str | None:
-    if not isinstance(path, str) or not path:
-        return None
-    return os.path.abspath(os.path.expanduser(path))
 
 
 def set_folder(path: str | None) -> None:
@@ -58,8 +54,14 @@ def serves_folder() -> bool:
     if current is None:
         return True
     if current == launch_folder():
-        # Named by whoever started the process (TRITON_CACHE_DIR=<Inductor's folder>/triton in
-        # a launcher, as tools/gpu_compile_check.py does): the program's setting, not a scope
+        scope = fresh_scope_folder()
+        # Started inside a fresh-cache scope of the process that started this one (the variable
+        # that process keeps while the scope is open names this folder's Inductor folder): the
+        # scope's folder, not kcache's (review M7).
+        if scope is not None and current == os.path.join(scope, "triton"):
+            return False
+        # Else named by whoever started the process (TRITON_CACHE_DIR=<Inductor's folder>/triton
+        # in a launcher, as tools/gpu_compile_check.py does): the program's setting, not a scope
         # of torch's, though it has the same shape (a served process built cuda_utils with gcc
         # and compiled every kernel Inductor's folder did not hold: issue 33).
         return True
@@ -73,24 +75,11 @@ def serves_folder() -> bool:
     return _folder_at_install is _UNSET or current == _folder_at_install
 
 
-_launch: list[str | None] = []
-
-
 def launch_folder() -> str | None:
-    """``TRITON_CACHE_DIR`` as this process was started with it (Linux keeps the environment a
-    process was started with in ``/proc/self/environ``; ``os.environ`` has what the program set
-    since, torch's ``fresh_cache()`` among it). None where it was unset or cannot be known."""
-    if not _launch:
-        value = None
-        try:
-            with open("/proc/self/environ", "rb") as f:
-                for item in f.read().split(b"\0"):
-                    if item.startswith(b"TRITON_CACHE_DIR="):
-                        value = folder(os.fsdecode(item.split(b"=", 1)[1]))
-        except OSError:  # not Linux: the folder at attach decides, as before
-            value = None
-        _launch.append(value)
-    return _launch[0]
+    """``TRITON_CACHE_DIR`` as this process was started with it (:mod:`kcache.launchenv`; what
+    the program set since, torch's ``fresh_cache()`` among it, is not). None where it was unset
+    or cannot be known."""
+    return folder(started_with("TRITON_CACHE_DIR"))
 
 
 def wait_for_manager(finish: Callable[[], None]) -> None:

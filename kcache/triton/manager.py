@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,30 +60,25 @@ if TYPE_CHECKING:
 __all__ = ["KIND_AUTOTUNE", "KIND_AUX", "KIND_GROUP", "KcacheCacheManager", "kind_of"]
 
 _scratch_lock = module_lock(__name__, "_scratch_lock")
-_scratch_roots: dict[str | None, str] = {}  # store root (None: no writable store) -> folder
+_scratch_root: list[str] = []  # this process's private temporary folder, once made
 _scratch_pid = 0
+#: Compile folders of the temporary folder whose last path has gone (see _new_stage).
+_gone_stages: deque[Lease] = deque()
 
 
-def _scratch(store: Cache | None) -> str:
-    """This process's scratch folder: the store's private one (same filesystem: members are
-    hard-linked into entries; reached through the store's pinned descriptor) when writable,
-    else a private temporary folder. Removed at exit."""
+def _scratch() -> str:
+    """This process's private temporary folder, for compile files where the store cannot take
+    them (none, read-only, closed, or its ``tmp/`` refused them). Removed at exit."""
     global _scratch_pid
-    if store is not None and not store.readonly and not store.closed:
-        try:
-            return store.scratch_dir()
-        except OSError as e:
-            logger.info("scratch folder in the store unusable (%s); using a private temporary one", e)
     with _scratch_lock:
         if _scratch_pid != os.getpid():  # a forked child: its parent's folder is not its own
-            _scratch_roots.clear()
+            _scratch_root.clear()
+            _gone_stages.clear()
             _scratch_pid = os.getpid()
-        root = _scratch_roots.get(None)
-        if root is None or not os.path.isdir(root):
-            root = tempfile.mkdtemp(prefix="kcache-triton-")
-            _scratch_roots[None] = root
-            atexit.register(_remove_scratch, root, _scratch_pid)
-        return root
+        if not _scratch_root or not os.path.isdir(_scratch_root[0]):
+            _scratch_root[:] = [tempfile.mkdtemp(prefix="kcache-triton-")]
+            atexit.register(_remove_scratch, _scratch_root[0], _scratch_pid)
+        return _scratch_root[0]
 
 
 def _remove_scratch(root: str, pid: int) -> None:
@@ -90,19 +86,21 @@ def _remove_scratch(root: str, pid: int) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _remove_stage(folder: str, store: Cache | None) -> None:
-    """A compile's scratch folder, once no path into it is kept (see ``_new_stage``). Not after
-    the store closed: the scratch folder went then, and its descriptor's number, which the path
-    goes through, may name another folder now."""
-    if store is None or not store.closed:
-        shutil.rmtree(folder, ignore_errors=True)
+def _stage_gone(lease: Lease) -> None:
+    """The last path into a compile folder of the temporary folder has gone (a weakref callback,
+    run wherever the collector runs): only queued, as the store's are (kcache/store/served.py);
+    the next compile folder made removes it."""
+    _gone_stages.append(lease)
 
 
-def _let_go(lease: Lease) -> None:
-    # The paths of a compile's scratch folder have all gone: removed now, in this process only
-    # (a forked child's copies of them are its parent's files).
-    if lease.pid == os.getpid():
-        lease.release()
+def _drain_stages() -> None:
+    while True:
+        try:
+            lease = _gone_stages.popleft()
+        except IndexError:
+            return
+        if lease.pid == os.getpid():  # a forked child's copies of the paths are its parent's files
+            lease.release()
 
 
 _enable_tried = False
@@ -193,18 +191,29 @@ class KcacheCacheManager(CacheManager):
     # -- helpers ------------------------------------------------------------------------------
     def _stage_dir(self) -> str:
         if self._dir is None:
-            self._new_stage(_scratch(self._store))
+            self._new_stage()
         assert self._dir is not None
         return self._dir
 
-    def _new_stage(self, parent: str) -> None:
+    def _new_stage(self, temporary: bool = False) -> None:
         """A private folder for this compile's files, kept while the paths ``put`` returns live
         (Triton keeps them in the kernel it builds: see kcache/store/leases.py), then removed:
-        a process that compiles for ever keeps only the files of the kernels it still has."""
-        d = os.path.join(parent, uuid.uuid4().hex[:16])
+        a process that compiles for ever keeps only the files of the kernels it still has. In the
+        store's ``tmp/`` where it can (same filesystem: members are hard-linked into entries),
+        else (``temporary``, or the store cannot) in a private temporary folder. Neither is
+        removed in the collector's callback: queued, and removed by the owner's next turn."""
+        store = self._store
+        if not temporary and store is not None and not store.readonly and not store.closed:
+            try:
+                self._dir, self._ticket = store.scratch_stage()
+                return
+            except OSError as e:
+                logger.info("scratch folder in the store unusable (%s); using a private temporary one", e)
+        _drain_stages()
+        d = os.path.join(_scratch(), uuid.uuid4().hex[:16])
         os.mkdir(d, 0o700)
         self._dir = d
-        self._ticket = Lease(functools.partial(_remove_stage, d, self._store), _let_go).start()
+        self._ticket = Lease(functools.partial(shutil.rmtree, d, ignore_errors=True), _stage_gone).start()
 
     def _key_and_gpu(self, filename: str, kind: str) -> tuple[str, str | None]:
         """The store key of a file Triton puts on its own (autotune results: also by the model
@@ -226,7 +235,7 @@ class KcacheCacheManager(CacheManager):
             # The store's filesystem is full or not writable: Triton still needs a real file, and
             # the compile must not fail for it. The store warns when the entry cannot be written.
             logger.info("scratch folder in the store unusable (%s); using a private temporary one", e)
-            self._new_stage(_scratch(None))
+            self._new_stage(temporary=True)
             assert self._dir is not None
             path = self._write_in(self._dir, data, filename)
         assert self._ticket is not None  # (made with the folder, above)
