@@ -204,10 +204,10 @@ class Worker:
         orig = entries.remove
         orig_evict = store.evict
 
-        def remove(ident: str, *, later: bool = False) -> Any:
+        def remove(ident: str, *, later: bool = False, **kw: Any) -> Any:
             why = "evict" if self.evicting or later else self.current
             self.event(f"D {time.time():.6f} {why} {ident}")
-            return orig(ident, later=later)
+            return orig(ident, later=later, **kw)  # (its other keywords, as they are)
 
         def evict(*a: Any, **k: Any) -> Any:
             self.evicting = True

@@ -27,7 +27,7 @@ from .clock import Clock
 from .entries import Entries
 from .errors import EXPECTED, StoreError, expected, warn_failed
 from .housekeeping import iter_entry_ids
-from .index import Index, IndexTooNew, is_corrupt_db
+from .index import Index, IndexNotMade, IndexTooNew, is_corrupt_db
 from .records import Record
 
 
@@ -221,6 +221,8 @@ class Catalogue:
                         out.append(row.record.key)
             finally:
                 idx.close()
+        except IndexNotMade:
+            pass  # another process is making it (at a new store's first puts): none listed yet
         except EXPECTED as e:  # locked, corrupt, newer, a folder where a file goes: none listed
             warn_once("index-list", f"cannot list entries from the store's index: {e}")
         return out

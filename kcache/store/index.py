@@ -67,6 +67,13 @@ class CorruptIndex(Exception):
     """The database is not a kcache index (another program's tables, no schema row)."""
 
 
+class IndexNotMade(CorruptIndex):
+    """A database without any table: one another process is making at this moment (its creator
+    holds the write lock between the file's creation and the tables' commit), or one a full disk
+    left empty. Who reads it around (stats: the entry folders) treats it as corrupt; a listing
+    that is best effort anyway (:meth:`Catalogue.keys`) lists nothing, without a warning."""
+
+
 class IndexTooNew(Exception):
     """The index was made by a newer kcache (a higher schema): used read-only or not at all,
     never rewritten or deleted (processes of both versions may share one store)."""
@@ -202,11 +209,7 @@ class Index:
             )
             try:
                 if not conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]:
-                    # No table at all: a database another process has just created and not
-                    # yet given its schema (its creator holds the write lock between the file's
-                    # creation and the tables'). Read as what it is about to be: empty.
-                    conn.close()
-                    return cls.open_readonly(None)
+                    raise IndexNotMade("the index has no tables (being made, or left empty by a full disk)")
                 cls._check_schema(conn)
             except BaseException:  # re-raised: it only cleans up on the way
                 conn.close()

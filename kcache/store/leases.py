@@ -76,7 +76,9 @@ class Lease:
             self.sink(self)
         # broad: a weakref callback must not raise (it runs wherever the collector does): kept
         except Exception as e:
-            unreported.append(e)
+            q = unreported
+            if q is not None:  # None: the interpreter is tearing modules down (none left to tell)
+                q.append(e)
 
 
 class HeldPath(str):
