@@ -72,15 +72,18 @@ def test_without_strict_a_bug_in_a_close_step_is_reported_and_the_close_finishes
 def test_a_bug_letting_go_in_a_weakref_callback_is_reported_at_the_next_turn(filled: Store) -> None:
     from kcache.store import leases
 
-    leases.unreported.clear()
-    lease = leases.Lease(lambda: None, _bug)
-    ticket = lease.start()
-    del ticket
-    gc.collect()  # the callback runs: it must not raise there
-    assert [str(e) for e in leases.unreported] == ["planted bug"]
-    with pytest.raises(RuntimeError, match="planted bug"):
-        filled.disk.served.drain()  # the flush thread's turn: reported (raised under strict)
-    assert not leases.unreported
+    # Held here, the reporters' lock keeps every store's flush thread (this one's, and those of
+    # stores other tests left open in this worker) from taking the report before the checks.
+    with leases.reporting:
+        leases.unreported.clear()
+        lease = leases.Lease(lambda: None, _bug)
+        ticket = lease.start()
+        del ticket
+        gc.collect()  # the callback runs: it must not raise there
+        assert [str(e) for e in leases.unreported] == ["planted bug"]
+        with pytest.raises(RuntimeError, match="planted bug"):
+            filled.disk.served.drain()  # the flush thread's turn: reported (raised under strict)
+        assert not leases.unreported
 
 
 # -- a memo's credit (was: except Exception: pass) ---------------------------------------------------

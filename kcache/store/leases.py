@@ -24,7 +24,8 @@ again only through its load hooks at a kernel's first launch (Proton's instrumen
 the ``.ttgir`` then) and at its unload (3.9): the files last as long as the kernel object that
 may still read them, and no longer. A copy of a path made by the program (``str(p)``, an
 f-string) does not keep the files: only the object handed out does. Pickling or copying a
-:class:`HeldPath` gives a plain ``str``.
+:class:`HeldPath` gives a plain ``str``: the entry's own path in the store where the files are an
+entry's (a ``/proc/self/fd`` path means nothing in another process).
 """
 
 from __future__ import annotations
@@ -34,10 +35,15 @@ import weakref
 from collections import deque
 from collections.abc import Callable
 
+from ..forksafe import module_lock
+
 #: What a sink raised in a weakref callback, which may neither raise nor wait for a lock (a
 #: warning takes one): kept here (a deque's append takes none) and reported by the owner's next
 #: turn outside one (:meth:`kcache.store.served.Served.drain`).
 unreported: deque[BaseException] = deque(maxlen=8)
+#: Held by whoever reports them (any store's flush thread, or a caller of ``drain``), never by
+#: the callback: one reporter takes the lot (re-entrant: a report may run kcache code again).
+reporting = module_lock(__name__, "reporting", reentrant=True)  # (a forked child gets its own)
 
 
 class Ticket:

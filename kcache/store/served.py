@@ -247,14 +247,16 @@ class Served:
         if self._gone:
             with self._lock:
                 self._drain()
-        while leases.unreported:
-            from ..boundary import failed
+        if not leases.unreported:
+            return
+        from ..boundary import failed
 
-            try:
+        with leases.reporting:  # one reporter at a time (any store's flush thread, a caller)
+            while leases.unreported:
                 e = leases.unreported.popleft()
-            except IndexError:  # (another thread took it meanwhile)
-                break
-            failed("served-let-go", "kcache's letting go of files handed out", e, then="they stay until exit")
+                failed(
+                    "served-let-go", "kcache's letting go of files handed out", e, then="they stay until exit"
+                )
 
     def _drain(self) -> None:
         # Under _lock. Never raises: a file that cannot be let go now stays till close or exit.
