@@ -31,8 +31,9 @@ def _same_sources(a: Path, b: Path) -> bool:
 
 
 #: The longest test files (2026-12-06, a 2-core box: 50-140 s each, most of it cold compiles of
-#: torch models in children), run first: xdist's ``--dist loadfile`` hands files out in collection
-#: order, and one of these left for last kept one worker busy minutes after the other had ended.
+#: torch models in children), run first: with ``--no-loadscope-reorder`` (.ci/run), xdist's
+#: ``--dist loadfile`` hands files out in collection order (by default: the files with the most
+#: tests first), and one of these left for last kept one worker busy minutes after the other ended.
 LONGEST_FIRST = (
     "test_inductor.py",
     "test_examples.py",
