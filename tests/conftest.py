@@ -30,30 +30,6 @@ def _same_sources(a: Path, b: Path) -> bool:
     return sources(a) == sources(b)
 
 
-#: The longest test files (2026-12-06, a 2-core box: 50-140 s each, most of it cold compiles of
-#: torch models in children), run first: with ``--no-loadscope-reorder`` (.ci/run), xdist's
-#: ``--dist loadfile`` hands files out in collection order (by default: the files with the most
-#: tests first), and one of these left for last kept one worker busy minutes after the other ended.
-LONGEST_FIRST = (
-    "test_inductor.py",
-    "test_examples.py",
-    "test_inductor_transparency.py",
-    "test_inductor_served.py",
-    "test_prewarm_triton.py",
-    "test_boundary.py",
-    "test_hostile_redis.py",
-    "test_hostile_inputs.py",
-    "test_crash.py",
-    "test_inductor_torchkey.py",
-    "test_triton_transparency.py",
-)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # (stable: the rest in order)
-
-
 def pytest_configure(config: pytest.Config) -> None:
     """The tests' children import kcache as an installed program does (many drop PYTHONPATH to
     test the install's own hook): that kcache must be this checkout's, or every child would test

@@ -38,6 +38,7 @@ MODULE_LOCKS = [
     ("kcache.nvfuser.kerneldb.hooks", "_lock"),
     ("kcache.prewarm.stub_libcuda", "_lock"),
     ("kcache.triton.warmup", "_gate"),
+    ("kcache.store.leases", "reporting"),
 ]
 #: ... and those renewed by their module's own handler, tested the same way
 OWN_LOCKS = [("kcache", "_lock"), ("kcache.store.forks", "_SERIAL")]
