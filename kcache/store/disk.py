@@ -281,7 +281,7 @@ class DiskTier(Upkeep):
 
     def entry_dir(self, ident: str) -> str:
         """The entry's folder, by name: for messages and reports only (never opened by name)."""
-        return os.path.join(str(self.root), "entries", ident[:2], ident)
+        return self.folders.entry_dir(ident)
 
     valid_id = staticmethod(valid_id)
 

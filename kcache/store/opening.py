@@ -197,6 +197,11 @@ class Folders:
             self._root_path = Path(self._root)
         return self._root_path
 
+    def entry_dir(self, ident: str) -> str:
+        """The entry's folder by its name in the store: for messages, reports and copies of the
+        paths handed out (:class:`~.leases.HeldPath`); never opened by name here."""
+        return os.path.join(self._root, "entries", ident[:2], ident)
+
     @property
     def root_name(self) -> str:
         """:attr:`root` as a string (no Path made)."""

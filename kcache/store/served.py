@@ -214,7 +214,7 @@ class Served:
                 folder, paths, lease = cached
                 t = lease.ticket()
                 if t is not None and self._folders.get("served") is folder and folder.alive():
-                    return hold_paths(paths, t, self._entry_dir(hit.record.id)), None
+                    return hold_paths(paths, t, self._store.entry_dir(hit.record.id)), None
             try:
                 folder = self.folder("served")
                 sub, paths = self._write(folder, hit, fds)
@@ -228,7 +228,7 @@ class Served:
                 sub, paths = self._write(folder, hit, None)
             lease = Lease(functools.partial(self._let_go_links, folder, sub, key), self._on_gone)
             self._cache[key] = (folder, paths, lease)
-            return hold_paths(paths, lease.start(), self._entry_dir(hit.record.id)), None
+            return hold_paths(paths, lease.start(), self._store.entry_dir(hit.record.id)), None
 
     # ------------------------------------------------------------------ letting go (see .leases)
     def _on_gone(self, lease: Lease) -> None:
@@ -267,11 +267,6 @@ class Served:
             with contextlib.suppress(OSError):  # (a descriptor, a folder's files: see _release)
                 lease.release()
 
-    def _entry_dir(self, rid: str) -> str:
-        """The entry's folder by its name in the store: what a copy of a path handed out names
-        (:class:`~.leases.HeldPath`), never opened here."""
-        return os.path.join(os.path.abspath(str(self._store.root)), "entries", rid[:2], rid)
-
     def _ticket(self, hold: Hold) -> Ticket:
         """A live ticket of ``hold`` (under _lock): its lease's, or a new lease's when the last
         paths of the one before have gone (an idle hold taken up again)."""
@@ -294,7 +289,7 @@ class Served:
         with self._lock:
             if hold.released or self._holds.get(hold.rid) is not hold or self._closed:
                 return None
-            return hold_paths(hold.paths, self._ticket(hold), self._entry_dir(hold.rid))
+            return hold_paths(hold.paths, self._ticket(hold), self._store.entry_dir(hold.rid))
 
     def _let_go_pin(self, hold: Hold) -> None:
         """The last paths of ``hold`` have gone (under _lock). While its entry is still committed
@@ -412,7 +407,7 @@ class Served:
             # other file can take while the folder is held, and an entry's files are never
             # written): the same hold. Any other hit of the id (of a folder removed since, made
             # without files) goes the way below, which checks its own members.
-            return held.pin, hold_paths(held.paths, self._ticket(held), self._entry_dir(rid))
+            return held.pin, hold_paths(held.paths, self._ticket(held), self._store.entry_dir(rid))
         if efd is None or store.readonly or not self._pins_allowed():
             return None
         own = None
@@ -453,7 +448,7 @@ class Served:
         base = f"/proc/self/fd/{pin}/"
         paths = {f.name: base + f.name for f in hit.record.files}
         hold = self._holds[rid] = Hold(pin, rid, paths, dict(hit.inos))
-        return pin, hold_paths(paths, self._ticket(hold), self._entry_dir(rid))
+        return pin, hold_paths(paths, self._ticket(hold), self._store.entry_dir(rid))
 
     def _pins_allowed(self) -> bool:
         # Only where a lock says whether its holder lives: not on a network filesystem, nor where
