@@ -90,6 +90,10 @@ class S3Backend(Backend):
     #: opens a TLS connection): 100 ms, Redis's deadline, would fail good calls. Five of these
     #: are the budget (2.5 s of failed calls per 30 s, at most, for a bucket that hangs).
     default_timeout_s = 0.5
+    #: A look is two requests (the lease, the entry's size), each 10-30 ms to S3's first byte and
+    #: billed: a waiter looking every 10 ms (Redis's pace) would keep one in flight at all times,
+    #: and every machine waiting adds its requests to the compiling machine's.
+    poll_s = (0.03, 0.2)
 
     def __init__(self, cfg: TierConfig) -> None:
         super().__init__(cfg)
