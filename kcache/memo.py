@@ -107,9 +107,23 @@ def recall(cache: Cache, key: str, member: str, valid: Callable[[bytes], bool] |
     return value
 
 
-def keep(cache: Cache, key: str, member: str, value: bytes, summary: dict[str, Any], seconds: float) -> None:
-    """Remember ``value`` as ``member`` of ``key`` (it took ``seconds`` to get)."""
-    cache.put(KIND, key, {member: value}, summary=summary, compile_s=seconds)
+def keep(
+    cache: Cache,
+    key: str,
+    member: str,
+    value: bytes,
+    summary: dict[str, Any],
+    seconds: float,
+    *,
+    replace: bool = False,
+) -> None:
+    """Remember ``value`` as ``member`` of ``key`` (it took ``seconds`` to get). ``replace``: over
+    an answer already kept under ``key`` (a memo whose answer is checked against what it came
+    from, not keyed by it: a stale one would otherwise stay, entries being first writer wins)."""
+    if replace:
+        cache.replace(KIND, key, {member: value}, summary=summary, compile_s=seconds)
+    else:
+        cache.put(KIND, key, {member: value}, summary=summary, compile_s=seconds)
 
 
 def remember(
