@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import PROXY_VARIABLES
 from tier_stores import DEADLINE, Stores, counts, flushed
 
 from kcache import config
@@ -362,6 +363,8 @@ def hostile(monkeypatch):  # noqa: ANN001, ANN201
             "AWS_EC2_METADATA_DISABLED": "true",
         }.items():
             monkeypatch.setenv(k, v)
+        for k in PROXY_VARIABLES:
+            monkeypatch.delenv(k, raising=False)
         return srv
 
     yield make
