@@ -6,7 +6,9 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,6 +69,25 @@ def store(store_dir: Path):
     s = Store.open(store_dir, max_size=1 << 30)
     yield s
     s.close()
+
+
+@pytest.fixture
+def stores(tmp_path: Path) -> Iterator[Any]:
+    """Stores with a shared tier (:class:`tier_stores.Stores`: one per "machine", made by name),
+    all closed after the test."""
+    from tier_stores import Stores
+
+    s = Stores(tmp_path)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def s3_answering(monkeypatch):  # noqa: ANN001, ANN201
+    """An S3 endpoint on 127.0.0.1 whose answers the test writes (:mod:`answering_s3`)."""
+    from answering_s3 import serving
+
+    yield from serving(monkeypatch)
 
 
 @pytest.fixture

@@ -21,12 +21,11 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import PROXY_VARIABLES
-from tier_stores import DEADLINE, Stores, counts, flushed
+from tier_stores import DEADLINE, counts, flushed
 
 from kcache import config
 from kcache.store import Store
@@ -37,13 +36,6 @@ from kcache.store.tiers import lease as rl
 PYTHON = sys.executable
 SECRET = "s3-tests-secret"
 pytestmark = pytest.mark.usefixtures("no_descriptors_left", "stores_closed")
-
-
-@pytest.fixture
-def stores(tmp_path: Path):
-    s = Stores(tmp_path)
-    yield s
-    s.close()
 
 
 def group(n: int = 4096) -> dict[str, bytes]:

@@ -36,13 +36,6 @@ pytestmark = pytest.mark.usefixtures("stores_closed")
 pytest.importorskip("botocore")
 
 
-@pytest.fixture
-def stores(tmp_path: Path):
-    s = Stores(tmp_path)
-    yield s
-    s.close()
-
-
 def make_ca_and_certificate(folder: Path) -> tuple[Path, Path, Path]:
     """(a certificate for 127.0.0.1, its key, the CA that signed it), as PEM files in ``folder``."""
     x509 = pytest.importorskip("cryptography.x509")
