@@ -332,8 +332,15 @@ def test_example_prewarms_for_cuda90_without_a_gpu(example: dict[str, Any]) -> N
     ]
 
 
-def test_example_program_gets_every_kernel_from_kcache(example: dict[str, Any]) -> None:
-    r = _program(EXAMPLE_PROGRAM, example["tmp"], example["store"], EXAMPLE_DIR)
+@pytest.fixture(scope="module")
+def example_program(example: dict[str, Any]) -> dict[str, Any]:
+    """The example's program run once on the prewarmed store: the first use of its entries (a
+    fresh process importing torch and Triton: one run serves both tests that look at it)."""
+    return _program(EXAMPLE_PROGRAM, example["tmp"], example["store"], EXAMPLE_DIR)
+
+
+def test_example_program_gets_every_kernel_from_kcache(example_program: dict[str, Any]) -> None:
+    r = example_program
     assert r["compiled"] == [], r
     assert r["store_puts"] == 0
     assert r["store_hits"] == 7 and len(r["hits"]) == 7
@@ -349,7 +356,9 @@ def _records(store: Path) -> dict[str, Any]:
         s.close()
 
 
-def test_prewarmed_entries_are_protected_until_first_use(example: dict[str, Any]) -> None:
+def test_prewarmed_entries_are_protected_until_first_use(
+    example: dict[str, Any], example_program: dict[str, Any]
+) -> None:
     """Protected for 7 days or until first used, said in the record; the entries' last use (the
     record's mtime, the index's last use, what `inspect` shows) is their real creation, not a
     date a week ahead."""
@@ -374,9 +383,8 @@ def test_prewarmed_entries_are_protected_until_first_use(example: dict[str, Any]
         s.close()
     build = example["summary"]["build"]
     assert build["python_abi"] and len(build["libtriton_sha256"]) == 64
-    # ... or until first used: the program of the test above hit every kernel
-    r = _program(EXAMPLE_PROGRAM, example["tmp"], example["store"], EXAMPLE_DIR)
-    assert r["store_hits"] == 7
+    # ... or until first used: the example's program (its first use) hit every kernel
+    assert example_program["store_hits"] == 7
     after = _protection(example["store"])
     now = time.time()
     for ident, (kind, _m, _k) in example["protected"].items():
@@ -384,9 +392,46 @@ def test_prewarmed_entries_are_protected_until_first_use(example: dict[str, Any]
             assert after[ident][1] < now + 60 and not after[ident][2], (ident, after[ident])
 
 
+def _prewarm_on_a_terminal(store: Path, tmp: Path, *args: str) -> tuple[int, bytes, bytes]:
+    """The example's prewarm for cuda:90 with its stderr on a terminal (a pty): (exit status,
+    stdout, what the terminal got)."""
+    import pty
+    import threading
+
+    master, slave = pty.openpty()
+    try:
+        p = subprocess.Popen(
+            [PY, "-m", "kcache", "prewarm", str(EXAMPLE_DIR / "spec.toml"), "--target", "cuda:90",
+             "--dir", str(store), *args],
+            env=_env(tmp, None), cwd=str(tmp), stdout=subprocess.PIPE, stderr=slave,
+        )  # fmt: skip
+        os.close(slave)
+        assert p.stdout is not None
+        out: list[bytes] = []
+        reader = threading.Thread(target=lambda: out.append(p.stdout.read()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        got = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            got += chunk
+        rc = p.wait(timeout=400)
+        reader.join(60)
+        return rc, b"".join(out), got
+    finally:
+        os.close(master)
+
+
 def test_second_prewarm_is_all_cached(example: dict[str, Any]) -> None:
+    """Run with --json and its stderr on a terminal: the summary alone, no progress bar."""
     before = _record_mtimes(example["store"])
-    s = _prewarm(EXAMPLE_DIR / "spec.toml", example["store"], example["tmp"], "--target", "cuda:90")
+    rc, out, term = _prewarm_on_a_terminal(example["store"], example["tmp"], "--json")
+    assert rc == 0 and b"/6 ok " not in term, term[-500:]  # no bar with --json, even on a terminal
+    s = json.loads(out)
     t = s["totals"]
     assert t["kernel_compiles"] == 0 and t["launcher_builds"] == 0 and t["prepared"] == 0
     assert t["cached"] == 6 and t["kernel_hits"] >= 7
@@ -546,37 +591,15 @@ def test_triton_debug_is_applied_before_triton_is_imported(tmp_path: Path) -> No
     assert r["compiled"] == [] and r["store_hits"] == 1
 
 
-def test_progress_bar_on_a_terminal_never_with_json(tmp_path: Path) -> None:
-    """The bar goes to stderr when it is a terminal; with --json nothing but the summary. It is
-    drawn at once (before the first result: a 22 s torch item showed nothing for 15 s), names the
-    item under way with its seconds, and is erased at the end (it stayed on screen; issue 36)."""
-    import pty
-
-    def run(*extra: str) -> tuple[int, bytes]:
-        master, slave = pty.openpty()
-        try:
-            p = subprocess.Popen(
-                [PY, "-m", "kcache", "prewarm", str(EXAMPLE_DIR / "spec.toml"), "--target", "cuda:90",
-                 "--dir", str(tmp_path / "store"), *extra],
-                env=_env(tmp_path, None), cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=slave,
-            )  # fmt: skip
-            os.close(slave)
-            got = b""
-            while True:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:
-                    break
-                if not chunk:
-                    break
-                got += chunk
-            assert p.stdout is not None
-            p.stdout.read()
-            return p.wait(timeout=400), got
-        finally:
-            os.close(master)
-
-    rc, term = run()
+def test_progress_bar_on_a_terminal(tmp_path: Path, example: dict[str, Any]) -> None:
+    """The bar goes to stderr when it is a terminal (with --json it never does: checked by
+    test_second_prewarm_is_all_cached). It is drawn at once (before the first result: a 22 s
+    torch item showed nothing for 15 s), names the item under way with its seconds, and is erased
+    at the end (it stayed on screen; issue 36). On a copy of the example's prewarmed store: every
+    item is started and reported as in a cold run (the bar's code does not ask what an item
+    cost), without compiling the seven kernels again."""
+    shutil.copytree(example["store"], tmp_path / "store")
+    rc, _out, term = _prewarm_on_a_terminal(tmp_path / "store", tmp_path)
     assert rc == 0 and b"6/6 ok " in term, term[-500:]
     text = term.decode("utf-8", "replace")
     draws = [d for d in text.split("\r") if d.strip()]
@@ -584,5 +607,3 @@ def test_progress_bar_on_a_terminal_never_with_json(tmp_path: Path) -> None:
     running = [d for d in draws if d.startswith("[") and "triton[0]" in d and " s)" in d]
     assert running, draws  # the item under way, with its seconds so far
     assert text.endswith("\r") and not text.rsplit("\r", 2)[-2].strip(), repr(text[-300:])  # erased
-    rc, term = run("--json")
-    assert rc == 0 and b"/6 ok " not in term, term[-500:]

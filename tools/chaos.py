@@ -22,8 +22,8 @@ crash (chaos_kills.py; the worker it kills: chaos_worker.py)
     directory is complete, and that every put the worker acknowledged (``put`` returned a hit,
     and the worker logged it) is still there unless a removal of it was started. Every 4th trial
     runs two workers at once on a store with a tiny size bound (eviction on), one killed. At the
-    end ``kcache verify --fix`` must leave a clean store. It runs beside a busy loop and an
-    fsync-heavy writer (a loaded box); an acknowledged entry that reads as a miss is counted as
+    end ``kcache verify --fix`` must leave a clean store. The workers write beside a busy loop and
+    an fsync-heavy writer (a loaded box); an acknowledged entry that reads as a miss is counted as
     lost when its folder is gone, and as a present entry read as a miss (a lookup that failed
     open) when it is not: both are failures.
 corrupt (chaos_damage.py)

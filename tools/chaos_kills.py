@@ -164,19 +164,29 @@ def _wait_ready(p: subprocess.Popen, timeout: float = 60.0) -> bool:
 
 
 # A loaded machine beside the crash phase (CI runs on a shared 2-core box): busy loops and
-# writers that fsync all the time, each ending when its parent goes (never left behind).
+# writers that fsync all the time, each ending when its parent goes (never left behind). They run
+# while a trial's workers write, where the load decides where kills land (the workers' flush
+# threads against their main threads; every kill point counts from the worker's READY), and wait
+# while the parent starts the next workers and reads the store back: load there changed nothing
+# and burned a core (17-24 s of CPU of the CI-sized phase's 31-38 s, 2026-12-06).
 _LOAD_CPU = """
-import os, sys
-parent = int(sys.argv[1])
+import os, sys, time
+parent, on = int(sys.argv[1]), sys.argv[2]
 while os.getppid() == parent:
+    if not os.path.exists(on):
+        time.sleep(0.01)
+        continue
     for _ in range(200_000):
         pass
 """
 _LOAD_IO = """
-import os, sys
-parent, path = int(sys.argv[1]), sys.argv[2]
+import os, sys, time
+parent, on, path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 block = os.urandom(1 << 16)
 while os.getppid() == parent:
+    if not os.path.exists(on):
+        time.sleep(0.01)
+        continue
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, block)
@@ -186,26 +196,47 @@ while os.getppid() == parent:
 """
 
 
+class Load:
+    """The load processes of :func:`machine_load`: :meth:`on` while workers write, :meth:`off`
+    between trials; ``windows`` counts the times it was turned on."""
+
+    def __init__(self, where: Path) -> None:
+        self.flag = where / "load-on"
+        self.procs: list[subprocess.Popen] = []
+        self.windows = 0
+
+    def on(self) -> None:
+        if self.procs and not self.flag.exists():
+            self.flag.touch()
+            self.windows += 1
+
+    def off(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.flag.unlink()
+
+
 @contextlib.contextmanager
 def machine_load(n: int, where: Path) -> Any:
-    """``n`` busy loops and ``n`` fsync-heavy writers run beside the body of the ``with``."""
-    procs: list[subprocess.Popen] = []
+    """``n`` busy loops and ``n`` fsync-heavy writers beside the body of the ``with``, working
+    while the :class:`Load` it yields is on."""
+    load = Load(where)
     try:
         for i in range(n):
             for code, extra in ((_LOAD_CPU, []), (_LOAD_IO, [str(where / f"load-{i}.bin")])):
-                procs.append(
+                load.procs.append(
                     subprocess.Popen(
-                        [sys.executable, "-c", code, str(os.getpid()), *extra],
+                        [sys.executable, "-c", code, str(os.getpid()), str(load.flag), *extra],
                         stdin=subprocess.DEVNULL,
                         stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL,
                     )
                 )
-        yield procs
+        yield load
     finally:
-        for p in procs:
+        load.off()
+        for p in load.procs:
             p.kill()
-        for p in procs:
+        for p in load.procs:
             p.wait()
 
 
@@ -213,14 +244,17 @@ def phase_crash(
     base: Path, trials: int, seed: int, log: Callable[[str], None], load: int = 0
 ) -> dict[str, Any]:
     """The crash phase (see the module doc); ``load``: that many busy loops and as many
-    fsync-heavy writers run beside it (what a loaded box does to its timing)."""
-    with machine_load(load, base):
-        out = _phase_crash(base, trials, seed, log)
-    out["load_processes"] = 2 * load
+    fsync-heavy writers run beside the workers (what a loaded box does to their timing)."""
+    with machine_load(load, base) as ld:
+        out = _phase_crash(base, trials, seed, log, ld)
+    out["load_processes"] = len(ld.procs)
+    out["load_windows"] = ld.windows
     return out
 
 
-def _phase_crash(base: Path, trials: int, seed: int, log: Callable[[str], None]) -> dict[str, Any]:
+def _phase_crash(
+    base: Path, trials: int, seed: int, log: Callable[[str], None], load: Load | None = None
+) -> dict[str, Any]:
     rng = random.Random(seed)
     keys = 48
     main_root = str(base / "crash-store")
@@ -260,6 +294,8 @@ def _phase_crash(base: Path, trials: int, seed: int, log: Callable[[str], None])
                 failures.append(
                     f"trial {t}: worker did not start: {p.stderr.read()[-2000:] if p.poll() is not None else ''}"
                 )  # type: ignore[union-attr]
+            elif load is not None:
+                load.on()  # from the first worker's READY: it writes now
         victim = procs[0]
         if point:
             try:
@@ -273,6 +309,8 @@ def _phase_crash(base: Path, trials: int, seed: int, log: Callable[[str], None])
         for p in procs[1:]:
             time.sleep(rng.uniform(0.0, 0.1))
             p.send_signal(signal.SIGKILL)
+        if load is not None:
+            load.off()  # every worker is dead or killed: the parent reads back alone
         for p in procs:
             p.wait()
             err = p.stderr.read() if p.stderr else ""  # type: ignore[union-attr]

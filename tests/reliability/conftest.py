@@ -247,6 +247,26 @@ def reference_kernels(tmp_path_factory: pytest.TempPathFactory, chaos: Any) -> d
     return out["kernels"]
 
 
+@pytest.fixture(scope="session")
+def compiled_store(tmp_path_factory: pytest.TempPathFactory, chaos: Any) -> Any:
+    """``compiled_store(n)``: a store made by a real compile of the first ``n`` chaos kernels under
+    ``KCACHE=1`` (one child, once a session for each ``n``), for tests that start from such a
+    store and test what comes after: they copy it (``shutil.copytree(..., symlinks=True)``, modes
+    kept) rather than start a child of their own for it (0.8-1 s of CPU each)."""
+    made: dict[int, Path] = {}
+
+    def make(n: int) -> Path:
+        if n not in made:
+            tmp = tmp_path_factory.mktemp(f"compiled{n}")
+            out, r = compile_in_child(chaos.kernel_specs(n), kenv(tmp, tmp / "store"))
+            assert out["enabled"] and len(out["kernels"]) == n, r.stderr[-2000:]
+            assert warning_lines(r.stderr) == [], r.stderr[-2000:]
+            made[n] = tmp / "store"
+        return made[n]
+
+    return make
+
+
 def store_entries(root: Path) -> list[str]:
     ids = []
     with contextlib.suppress(FileNotFoundError):

@@ -24,8 +24,9 @@ from .conftest import PYTHON, base_env, compile_in_child, kenv, no_traceback, ru
 def test_random_kills_ci(tmp_path: Path, chaos: Any) -> None:
     """24 trials: half killed after a random delay, half at a random write-side event (a rename,
     a mkdir, half of a file write, an SQLite statement...); every 4th with two writers on a store
-    under a tiny size bound (eviction running). Beside a busy loop and an fsync-heavy writer: CI's
-    box is loaded, and the timing of the workers' flush threads decides where kills land.
+    under a tiny size bound (eviction running). Beside a busy loop and an fsync-heavy writer, working
+    while the workers write: CI's box is loaded, and the timing of the workers' flush threads
+    decides where kills land.
 
     Seed 11 (and seed 10 under load in CI once) failed with one acknowledged entry "lost": the
     journal of acknowledged puts was written through the kill points, so a kill cut a journal
@@ -34,6 +35,7 @@ def test_random_kills_ci(tmp_path: Path, chaos: Any) -> None:
     r = chaos.phase_crash(tmp_path, 24, seed=10, log=lambda m: None, load=1)
     assert r["failures"] == []
     assert r["trials"] == 24 and r["kills"] >= 24 and r["load_processes"] == 2
+    assert r["load_windows"] == 24, r  # the load worked beside every trial's workers
     assert r["kills_at_write_point"] >= 10, r  # the point kills landed inside writes
     assert r["read_wrong"] == 0 and r["read_acked_lost"] == 0 and r["torn_entries_visible"] == 0
     assert r["read_present_missed"] == 0 and r["read_failed_open"] == 0, r
