@@ -20,7 +20,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from tier_stores import DEADLINE, Stores, counts, descriptors
+from tier_stores import DEADLINE, counts, descriptors
 from tier_stores import flushed as _flushed
 
 from kcache import config
@@ -44,13 +44,6 @@ pytestmark = pytest.mark.usefixtures("no_descriptors_left", "stores_closed")
 def prefix() -> str:
     """A key prefix of this test alone (tests share the session's server)."""
     return f"t{uuid.uuid4().hex[:8]}:"
-
-
-@pytest.fixture
-def stores(tmp_path: Path):
-    s = Stores(tmp_path)
-    yield s
-    s.close()
 
 
 def flushed(store: Store) -> None:

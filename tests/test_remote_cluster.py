@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tier_stores import DEADLINE, Stores, counts, flushed
+from tier_stores import DEADLINE, counts, flushed
 
 from kcache import config, redact
 from kcache.store import Store
@@ -44,13 +44,6 @@ SECRET = "cluster-tests-secret"
 def prefix() -> str:
     """A key prefix of this test alone (tests share the session's cluster)."""
     return f"c{uuid.uuid4().hex[:8]}:"
-
-
-@pytest.fixture
-def stores(tmp_path: Path):
-    s = Stores(tmp_path)
-    yield s
-    s.close()
 
 
 def group(n: int = 4096) -> dict[str, bytes]:

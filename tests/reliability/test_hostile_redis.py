@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tier_stores import DEADLINE, Stores, counts, flushed
+from tier_stores import DEADLINE, counts, flushed
 
 from kcache.store import Store
 from kcache.store.records import Record, file_info
@@ -40,13 +40,6 @@ SECRET = "hostile-redis-tests"
 @pytest.fixture
 def prefix() -> str:
     return f"h{uuid.uuid4().hex[:8]}:"
-
-
-@pytest.fixture
-def stores(tmp_path: Path):
-    s = Stores(tmp_path)
-    yield s
-    s.close()
 
 
 def group(n: int = 4096) -> dict[str, bytes]:
