@@ -391,12 +391,21 @@ def test_a_torch_entry_expands_per_sizes_binding() -> None:
 
 
 PRECOMPILE = {"TORCH_CACHING_PRECOMPILE": "1"}
+NAMES = CHILD.with_name("precompile_names.py")  # functions compiled by name, in order
+
+
+def run_names(env: dict[str, str], names: str) -> dict[str, Any]:
+    r = subprocess.run([PYTHON, str(NAMES), names], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
-def saved_package(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A program that turned on Dynamo's caching precompile and saved its artifacts, once per
-    module: its store (copied by a test that changes it) and what it reported."""
+def saved_package(tmp_path_factory: pytest.TempPathFactory, inductor_headers: Any) -> dict[str, Any]:
+    """A program that turned on Dynamo's caching precompile, compiled ``f`` and saved its
+    artifacts, once per module: its store (copied by a test that changes it), what it reported,
+    and the session's precompiled headers (each process of it keeps a TMPDIR of its own, as on
+    another node, and reaches them there)."""
     pytest.importorskip("torch")
     import torch._dynamo.config as dynamo_config
 
@@ -404,26 +413,47 @@ def saved_package(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         pytest.skip("this torch has no caching precompile")
     tmp = tmp_path_factory.mktemp("precompile")
     store = tmp / "store"
-    first = run_child(env_for(tmp, store, tmp / "ind-a", CHILD_SAVE_ARTIFACTS="1", **PRECOMPILE), 8)
-    return {"store": store, "first": first}
+    tmpdir = str(inductor_headers.link(tmp / "tmp-a"))
+    env = env_for(tmp, store, tmp / "ind-a", CHILD_SAVE_ARTIFACTS="1", TMPDIR=tmpdir, **PRECOMPILE)
+    return {"tmp": tmp, "store": store, "first": run_names(env, "f"), "headers": inductor_headers}
+
+
+@pytest.fixture(scope="module")
+def package_served(saved_package: dict[str, Any]) -> dict[str, Any]:
+    """The next process of that program, with an empty Inductor folder: it compiles ``f`` (its
+    package in kcache's store), then ``g``, a frame of the same module traced after that
+    package was installed."""
+    tmp, store = saved_package["tmp"], saved_package["store"]
+    tmpdir = str(saved_package["headers"].link(tmp / "tmp-b"))
+    env = env_for(tmp, store, tmp / "ind-b", TMPDIR=tmpdir, **PRECOMPILE)
+    return {"env": env, "out": run_names(env, "f,g")}
 
 
 def test_caching_precompile_is_kept_when_the_program_turns_it_on(
-    tmp_path: Path, saved_package: dict[str, Any]
+    saved_package: dict[str, Any], package_served: dict[str, Any]
 ) -> None:
     """A program that turns on Dynamo's caching precompile and saves its artifacts: the packages
     torch writes into its folder are kept in kcache's store, and a process with an empty folder
     gets them from there (torch's own counter says it loaded one)."""
-    first, store = saved_package["first"], saved_package["store"]
+    first = saved_package["first"]
     assert first["caching_precompile"] and first["ok"]
     assert first["dynamo_cache"].get("dynamo_cache_miss") == 1
     assert counts(first, INDUCTOR_PRECOMPILE, "puts") == 1
-    second = run_child(env_for(tmp_path, store, tmp_path / "ind-b", **PRECOMPILE), 8)
+    second = package_served["out"]
     assert second["ok"]
     assert second["dynamo_cache"].get("dynamo_cache_hit") == 1, second["dynamo_cache"]
     assert counts(second, INDUCTOR_PRECOMPILE, "hits") == 1
-    listed = kc(env_for(tmp_path, store, tmp_path / "ind-b"), "inspect", "--kind", INDUCTOR_PRECOMPILE)
+    listed = kc(package_served["env"], "inspect", "--kind", INDUCTOR_PRECOMPILE)
     assert [e["kind"] for e in listed] == [INDUCTOR_PRECOMPILE]
+
+
+def test_a_frame_traced_after_a_stored_package_was_installed(package_served: dict[str, Any]) -> None:
+    """``f``'s package, installed from the store, put its ``__builtins_dict___0`` in the module;
+    ``g``, traced after it, must get a name of its own (torch.compile with kcache behaves as
+    without it)."""
+    got = package_served["out"]
+    assert got["dynamo_cache"].get("dynamo_cache_hit") == 1, got  # f's package came from the store
+    assert got["f"] == "ok" and got["g"] == "ok", got  # was: Name '__builtins_dict___0' already exists
 
 
 def test_a_kept_package_torch_cannot_install_is_compiled_afresh_and_removed(
@@ -440,12 +470,12 @@ def test_a_kept_package_torch_cannot_install_is_compiled_afresh_and_removed(
     store = tmp_path / "store"
     shutil.copytree(saved_package["store"], store, symlinks=True)  # this test removes its entry
     env = env_for(tmp_path, store, tmp_path / "ind-b", CHILD_BREAK_INSTALL="1", **PRECOMPILE)
-    second = run_child(env, 8)  # the old code: torch's TypeError ended the program here
+    second = run_names(env, "f")  # the old code: torch's TypeError ended the program here
     assert second["ok"]
     assert second["dynamo_cache"].get("dynamo_cache_hit") == 1, second["dynamo_cache"]
     assert counts(second, INDUCTOR_PRECOMPILE, "hits") == 1
     assert second["unique_graphs"] >= 1  # compiled, as on a miss
     assert not list((tmp_path / "ind-b" / "dynamo").glob("*/entry"))
     assert kc(env, "inspect", "--kind", INDUCTOR_PRECOMPILE) == []
-    third = run_child(env, 8)
+    third = run_names(env, "f")
     assert third["ok"] and third["dynamo_cache"].get("dynamo_cache_miss") == 1, third["dynamo_cache"]

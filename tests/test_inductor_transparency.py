@@ -231,17 +231,9 @@ def test_an_aot_entry_is_kept_only_with_its_fx_graphs(stored: Any, orphaned: Any
 
 
 # ------------------------------------------------------------------------------ caching precompile
-def test_a_frame_traced_after_a_stored_package_was_installed(tmp_path: Path) -> None:
-    pytest.importorskip("torch", reason="needs torch")
-    store = tmp_path / "store"
-    pc = {"TORCH_CACHING_PRECOMPILE": "1"}
-    saved = run(
-        HERE / "precompile_names.py", env_for(tmp_path, store, "a", CHILD_SAVE_ARTIFACTS="1", **pc), "f"
-    )
-    assert saved["f"] == "ok"
-    got = run(HERE / "precompile_names.py", env_for(tmp_path, store, "b", **pc), "f,g")
-    assert got["dynamo_cache"].get("dynamo_cache_hit") == 1, got  # f's package came from the store
-    assert got["f"] == "ok" and got["g"] == "ok", got  # was: Name '__builtins_dict___0' already exists
+# A frame traced after a stored caching-precompile package was installed: in tests/test_inductor.py
+# (test_a_frame_traced_after_a_stored_package_was_installed), with the processes of the
+# caching-precompile tests there.
 
 
 # ------------------------------------------------------------------------------ -march=native
