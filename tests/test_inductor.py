@@ -81,8 +81,18 @@ def warm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     pytest.importorskip("torch", reason="torch.compile tests need torch (CI installs it)")
     base = tmp_path_factory.mktemp("inductor")
     store = base / "store"
-    out = run_child(env_for(base, store, base / "ind-cold"), 8, 16)
+    # it reports torch's cache switches too (kcache on, none set by the user: the switches test)
+    out = run_child(env_for(base, store, base / "ind-cold", CHILD_SWITCHES="1"), 8, 16)
     return {"base": base, "store": store, "cold": out}
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The same child with KCACHE unset, an empty Inductor folder, one batch size; it reports
+    torch's cache switches too (kcache off: the switches test)."""
+    pytest.importorskip("torch", reason="torch.compile tests need torch (CI installs it)")
+    base = tmp_path_factory.mktemp("inductor-plain")
+    return run_child(env_for(base, None, base / "ind-plain", CHILD_SWITCHES="1"), 8)
 
 
 # ------------------------------------------------------------------------------- end to end
@@ -137,9 +147,9 @@ def test_graph_entries_name_the_compiled_function(warm: dict[str, Any]) -> None:
     assert groups["MLP.forward"]["kinds"].get(INDUCTOR_FX, 0) >= 2
 
 
-def test_without_kcache_an_empty_folder_is_cold(warm: dict[str, Any], tmp_path: Path) -> None:
+def test_without_kcache_an_empty_folder_is_cold(warm: dict[str, Any], plain: dict[str, Any]) -> None:
     """The control for the test above: the same child with KCACHE unset compiles everything."""
-    out = run_child(env_for(warm["base"], None, tmp_path / "ind-plain"), 8)
+    out = plain
     assert not out["kcache"] and out["inductor"].get("fxgraph_cache_miss", 0) >= 1
     assert out["isa_probes"] == warm["cold"]["isa_probes"], "torch probes in every process"
 
@@ -205,29 +215,32 @@ def test_clear_kind_and_eviction_on_the_new_kinds(warm: dict[str, Any], tmp_path
 
 
 SWITCHES = """
-import json, sys
-import torch._inductor.config as ic, torch._functorch.config as fc, torch._dynamo.config as dc
-import torch._inductor.remote_cache as rc
-import torch._inductor.runtime.triton_heuristics as th
-print(json.dumps({
-    "recheck_wrapped": hasattr(th.CachingAutotuner.recheck_autotune_cache, "__wrapped__"),
-    "fx": ic.fx_graph_remote_cache, "autotune": ic.autotune_remote_cache,
-    "aot": fc.enable_remote_autograd_cache, "pgo": dc.automatic_dynamic_remote_pgo,
-    "bundled": ic.bundled_autotune_remote_cache,
-    "override": {c: rc.__dict__[c].backend_override_cls is not None for c in
-                 ("RemoteFxGraphCache", "RemoteAutotuneCache", "RemoteAOTAutogradCache", "RemoteDynamoPGOCache")},
-}))
+import json
+from child import switches
+print(json.dumps(switches()))
 """
 
 
 @pytest.mark.parametrize("user", ["unset", "fx_off", "kcache_off"])
-def test_switches_the_user_set_are_left_alone(tmp_path: Path, user: str) -> None:
+def test_switches_the_user_set_are_left_alone(
+    request: pytest.FixtureRequest, tmp_path: Path, user: str
+) -> None:
+    """Read in a process with kcache on and nothing set (the cold run of ``warm``), one with
+    ``TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE=0`` (a process of its own, no compile) and one with
+    kcache off (``plain``): tests/torch_compile/child.py's ``switches()`` in each."""
     pytest.importorskip("torch", reason="needs torch")
-    extra = {"TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "0"} if user == "fx_off" else {}
-    env = env_for(tmp_path, None if user == "kcache_off" else tmp_path / "store", tmp_path / "ind", **extra)
-    r = subprocess.run([PYTHON, "-c", SWITCHES], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stderr
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    if user == "unset":
+        got = request.getfixturevalue("warm")["cold"]["switches"]
+    elif user == "kcache_off":
+        got = request.getfixturevalue("plain")["switches"]
+    else:
+        extra = {"TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "0"}
+        env = env_for(tmp_path, tmp_path / "store", tmp_path / "ind", **extra)
+        r = subprocess.run(
+            [PYTHON, "-c", SWITCHES], capture_output=True, text=True, env=env, timeout=300, cwd=CHILD.parent
+        )
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["bundled"] is None, "never turned on: it changes the FX key and fails without Triton"
     if user == "kcache_off":
         assert (got["fx"], got["autotune"], got["aot"], got["pgo"]) == (None, None, None, None)
