@@ -48,6 +48,15 @@ _ESCAPES = {
 }
 
 
+class _EscapedMessage(logging.Formatter):
+    """stderr's formatter: the message's control characters escaped (a terminal escape in a
+    hostile key component or file name would rewrite the user's screen, a newline would forge a
+    line of kcache's); a traceback (debug level) keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        return super().formatMessage(record).translate(_ESCAPES)
+
+
 class _OneLine(logging.Formatter):
     """The log file's formatter: one record, one line. Messages carry text from hostile inputs
     (a key's components, a file's or a store's name): a newline in it would forge a line of
@@ -62,7 +71,7 @@ def configure(level: str | None = None) -> None:
     global _configured
     if not _configured:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("kcache: %(levelname)s: %(message)s"))
+        handler.setFormatter(_EscapedMessage("kcache: %(levelname)s: %(message)s"))
         logger.addHandler(handler)
         logger.propagate = False
         _configured = True

@@ -107,9 +107,23 @@ def recall(cache: Cache, key: str, member: str, valid: Callable[[bytes], bool] |
     return value
 
 
-def keep(cache: Cache, key: str, member: str, value: bytes, summary: dict[str, Any], seconds: float) -> None:
-    """Remember ``value`` as ``member`` of ``key`` (it took ``seconds`` to get)."""
-    cache.put(KIND, key, {member: value}, summary=summary, compile_s=seconds)
+def keep(
+    cache: Cache,
+    key: str,
+    member: str,
+    value: bytes,
+    summary: dict[str, Any],
+    seconds: float,
+    *,
+    replace: bool = False,
+) -> None:
+    """Remember ``value`` as ``member`` of ``key`` (it took ``seconds`` to get). ``replace``: over
+    an answer already kept under ``key`` (a memo whose answer is checked against what it came
+    from, not keyed by it: a stale one would otherwise stay, entries being first writer wins)."""
+    if replace:
+        cache.replace(KIND, key, {member: value}, summary=summary, compile_s=seconds)
+    else:
+        cache.put(KIND, key, {member: value}, summary=summary, compile_s=seconds)
 
 
 def remember(
@@ -135,7 +149,32 @@ def remember(
     return value, False
 
 
-_open_lock = module_lock(__name__, "_open_lock")  # a forked child gets a free one
+# Re-entrant: a library's own code run while its module's open() is replaced (further up on this
+# thread: an import that asks for the key again) runs under it too (:func:`open_restored`).
+_open_lock = module_lock(__name__, "_open_lock", reentrant=True)  # a forked child gets a free one
+# id(module globals) -> (those globals, whether they had their own ``open``, that one, the memo's):
+# every module whose ``open`` is replaced now (changed under _open_lock only).
+_replaced: dict[int, tuple[dict[str, Any], bool, Any, Any]] = {}
+
+
+def _put_in(module_globals: dict[str, Any], open_: Callable[..., Any]) -> None:
+    had, old = "open" in module_globals, module_globals.get("open")
+    _replaced[id(module_globals)] = (module_globals, had, old, open_)
+    module_globals["open"] = open_
+
+
+def _take_out(module_globals: dict[str, Any]) -> Callable[..., Any] | None:
+    """The module's own ``open`` back; the replacement taken out (None: there was none)."""
+    record = _replaced.pop(id(module_globals), None)
+    if record is None:
+        return None
+    g, had, old, new = record
+    if g.get("open") is new:  # (if something else was put there since, it stays)
+        if had:
+            g["open"] = old
+        else:
+            g.pop("open", None)
+    return new
 
 
 @contextlib.contextmanager
@@ -143,14 +182,38 @@ def open_replaced(module_globals: dict[str, Any], open_: Callable[..., Any]) -> 
     """A library's own hashing function run with its ``open`` replaced: ``open_`` is the name
     ``open`` in ``module_globals`` (the function's module) for the duration, then the module is
     as it was. How a memo learns (or stands in for) the files a library's key reads, while the
-    library's own code computes the key. One at a time (the module's globals are shared)."""
+    library's own code computes the key. One at a time (the module's globals are shared): every
+    other run of that library's code takes the same lock (:func:`open_restored`), and a child
+    forked meanwhile gets the module's own ``open`` back (the fork handler below)."""
     with _open_lock:
-        had, old = "open" in module_globals, module_globals.get("open")
-        module_globals["open"] = open_
+        _put_in(module_globals, open_)
         try:
             yield
         finally:
-            if had:
-                module_globals["open"] = old
-            else:
-                module_globals.pop("open", None)
+            _take_out(module_globals)
+
+
+@contextlib.contextmanager
+def open_restored(module_globals: dict[str, Any]) -> Iterator[None]:
+    """The library's own ``open`` in ``module_globals`` for the duration: where a memo runs the
+    library's own code unchanged (its fallback) while a replacement may be in, put there by
+    another thread (waited for: the lock) or by this one further up (a re-entered call: taken out
+    for the duration, then put back). Without this, that code would read the memo's stand-in."""
+    with _open_lock:
+        replacement = _take_out(module_globals)
+        try:
+            yield
+        finally:
+            if replacement is not None:
+                _put_in(module_globals, replacement)
+
+
+def _restore_in_child() -> None:
+    # A fork while a replacement was in (another thread's, mid-key): the child would keep it for
+    # good (nothing in the child takes it out), and the library's own code would read the stand-in.
+    for g, *_ in list(_replaced.values()):
+        _take_out(g)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_restore_in_child)

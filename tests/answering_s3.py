@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from conftest import PROXY_VARIABLES
 
 AWS_SECRET = "answers-secret-key-XYZ"
 
@@ -90,7 +91,7 @@ def serving(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Answering
         servers.append(srv)
         for k, v in aws_env(srv).items():
             monkeypatch.setenv(k, v)
-        for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_SESSION_TOKEN"):
+        for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_SESSION_TOKEN", *PROXY_VARIABLES):
             monkeypatch.delenv(k, raising=False)
         return srv
 

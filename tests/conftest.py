@@ -6,7 +6,9 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,6 +69,25 @@ def store(store_dir: Path):
     s = Store.open(store_dir, max_size=1 << 30)
     yield s
     s.close()
+
+
+@pytest.fixture
+def stores(tmp_path: Path) -> Iterator[Any]:
+    """Stores with a shared tier (:class:`tier_stores.Stores`: one per "machine", made by name),
+    all closed after the test."""
+    from tier_stores import Stores
+
+    s = Stores(tmp_path)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def s3_answering(monkeypatch):  # noqa: ANN001, ANN201
+    """An S3 endpoint on 127.0.0.1 whose answers the test writes (:mod:`answering_s3`)."""
+    from answering_s3 import serving
+
+    yield from serving(monkeypatch)
 
 
 @pytest.fixture
@@ -480,17 +501,21 @@ def redis_cluster_private(tmp_path: Path):
 # PyPI), on 127.0.0.1 at a free port, speaking the S3 HTTP API with conditional writes. Without
 # moto or botocore the tests that need it skip, unless KCACHE_TEST_REQUIRE_S3=1 (set by .ci/run).
 class S3Server:
-    def __init__(self, workdir: Path) -> None:
+    """``tls``: (certificate, key, the CA that signed it): HTTPS with that certificate."""
+
+    def __init__(self, workdir: Path, tls: tuple[Path, Path, Path] | None = None) -> None:
         import socket
         import subprocess
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self.ca = str(tls[2]) if tls else None
+        with_tls = ["-c", str(tls[0]), "-k", str(tls[1])] if tls else []
         self.log = open(workdir / "moto.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port), *with_tls],
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
@@ -523,6 +548,7 @@ class S3Server:
             region_name="us-east-1",
             aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
+            verify=self.ca,
         )
 
     def bucket(self) -> str:
@@ -566,6 +592,11 @@ def s3(s3_server, monkeypatch):  # noqa: ANN001, ANN201
     """The session's S3 server, with this process's AWS configuration pointing at it."""
     for k, v in s3_server.env.items():
         monkeypatch.setenv(k, v)
-    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_SESSION_TOKEN"):
+    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_SESSION_TOKEN", *PROXY_VARIABLES):
         monkeypatch.delenv(k, raising=False)
     return s3_server
+
+
+#: What botocore and kcache's S3 backend take a proxy from: never the machine's, in the S3 tests
+#: (the servers are on 127.0.0.1).
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy")

@@ -28,7 +28,6 @@ MODULE_LOCKS = [
     ("kcache.store.quarantine", "_lock"),
     ("kcache.triton.groupcheck", "_lock"),
     ("kcache.triton.manager", "_scratch_lock"),
-    ("kcache.triton.keymemo", "_lock"),
     ("kcache.inductor.graphs", "_lock"),
     ("kcache.inductor.workers", "_lock"),
     ("kcache.inductor.policy", "_lock"),

@@ -138,6 +138,21 @@ def test_a_bundle_with_a_bad_record_imports_the_rest(tmp_path: Path) -> None:
         dst.close()
 
 
+def test_a_warning_on_stderr_shows_control_characters_escaped(tmp_path: Path, clean_env) -> None:
+    # a store path holding a terminal escape and a newline (a name made by someone else): the
+    # warning names it, and must neither drive the user's terminal nor forge a line of kcache's
+    bad = tmp_path / ("s" + ESC + "\nkcache: WARNING: forged")
+    bad.write_text("a file, not a folder")
+    env = {**clean_env, "KCACHE": "1", "KCACHE_DIR": str(bad)}
+    p = subprocess.run([PYTHON, "-c", "import kcache; assert kcache.active_store() is None"], env=env,
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "is not a directory" in p.stderr, p.stderr
+    assert "\x1b" not in p.stderr and "\x07" not in p.stderr, p.stderr
+    assert "\\x1b" in p.stderr and "forged" in p.stderr, p.stderr  # shown, escaped
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
 def test_inspect_and_explain_show_control_characters_escaped(tmp_path: Path, clean_env) -> None:
     root = tmp_path / "s"
     s = Store.open(root)

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-from answering_s3 import AWS_SECRET, aws_env, error, serving
-from tier_stores import Stores, counts, flushed
+from answering_s3 import AWS_SECRET, aws_env, error
+from tier_stores import counts, flushed
 
 from kcache.store import Store
 from kcache.store.tiers import shared
@@ -28,18 +27,6 @@ from kcache.store.tiers import shared
 PYTHON = sys.executable
 pytestmark = pytest.mark.usefixtures("no_descriptors_left", "stores_closed")
 URL = "s3://bucket/p"
-
-
-@pytest.fixture
-def stores(tmp_path: Path):
-    s = Stores(tmp_path)
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def s3_answering(monkeypatch):  # noqa: ANN001, ANN201
-    yield from serving(monkeypatch)
 
 
 def tier_of(store: Store) -> Any:

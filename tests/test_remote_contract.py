@@ -142,13 +142,6 @@ def target(
 
 
 @pytest.fixture
-def stores(tmp_path: Path) -> Iterator[Stores]:
-    s = Stores(tmp_path)
-    yield s
-    s.close()
-
-
-@pytest.fixture
 def prefix() -> str:
     return f"k{uuid.uuid4().hex[:8]}:"
 

@@ -21,11 +21,11 @@ import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
-from tier_stores import DEADLINE, Stores, counts, flushed
+from conftest import PROXY_VARIABLES
+from tier_stores import DEADLINE, counts, flushed
 
 from kcache import config
 from kcache.store import Store
@@ -36,13 +36,6 @@ from kcache.store.tiers import lease as rl
 PYTHON = sys.executable
 SECRET = "s3-tests-secret"
 pytestmark = pytest.mark.usefixtures("no_descriptors_left", "stores_closed")
-
-
-@pytest.fixture
-def stores(tmp_path: Path):
-    s = Stores(tmp_path)
-    yield s
-    s.close()
 
 
 def group(n: int = 4096) -> dict[str, bytes]:
@@ -362,6 +355,8 @@ def hostile(monkeypatch):  # noqa: ANN001, ANN201
             "AWS_EC2_METADATA_DISABLED": "true",
         }.items():
             monkeypatch.setenv(k, v)
+        for k in PROXY_VARIABLES:
+            monkeypatch.delenv(k, raising=False)
         return srv
 
     yield make

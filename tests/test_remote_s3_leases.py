@@ -16,12 +16,11 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-from answering_s3 import error, serving
-from tier_stores import Stores, counts
+from answering_s3 import error
+from tier_stores import counts
 
 from kcache.store import Store
 from kcache.store.tiers import shared
@@ -29,18 +28,6 @@ from kcache.store.tiers import shared
 pytestmark = pytest.mark.usefixtures("no_descriptors_left", "stores_closed")
 URL = "s3://bucket/p"
 LEASES = 12
-
-
-@pytest.fixture
-def stores(tmp_path: Path):
-    s = Stores(tmp_path)
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def s3_answering(monkeypatch):  # noqa: ANN001, ANN201
-    yield from serving(monkeypatch)
 
 
 class FarBucket:

@@ -152,3 +152,132 @@ def test_digest_is_keyed_by_file_identity(tmp_path: Path, monkeypatch: pytest.Mo
         assert "ino=" in ident and "mtime=" in ident and "ctime=" in ident and "triton=" in ident
     finally:
         kcache.disable()
+
+
+# Races between the memo's run of Triton's code (libtriton's read answered by a stand-in put into
+# Triton's module) and everything else that runs Triton's own code, in a fresh process with the
+# real Triton. Thread A computes the key through the memo and is held (sys.settrace, at the call
+# of Triton's code, where the stand-in is in; or at the call of the memo's trampoline) while the
+# other party runs; every key any party gets is printed, to be compared with Triton's own.
+RACE = """
+import json, os, sys, threading
+from kernels.compat import triton_key_module
+cache_mod = triton_key_module()
+import kcache, kcache.memo
+from kcache.triton import keymemo
+assert keymemo.installed()
+mode = sys.argv[1]
+own = keymemo.own_key()  # Triton's own key, nothing else running
+fn = cache_mod.triton_key  # the lru_cache every caller holds
+trampoline = fn.__wrapped__.__code__
+
+def tritons_code(code):
+    return code.co_filename == cache_mod.__file__ and code.co_name == "triton_key"
+
+inside, go, other_waits = threading.Event(), threading.Event(), threading.Event()
+keys, errors = [], []
+
+def hold_at(match):
+    def tracer(frame, event, arg):
+        if event == "call" and match(frame.f_code) and not inside.is_set():
+            inside.set()
+            go.wait(120)
+    return tracer
+
+def a_thread(match):
+    sys.settrace(hold_at(match))
+    try:
+        fn.cache_clear()
+        keys.append(fn())
+    except BaseException as e:
+        errors.append(repr(e))
+    finally:
+        sys.settrace(None)
+
+if mode == "reenter":
+    # Triton's code, run by the memo, asks for the key again on the same thread (as an import it
+    # makes could): the inner call must get Triton's key too.
+    def tracer(frame, event, arg):
+        if event == "call" and tritons_code(frame.f_code) and not inside.is_set():
+            inside.set()
+            keys.append(fn())  # (calls from a tracer are not traced)
+    sys.settrace(tracer)
+    fn.cache_clear()
+    outer = fn()
+    sys.settrace(None)
+    keys.append(outer)
+    keys.append(fn())  # what the lru_cache kept
+elif mode == "thread":
+    # Another thread runs Triton's own code (keymemo.own_key) while A's stand-in is in.
+    lock = kcache.memo._open_lock
+    class Noting:  # the memo's lock, noting when B starts to wait for it (then A may go on)
+        def __enter__(self):
+            if threading.current_thread() is b:
+                other_waits.set()
+            return lock.__enter__()
+        def __exit__(self, *exc):
+            return lock.__exit__(*exc)
+    kcache.memo._open_lock = Noting()
+    a = threading.Thread(target=a_thread, args=(tritons_code,))
+    b = threading.Thread(target=lambda: keys.append(keymemo.own_key()))
+    a.start()
+    assert inside.wait(120)
+    assert "open" in cache_mod.__dict__  # the stand-in is in
+    b.start()
+    while b.is_alive() and not other_waits.wait(0.05):
+        pass
+    go.set()
+    a.join(120)
+    b.join(120)
+elif mode == "fork":
+    # A fork while A's stand-in is in: the child turns kcache off and asks Triton for its key.
+    a = threading.Thread(target=a_thread, args=(tritons_code,))
+    a.start()
+    assert inside.wait(120)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            kcache.disable()
+            fn.cache_clear()
+            os.write(w, json.dumps({"installed": keymemo.installed(), "key": fn()}).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    child = json.loads(os.read(r, 1 << 16).decode())
+    assert os.waitstatus_to_exitcode(status) == 0 and not child["installed"], child
+    keys.append(child["key"])
+    go.set()
+    a.join(120)
+elif mode == "disable":
+    # kcache is turned off while A has entered the memo's trampoline (Triton's function, whose
+    # code goes back at once) but not yet looked up where it leads.
+    a = threading.Thread(target=a_thread, args=(lambda code: code is trampoline,))
+    a.start()
+    assert inside.wait(120)
+    kcache.disable()
+    assert not keymemo.installed()
+    go.set()
+    a.join(120)
+    fn.cache_clear()
+    keys.append(fn())  # Triton's own function, kcache off
+print(json.dumps({"own": own, "keys": keys, "errors": errors, "open_left": "open" in cache_mod.__dict__}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["reenter", "thread", "fork", "disable"])
+def test_tritons_own_code_never_runs_with_the_memos_stand_in(tmp_path: Path, mode: str) -> None:
+    """Every key Triton's code gives is Triton's own (a stand-in digest in it would be a random key,
+    kept by the lru_cache: misses for the whole process), and turning kcache off while a key is
+    being computed raises nothing into Triton."""
+    env = clean_env(tmp_path, kcache_dir=tmp_path / "store")
+    out = subprocess.run([PYTHON, "-c", RACE, mode], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not r["errors"], r
+    assert len(r["keys"]) == {"reenter": 3, "thread": 2, "fork": 2, "disable": 2}[mode], r
+    assert all(k == r["own"] for k in r["keys"]), r
+    assert not r["open_left"], r

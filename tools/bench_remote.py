@@ -86,6 +86,9 @@ class Redis:
 
     env: dict[str, str] = {}
 
+    def cpu_s(self) -> float:
+        return _cpu_s(self.proc.pid)
+
     def flush(self) -> None:
         import redis
 
@@ -133,6 +136,9 @@ class S3:
         self.n = 0
         self.flush()
 
+    def cpu_s(self) -> float:
+        return _cpu_s(self.proc.pid)
+
     def flush(self) -> None:
         import boto3
 
@@ -151,6 +157,15 @@ class S3:
 
 
 Server = Redis | S3
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) process ``pid`` has used so far (Linux; 0.0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 # ------------------------------------------------------------------------------------ 1. latency
@@ -410,6 +425,7 @@ def main() -> int:
                 kind = name.split("-")[0]
                 red = servers.get(kind) if kind in ("redis", "s3") else None
                 n = 1 if name == "alone" else a.procs
+                cpu0 = red.cpu_s() if red is not None else 0.0
                 r = at_once(
                     red,
                     root / f"{name}-{rep}",
@@ -417,13 +433,16 @@ def main() -> int:
                     "bench-secret" if name.endswith("-secret") else None,
                     a.s3_timeout if kind == "s3" else None,
                 )
+                # the server's own CPU over the round (whether it, not the clients, was the limit)
+                r["server_cpu_s"] = round(red.cpu_s() - cpu0, 3) if red is not None else 0.0
                 rounds[name].append(r)
                 print(
                     f"  round {rep + 1} {name:<12} wall {r['wall_s']:6.2f} s  Triton compiles "
                     f"{r['triton_compiles']:3d}  kcache puts {r['kcache_puts']:3d}  from the tier "
                     f"{r['remote_hits']:3d} (waited {r['remote_waited']}, {r['remote_wait_s']:.1f} s, "
                     f"{r['remote_fruitless_s']:.1f} s for nothing)  first kernel {r['first_kernel_s']:.2f} s  "
-                    f"last one's spread {r['last_spread_s']:.3f} s  errors {r['errors']}",
+                    f"last one's spread {r['last_spread_s']:.3f} s  server CPU {r['server_cpu_s']:.2f} s  "
+                    f"errors {r['errors']}",
                     flush=True,
                 )
         res["at_once"] = {
@@ -434,6 +453,7 @@ def main() -> int:
                 "last_spread_s_median": statistics.median(r["last_spread_s"] for r in rs),
                 "median_spread_s_median": statistics.median(r["median_spread_s"] for r in rs),
                 "kernel_steps_s": [r["kernel_steps_s"] for r in rs],
+                "server_cpu_s": [r["server_cpu_s"] for r in rs],
                 "triton_compiles": [r["triton_compiles"] for r in rs],
                 "kcache_puts": [r["kcache_puts"] for r in rs],
                 "remote_hits": [r["remote_hits"] for r in rs],

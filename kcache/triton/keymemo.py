@@ -27,13 +27,11 @@ from typing import Any
 from .. import fingerprint
 from .. import kinds as _kinds
 from ..boundary import guarded
-from ..forksafe import module_lock
 from ..log import logger
-from ..memo import boot_id, remember, sha256_file
+from ..memo import boot_id, open_replaced, open_restored, remember, sha256_file
 from .attached import cache as active_cache
 
 KIND = _kinds.TRITON_META
-_lock = module_lock(__name__, "_lock")
 #: The fail-open boundary's topic (kcache/boundary.py): Triton's own triton_key runs then.
 TOPIC, WHAT = "triton-key-memo", "kcache's memo of triton_key"
 
@@ -94,12 +92,20 @@ class _SentinelFile:
         return None
 
 
+def run_own(own: Any) -> str:
+    """Triton's own key function ``own`` (a copy of its code) as without kcache: with its module's
+    own ``open``, never the memo's stand-in that another thread (waited for), or this one further
+    up (a re-entered call), has put there (:func:`kcache.memo.open_restored`)."""
+    with open_restored(own.__globals__):
+        return str(own())
+
+
 def memo_triton_key(own: Any, cache_mod: Any) -> str:
     """Triton's own key function ``own`` (a copy of its code) run with libtriton's digest taken
     from the memo."""
     path = _libtriton_path(cache_mod)
     if path is None:
-        return str(own())
+        return run_own(own)
     digest, _ = libtriton_digest(path)
     chunk = b"kcache-sentinel-" + uuid.uuid4().hex.encode()
     fake_digest = hashlib.sha256(chunk).hexdigest()
@@ -114,21 +120,11 @@ def memo_triton_key(own: Any, cache_mod: Any) -> str:
             pass  # real open() below meets the same error, as without kcache
         return real_open(file, *args, **kwargs)
 
-    g = own.__globals__
-    with _lock:
-        had = "open" in g
-        old = g.get("open")
-        g["open"] = open_
-        try:
-            result = own()
-        finally:
-            if had:
-                g["open"] = old
-            else:
-                g.pop("open", None)
+    with open_replaced(own.__globals__, open_):
+        result = own()
     if fake_digest not in result:
         logger.info("triton_key memo: Triton hashed libtriton differently; using its own key")
-        return str(own())
+        return run_own(own)
     return str(result.replace(fake_digest, digest))
 
 
@@ -182,7 +178,7 @@ def own_key() -> str | None:
         return None
     raw = found[1]
     code = _own_code.get(id(raw), raw.__code__) if raw.__code__ is _TRAMPOLINE else raw.__code__
-    return str(types.FunctionType(code, raw.__globals__, raw.__name__)())
+    return run_own(types.FunctionType(code, raw.__globals__, raw.__name__))
 
 
 _own_code: dict[int, Any] = {}  # id(Triton's plain function) -> the code it had before the memo
@@ -212,7 +208,7 @@ def install_key_memo() -> None:
     Triton's original code. Every holder of the ``lru_cache`` then gets the memo, and the
     ``lru_cache`` keeps the result as it keeps Triton's own: asked once per process, whoever asks.
     Undone with the other patches (the code goes back; a key computed meanwhile stays, and it is
-    Triton's own key)."""
+    Triton's own key; the name the trampoline looks up stays, leading to Triton's own code)."""
     from .attached import patches
 
     cache_mod = _key_module()
@@ -234,9 +230,9 @@ def install_key_memo() -> None:
         # when Triton's code raised it (it ran with the memo's open()): reported, or raised
         # when strict. Either way Triton's own code then gives the key, or its own error.
         # Re-entered on this thread (an import Triton's code makes asks for the key again):
-        # Triton's own code, as without kcache (the memo's lock is held further up).
+        # Triton's own code, as without kcache (run_own takes the memo's stand-in out meanwhile).
         if getattr(_busy, "on", False):
-            return str(own())
+            return run_own(own)
         _busy.on = True
         try:
             with guarded(TOPIC, WHAT):  # the edge (Triton asks for its key)
@@ -246,7 +242,14 @@ def install_key_memo() -> None:
                     logger.info("triton_key memo failed (%s); using Triton's", e)
         finally:
             _busy.on = False
-        return str(own())
+        return run_own(own)
 
+    def plain() -> str:
+        return run_own(own)
+
+    # What the name holds once the memo is undone: a thread that entered the trampoline just
+    # before (its code is back now) still looks the name up, and must find Triton's own code,
+    # not a NameError raised into Triton.
+    setattr(cache_mod, _ENTRY, plain)
     patches.set(cache_mod, _ENTRY, entry)
     patches.set(raw, "__code__", _TRAMPOLINE)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import socket
 import threading
 import uuid
-from pathlib import Path
 
 import pytest
 from tier_stores import DEADLINE, Stores, counts
@@ -138,13 +137,6 @@ class FakeClusterNode:
                 s.close()
             except OSError:
                 pass
-
-
-@pytest.fixture
-def stores(tmp_path: Path):
-    s = Stores(tmp_path)
-    yield s
-    s.close()
 
 
 @pytest.fixture

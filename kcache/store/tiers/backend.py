@@ -183,6 +183,10 @@ class Backend:
     leases: ClassVar[bool] = False
     #: Its calls' deadline when ``KCACHE_REMOTE_TIMEOUT`` is not set (None: the tier's, 100 ms).
     default_timeout_s: ClassVar[float | None] = None
+    #: How far apart a machine waiting on another's compile looks at the lease and the entry:
+    #: the first look after the shortest, each next one 1.5x later, up to the longest (seconds).
+    #: A look costs a backend one round trip (Redis: a fraction of a millisecond) or more.
+    poll_s: ClassVar[tuple[float, float]] = (0.01, 0.1)
 
     def __init__(self, cfg: TierConfig) -> None:
         self.cfg = cfg

@@ -3,7 +3,7 @@ lease holds and when it is waited on).
 
 After a local miss, with this machine's lock held and the entry in no tier, the process takes the
 entry's lease if it is free (and compiles, its lease kept alive by the keeper's heartbeats); or
-waits, looking at the backend :data:`POLL_MIN_S` to :data:`POLL_MAX_S` apart, while the holder's
+waits, looking at the backend its ``poll_s`` apart (10 to 100 ms for Redis), while the holder's
 lease shows progress (:class:`.lease.Watch`), for the entry to appear. A lease that is not waited
 on (foreign, no expiry, forged, stale) is replaced by this process's own (compared and set by the
 backend), so that other machines wait on this compile instead of each compiling too.
@@ -21,8 +21,6 @@ from .backend import LeaseView
 if TYPE_CHECKING:
     from ..records import Record
     from .core import Core
-
-POLL_MIN_S, POLL_MAX_S = 0.01, 0.1  # a waiter looks at the backend this often
 
 #: How a warning names a lease that is not waited on.
 WHY = {
@@ -67,7 +65,7 @@ def fly(tier: Core, kind: str, key: str, ident: str) -> tuple[Record, dict[str, 
         return None  # ours: compile here
     watch = rl.Watch(ident, tier.cfg.secret, tier.cfg.lease_s, tier.fruitless, time.monotonic())
     raw, ttl = got.value, got.ttl_ms
-    delay = POLL_MIN_S
+    delay, longest = tier.backend.poll_s
     why: str | None
     while True:
         now = time.monotonic()
@@ -97,7 +95,7 @@ def fly(tier: Core, kind: str, key: str, ident: str) -> tuple[Record, dict[str, 
         if why is not None:
             break
         time.sleep(max(0.0, min(delay, watch.time_left(time.monotonic()))))
-        delay = min(delay * 1.5, POLL_MAX_S)
+        delay = min(delay * 1.5, longest)
         got = _look(tier, kind, ident)
         if got is None:
             why = "error"

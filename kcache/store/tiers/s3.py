@@ -6,7 +6,11 @@ Where the bucket is and who asks come from the standard AWS configuration, as fo
 store than AWS's, ``AWS_REGION``/``AWS_DEFAULT_REGION`` (or the profile's), credentials from the
 environment, ``AWS_PROFILE`` and the shared files, SSO, a container's or an instance's role. With
 an endpoint URL, requests are path-style (``endpoint/BUCKET/key``: what MinIO and most others
-take); without, virtual-hosted (``BUCKET.s3.REGION.amazonaws.com``).
+take); without, virtual-hosted (``BUCKET.s3.REGION.amazonaws.com``), except for a bucket whose
+name has a dot: path-style at ``s3.REGION.amazonaws.com``, as botocore does (S3's certificate,
+``*.s3.REGION.amazonaws.com``, covers one label, never ``my.bucket``). TLS is verified against
+``AWS_CA_BUNDLE`` or the profile's ``ca_bundle`` (then ``REQUESTS_CA_BUNDLE``) where one is set,
+else the system's certificates; a proxy is used as botocore uses one (:mod:`.s3_http`).
 
 The operations the machinery (:mod:`.shared`) asks for, on objects under
 ``PREFIX/<KCACHE_REMOTE_PREFIX>``:
@@ -39,6 +43,7 @@ whatever its body (a proxy's long HTML page is not read).
 from __future__ import annotations
 
 import email.utils
+import os
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -90,6 +95,10 @@ class S3Backend(Backend):
     #: opens a TLS connection): 100 ms, Redis's deadline, would fail good calls. Five of these
     #: are the budget (2.5 s of failed calls per 30 s, at most, for a bucket that hangs).
     default_timeout_s = 0.5
+    #: A look is two requests (the lease, the entry's size), each 10-30 ms to S3's first byte and
+    #: billed: a waiter looking every 10 ms (Redis's pace) would keep one in flight at all times,
+    #: and every machine waiting adds its requests to the compiling machine's.
+    poll_s = (0.03, 0.2)
 
     def __init__(self, cfg: TierConfig) -> None:
         super().__init__(cfg)
@@ -149,22 +158,25 @@ class S3Backend(Backend):
         for var, value in (("metadata_service_timeout", 1), ("metadata_service_num_attempts", 1)):
             if session.get_config_variable(var) in (None, 1, "1"):
                 session.set_config_variable(var, value)
-        self.region = session.get_config_variable("region") or "us-east-1"
+        # AWS_REGION first, as the AWS CLI and the other SDKs take it (botocore reads only
+        # AWS_DEFAULT_REGION and the profile's; the docs, and the warning about a bucket in another
+        # region, name AWS_REGION)
+        self.region = os.environ.get("AWS_REGION") or session.get_config_variable("region") or "us-east-1"
         endpoint = None
         if not _flag(session.get_config_variable("ignore_configured_endpoint_urls")):
             endpoint = ConfiguredEndpointProvider(
                 full_config=session.full_config, scoped_config=session.get_scoped_config(), client_name="s3"
             ).provide()
-        self.path_style = bool(endpoint)
-        if not endpoint:
-            endpoint = f"https://{self.bucket}.s3.{self.region}.amazonaws.com"
-        self.endpoint = str(endpoint)
+        self.endpoint, self.path_style = endpoint_for(self.bucket, self.region, endpoint)
         _remember_url_secrets(self.endpoint)  # (a password in AWS_ENDPOINT_URL: never shown)
+        # botocore's order: the AWS setting (AWS_CA_BUNDLE, the profile's ca_bundle), then
+        # requests' variable, then the default certificates (botocore's: certifi's; here: the system's)
+        ca_bundle = session.get_config_variable("ca_bundle") or os.environ.get("REQUESTS_CA_BUNDLE") or None
         found = session.get_credentials()
         if found is None:
             raise ValueError("no AWS credentials (the environment, AWS_PROFILE, or a role)")
         self._creds = Credentials(found)
-        self._http = Http(self.endpoint, self.region, self._creds, self.cfg.timeout_s)
+        self._http = Http(self.endpoint, self.region, self._creds, self.cfg.timeout_s, ca_bundle=ca_bundle)
 
     def close(self) -> None:
         if self._http is not None:
@@ -397,6 +409,18 @@ class S3Backend(Backend):
             q.append(("continuation-token", token))
         query = "&".join(f"{k}={quote(v, safe='-_.~')}" for k, v in sorted(q))
         return self._req("GET", "", query=query, bucket_level=True, max_body=4 << 20)
+
+
+def endpoint_for(bucket: str, region: str, configured: str | None) -> tuple[str, bool]:
+    """(the endpoint URL requests go to, whether they are path-style): the configured endpoint
+    (``AWS_ENDPOINT_URL``...), path-style; else AWS's for ``region``: virtual-hosted, but
+    path-style for a bucket whose name has a dot (the host ``my.bucket.s3.REGION.amazonaws.com``
+    matches no certificate S3 has: botocore, too, goes path-style for such a bucket)."""
+    if configured:
+        return str(configured), True
+    if "." in bucket:
+        return f"https://s3.{region}.amazonaws.com", True
+    return f"https://{bucket}.s3.{region}.amazonaws.com", False
 
 
 def _flag(v: object) -> bool:
