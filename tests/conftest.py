@@ -173,6 +173,44 @@ def clean_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+# ------------------------------------------------------------------------------ torch.compile
+class InductorHeaders:
+    """Inductor's folder of precompiled C++ headers for the whole test session: the one a process
+    that keeps the session's ``TMPDIR`` uses (``<TMPDIR>/torchinductor_<user>/precompiled_headers``),
+    made reachable from a ``TMPDIR`` of a child's own by :meth:`link`."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def link(self, tmpdir: Path) -> Path:
+        """``tmpdir`` (made if missing), whose precompiled-header folder is the session's one."""
+        import getpass
+
+        own = tmpdir / f"torchinductor_{getpass.getuser()}"
+        own.mkdir(parents=True, exist_ok=True)
+        link = own / "precompiled_headers"
+        if not link.is_symlink():
+            link.symlink_to(self.folder, target_is_directory=True)
+        return tmpdir
+
+
+@pytest.fixture(scope="session")
+def inductor_headers() -> InductorHeaders:
+    """Inductor builds a precompiled header (7-8 s of g++, a 150 MB file) for its CPU kernels
+    under ``$TMPDIR``, named after the header, the compile command and the compiler's version,
+    and keeps it for every later process of the machine (torch locks the build: concurrent
+    processes, xdist's workers included, build it once). Children that keep the session's
+    ``TMPDIR`` share it as they are; a child given a ``TMPDIR`` of its own (its path is in every
+    C++ command: what some tests are about) reaches the same folder through :meth:`link`, as a
+    shared /tmp would give it. One build per session instead of one per such test module."""
+    import getpass
+    import tempfile
+
+    folder = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}" / "precompiled_headers"
+    folder.mkdir(parents=True, exist_ok=True)
+    return InductorHeaders(folder)
+
+
 # ------------------------------------------------------------------------------ Redis (issue 15)
 # A real redis-server on 127.0.0.1 at a free port (the distribution's package; .ci/run installs
 # it). Without one the tests that need it skip, unless KCACHE_TEST_REQUIRE_REDIS=1 (set by

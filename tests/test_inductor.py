@@ -81,8 +81,18 @@ def warm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     pytest.importorskip("torch", reason="torch.compile tests need torch (CI installs it)")
     base = tmp_path_factory.mktemp("inductor")
     store = base / "store"
-    out = run_child(env_for(base, store, base / "ind-cold"), 8, 16)
+    # it reports torch's cache switches too (kcache on, none set by the user: the switches test)
+    out = run_child(env_for(base, store, base / "ind-cold", CHILD_SWITCHES="1"), 8, 16)
     return {"base": base, "store": store, "cold": out}
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The same child with KCACHE unset, an empty Inductor folder, one batch size; it reports
+    torch's cache switches too (kcache off: the switches test)."""
+    pytest.importorskip("torch", reason="torch.compile tests need torch (CI installs it)")
+    base = tmp_path_factory.mktemp("inductor-plain")
+    return run_child(env_for(base, None, base / "ind-plain", CHILD_SWITCHES="1"), 8)
 
 
 # ------------------------------------------------------------------------------- end to end
@@ -137,9 +147,9 @@ def test_graph_entries_name_the_compiled_function(warm: dict[str, Any]) -> None:
     assert groups["MLP.forward"]["kinds"].get(INDUCTOR_FX, 0) >= 2
 
 
-def test_without_kcache_an_empty_folder_is_cold(warm: dict[str, Any], tmp_path: Path) -> None:
+def test_without_kcache_an_empty_folder_is_cold(warm: dict[str, Any], plain: dict[str, Any]) -> None:
     """The control for the test above: the same child with KCACHE unset compiles everything."""
-    out = run_child(env_for(warm["base"], None, tmp_path / "ind-plain"), 8)
+    out = plain
     assert not out["kcache"] and out["inductor"].get("fxgraph_cache_miss", 0) >= 1
     assert out["isa_probes"] == warm["cold"]["isa_probes"], "torch probes in every process"
 
@@ -205,29 +215,32 @@ def test_clear_kind_and_eviction_on_the_new_kinds(warm: dict[str, Any], tmp_path
 
 
 SWITCHES = """
-import json, sys
-import torch._inductor.config as ic, torch._functorch.config as fc, torch._dynamo.config as dc
-import torch._inductor.remote_cache as rc
-import torch._inductor.runtime.triton_heuristics as th
-print(json.dumps({
-    "recheck_wrapped": hasattr(th.CachingAutotuner.recheck_autotune_cache, "__wrapped__"),
-    "fx": ic.fx_graph_remote_cache, "autotune": ic.autotune_remote_cache,
-    "aot": fc.enable_remote_autograd_cache, "pgo": dc.automatic_dynamic_remote_pgo,
-    "bundled": ic.bundled_autotune_remote_cache,
-    "override": {c: rc.__dict__[c].backend_override_cls is not None for c in
-                 ("RemoteFxGraphCache", "RemoteAutotuneCache", "RemoteAOTAutogradCache", "RemoteDynamoPGOCache")},
-}))
+import json
+from child import switches
+print(json.dumps(switches()))
 """
 
 
 @pytest.mark.parametrize("user", ["unset", "fx_off", "kcache_off"])
-def test_switches_the_user_set_are_left_alone(tmp_path: Path, user: str) -> None:
+def test_switches_the_user_set_are_left_alone(
+    request: pytest.FixtureRequest, tmp_path: Path, user: str
+) -> None:
+    """Read in a process with kcache on and nothing set (the cold run of ``warm``), one with
+    ``TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE=0`` (a process of its own, no compile) and one with
+    kcache off (``plain``): tests/torch_compile/child.py's ``switches()`` in each."""
     pytest.importorskip("torch", reason="needs torch")
-    extra = {"TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "0"} if user == "fx_off" else {}
-    env = env_for(tmp_path, None if user == "kcache_off" else tmp_path / "store", tmp_path / "ind", **extra)
-    r = subprocess.run([PYTHON, "-c", SWITCHES], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stderr
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    if user == "unset":
+        got = request.getfixturevalue("warm")["cold"]["switches"]
+    elif user == "kcache_off":
+        got = request.getfixturevalue("plain")["switches"]
+    else:
+        extra = {"TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "0"}
+        env = env_for(tmp_path, tmp_path / "store", tmp_path / "ind", **extra)
+        r = subprocess.run(
+            [PYTHON, "-c", SWITCHES], capture_output=True, text=True, env=env, timeout=300, cwd=CHILD.parent
+        )
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["bundled"] is None, "never turned on: it changes the FX key and fails without Triton"
     if user == "kcache_off":
         assert (got["fx"], got["autotune"], got["aot"], got["pgo"]) == (None, None, None, None)
@@ -391,12 +404,21 @@ def test_a_torch_entry_expands_per_sizes_binding() -> None:
 
 
 PRECOMPILE = {"TORCH_CACHING_PRECOMPILE": "1"}
+NAMES = CHILD.with_name("precompile_names.py")  # functions compiled by name, in order
+
+
+def run_names(env: dict[str, str], names: str) -> dict[str, Any]:
+    r = subprocess.run([PYTHON, str(NAMES), names], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
-def saved_package(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A program that turned on Dynamo's caching precompile and saved its artifacts, once per
-    module: its store (copied by a test that changes it) and what it reported."""
+def saved_package(tmp_path_factory: pytest.TempPathFactory, inductor_headers: Any) -> dict[str, Any]:
+    """A program that turned on Dynamo's caching precompile, compiled ``f`` and saved its
+    artifacts, once per module: its store (copied by a test that changes it), what it reported,
+    and the session's precompiled headers (each process of it keeps a TMPDIR of its own, as on
+    another node, and reaches them there)."""
     pytest.importorskip("torch")
     import torch._dynamo.config as dynamo_config
 
@@ -404,26 +426,47 @@ def saved_package(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         pytest.skip("this torch has no caching precompile")
     tmp = tmp_path_factory.mktemp("precompile")
     store = tmp / "store"
-    first = run_child(env_for(tmp, store, tmp / "ind-a", CHILD_SAVE_ARTIFACTS="1", **PRECOMPILE), 8)
-    return {"store": store, "first": first}
+    tmpdir = str(inductor_headers.link(tmp / "tmp-a"))
+    env = env_for(tmp, store, tmp / "ind-a", CHILD_SAVE_ARTIFACTS="1", TMPDIR=tmpdir, **PRECOMPILE)
+    return {"tmp": tmp, "store": store, "first": run_names(env, "f"), "headers": inductor_headers}
+
+
+@pytest.fixture(scope="module")
+def package_served(saved_package: dict[str, Any]) -> dict[str, Any]:
+    """The next process of that program, with an empty Inductor folder: it compiles ``f`` (its
+    package in kcache's store), then ``g``, a frame of the same module traced after that
+    package was installed."""
+    tmp, store = saved_package["tmp"], saved_package["store"]
+    tmpdir = str(saved_package["headers"].link(tmp / "tmp-b"))
+    env = env_for(tmp, store, tmp / "ind-b", TMPDIR=tmpdir, **PRECOMPILE)
+    return {"env": env, "out": run_names(env, "f,g")}
 
 
 def test_caching_precompile_is_kept_when_the_program_turns_it_on(
-    tmp_path: Path, saved_package: dict[str, Any]
+    saved_package: dict[str, Any], package_served: dict[str, Any]
 ) -> None:
     """A program that turns on Dynamo's caching precompile and saves its artifacts: the packages
     torch writes into its folder are kept in kcache's store, and a process with an empty folder
     gets them from there (torch's own counter says it loaded one)."""
-    first, store = saved_package["first"], saved_package["store"]
+    first = saved_package["first"]
     assert first["caching_precompile"] and first["ok"]
     assert first["dynamo_cache"].get("dynamo_cache_miss") == 1
     assert counts(first, INDUCTOR_PRECOMPILE, "puts") == 1
-    second = run_child(env_for(tmp_path, store, tmp_path / "ind-b", **PRECOMPILE), 8)
+    second = package_served["out"]
     assert second["ok"]
     assert second["dynamo_cache"].get("dynamo_cache_hit") == 1, second["dynamo_cache"]
     assert counts(second, INDUCTOR_PRECOMPILE, "hits") == 1
-    listed = kc(env_for(tmp_path, store, tmp_path / "ind-b"), "inspect", "--kind", INDUCTOR_PRECOMPILE)
+    listed = kc(package_served["env"], "inspect", "--kind", INDUCTOR_PRECOMPILE)
     assert [e["kind"] for e in listed] == [INDUCTOR_PRECOMPILE]
+
+
+def test_a_frame_traced_after_a_stored_package_was_installed(package_served: dict[str, Any]) -> None:
+    """``f``'s package, installed from the store, put its ``__builtins_dict___0`` in the module;
+    ``g``, traced after it, must get a name of its own (torch.compile with kcache behaves as
+    without it)."""
+    got = package_served["out"]
+    assert got["dynamo_cache"].get("dynamo_cache_hit") == 1, got  # f's package came from the store
+    assert got["f"] == "ok" and got["g"] == "ok", got  # was: Name '__builtins_dict___0' already exists
 
 
 def test_a_kept_package_torch_cannot_install_is_compiled_afresh_and_removed(
@@ -440,12 +483,12 @@ def test_a_kept_package_torch_cannot_install_is_compiled_afresh_and_removed(
     store = tmp_path / "store"
     shutil.copytree(saved_package["store"], store, symlinks=True)  # this test removes its entry
     env = env_for(tmp_path, store, tmp_path / "ind-b", CHILD_BREAK_INSTALL="1", **PRECOMPILE)
-    second = run_child(env, 8)  # the old code: torch's TypeError ended the program here
+    second = run_names(env, "f")  # the old code: torch's TypeError ended the program here
     assert second["ok"]
     assert second["dynamo_cache"].get("dynamo_cache_hit") == 1, second["dynamo_cache"]
     assert counts(second, INDUCTOR_PRECOMPILE, "hits") == 1
     assert second["unique_graphs"] >= 1  # compiled, as on a miss
     assert not list((tmp_path / "ind-b" / "dynamo").glob("*/entry"))
     assert kc(env, "inspect", "--kind", INDUCTOR_PRECOMPILE) == []
-    third = run_child(env, 8)
+    third = run_names(env, "f")
     assert third["ok"] and third["dynamo_cache"].get("dynamo_cache_miss") == 1, third["dynamo_cache"]

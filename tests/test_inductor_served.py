@@ -5,7 +5,7 @@ on a new node as it were (its own ``TORCHINDUCTOR_CACHE_DIR`` and ``TMPDIR``, th
 is served every graph and kernel. Both run ``tests/torch_compile/served.py``, which counts every
 process and thread started and every wait of the main thread, and a compiler shim first on
 ``PATH`` logs every run of ``g++``/``gcc``/``cc``/``c++``/``clang++``/``clang`` (torch finds its
-compiler there, or through ``CXX``, set here to the shim's ``g++``). What is counted, not timed:
+``g++`` there: ``CXX`` is unset). What is counted, not timed:
 
 - no compiler run in the served process (before: the compiler's ``--version`` and ``-v``, the
   precompiled header's preprocessing and compile, and every kernel built with it whenever the
@@ -38,7 +38,7 @@ COMPILERS = ("g++", "gcc", "c++", "cc", "clang++", "clang")
 
 def make_shim(folder: Path) -> Path:
     """A folder of compiler scripts that log each run to ``$COMPILER_LOG`` and run the real
-    compiler. One folder for every child: the compiler's path (``CXX``) is in Inductor's keys."""
+    compiler. One folder for every child: the compiler's identity is in kcache's memo keys."""
     folder.mkdir(parents=True, exist_ok=True)
     for name in COMPILERS:
         real = shutil.which(name)
@@ -50,15 +50,19 @@ def make_shim(folder: Path) -> Path:
     return folder
 
 
-def env_for(base: Path, tag: str, shim: Path) -> dict[str, str]:
+def env_for(base: Path, tag: str, shim: Path, headers: Any = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TORCHINDUCTOR", "TRITON_"))}
-    for k in ("PYTHONPATH", "CC", "CXX"):
+    for k in ("PYTHONPATH", "CC", "CXX"):  # torch runs ``g++``: the shim's, first on PATH
         env.pop(k, None)
     tmp = base / f"tmp-{tag}"
     tmp.mkdir(parents=True, exist_ok=True)
+    if headers is not None:
+        # The cold process reaches the session's precompiled headers (the compile command is
+        # any process's: ``g++`` found on PATH), as a shared /tmp would give it; the served
+        # process keeps an empty TMPDIR of its own, where a precompiled header would be built.
+        headers.link(tmp)
     env.update(
         PATH=f"{shim}{os.pathsep}{env.get('PATH', '')}",
-        CXX=str(shim / "g++"),
         HOME=str(base / "home"),
         XDG_CACHE_HOME=str(base / "xdg"),
         TMPDIR=str(tmp),
@@ -71,9 +75,9 @@ def env_for(base: Path, tag: str, shim: Path) -> dict[str, str]:
     return env
 
 
-def run_served(base: Path, tag: str) -> dict[str, Any]:
+def run_served(base: Path, tag: str, headers: Any = None) -> dict[str, Any]:
     log = base / f"compiler-{tag}.log"
-    env = env_for(base, tag, base / "shim")
+    env = env_for(base, tag, base / "shim", headers)
     env["COMPILER_LOG"] = str(log)
     out = base / f"out-{tag}.json"
     r = subprocess.run([PYTHON, str(SERVED), str(out)], capture_output=True, text=True, env=env, timeout=900)
@@ -86,13 +90,13 @@ def run_served(base: Path, tag: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+def runs(tmp_path_factory: pytest.TempPathFactory, inductor_headers: Any) -> dict[str, dict[str, Any]]:
     pytest.importorskip("torch", reason="torch.compile tests need torch (CI installs it)")
     if shutil.which("g++") is None:
         pytest.skip("needs a C++ compiler (g++) for Inductor's CPU kernels")
     base = tmp_path_factory.mktemp("served")
-    make_shim(base / "shim")  # once: its identity is in kcache's memo keys, its path in Inductor's
-    cold = run_served(base, "cold")
+    make_shim(base / "shim")  # once: its identity is in kcache's memo keys
+    cold = run_served(base, "cold", inductor_headers)
     served = run_served(base, "served")
     # what the tests below count is a served process's: check that it was one
     assert cold["ok"] and served["ok"]

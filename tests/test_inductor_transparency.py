@@ -9,7 +9,6 @@ Inductor folder and their own ``TMPDIR``, as a new node or CI job does.
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
 import shutil
@@ -28,15 +27,15 @@ HERE = Path(__file__).parent / "torch_compile"
 STEPS = HERE / "steps.py"
 
 
-#: One folder of precompiled headers for every process of this module (see :func:`env_for`).
-PCH: list[Path] = []
+#: The session's folder of Inductor's precompiled headers (tests/conftest.py: inductor_headers).
+HEADERS: list[Any] = []
 
 
 @pytest.fixture(scope="module", autouse=True)
-def shared_precompiled_headers(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    PCH.append(tmp_path_factory.mktemp("inductor-pch"))
+def shared_precompiled_headers(inductor_headers: Any) -> Any:
+    HEADERS.append(inductor_headers)
     yield
-    PCH.clear()
+    HEADERS.clear()
 
 
 def env_for(base: Path, store: Path | None, tag: str, **extra: str) -> dict[str, str]:
@@ -44,17 +43,13 @@ def env_for(base: Path, store: Path | None, tag: str, **extra: str) -> dict[str,
     env.pop("PYTHONPATH", None)
     tmp = base / f"tmp-{tag}"  # a TMPDIR of this process alone (as under a scheduler)
     tmp.mkdir(parents=True, exist_ok=True)
-    if PCH:
-        # Inductor builds its precompiled header (7-24 s of g++) under $TMPDIR, keyed by the
+    if HEADERS:
+        # Inductor builds its precompiled header (7-8 s of g++) under $TMPDIR, keyed by the
         # header and the compile flags: one machine's processes share it, as they share one
         # TMPDIR. Each process here keeps a TMPDIR of its own (its path is in every C++
-        # command: the subject of these tests) and reaches the module's one header folder
+        # command: the subject of these tests) and reaches the session's header folder
         # through a link there, as a shared /tmp would give it.
-        own = tmp / f"torchinductor_{getpass.getuser()}"
-        own.mkdir(exist_ok=True)
-        link = own / "precompiled_headers"
-        if not link.is_symlink():
-            link.symlink_to(PCH[0], target_is_directory=True)
+        HEADERS[0].link(tmp)
     env.update(
         HOME=str(base / "home"),
         XDG_CACHE_HOME=str(base / "xdg"),
@@ -236,17 +231,9 @@ def test_an_aot_entry_is_kept_only_with_its_fx_graphs(stored: Any, orphaned: Any
 
 
 # ------------------------------------------------------------------------------ caching precompile
-def test_a_frame_traced_after_a_stored_package_was_installed(tmp_path: Path) -> None:
-    pytest.importorskip("torch", reason="needs torch")
-    store = tmp_path / "store"
-    pc = {"TORCH_CACHING_PRECOMPILE": "1"}
-    saved = run(
-        HERE / "precompile_names.py", env_for(tmp_path, store, "a", CHILD_SAVE_ARTIFACTS="1", **pc), "f"
-    )
-    assert saved["f"] == "ok"
-    got = run(HERE / "precompile_names.py", env_for(tmp_path, store, "b", **pc), "f,g")
-    assert got["dynamo_cache"].get("dynamo_cache_hit") == 1, got  # f's package came from the store
-    assert got["f"] == "ok" and got["g"] == "ok", got  # was: Name '__builtins_dict___0' already exists
+# A frame traced after a stored caching-precompile package was installed: in tests/test_inductor.py
+# (test_a_frame_traced_after_a_stored_package_was_installed), with the processes of the
+# caching-precompile tests there.
 
 
 # ------------------------------------------------------------------------------ -march=native

@@ -6,7 +6,9 @@ Inductor, called at the shapes given; prints one JSON line with Inductor's and k
 With ``CHILD_SAVE_ARTIFACTS=1`` it calls ``torch.compiler.save_cache_artifacts()`` at the end (as
 a program using caching precompile does). With ``CHILD_BREAK_INSTALL=1``, torch fails to install
 a caching-precompile package the way torch 2.11 did on the H200 (a ``TypeError`` while unpickling
-the package's guards, inside ``CompilePackage.install``).
+the package's guards, inside ``CompilePackage.install``). With ``CHILD_SWITCHES=1`` the line also
+holds, under ``switches``, the cache switches of torch's config as they are after the run (and
+whether kcache's parts are in torch): see :func:`switches`.
 
 The model is defined at module level: Dynamo's profile of dynamic dimensions (PGO) is keyed by
 code object, and a method that closes over a local (``torch`` imported inside a function) gets
@@ -59,6 +61,28 @@ def count_isa_probes(event: str, args: tuple) -> None:
             PROBES.append(str(argv[2]))
 
 
+def switches() -> dict:
+    """torch's remote-cache switches, which of Inductor's remote caches have a backend put in
+    their place, and whether kcache wrapped the autotuner's recheck (tests/test_inductor.py:
+    the switches the user set are left alone)."""
+    import torch._dynamo.config as dc
+    import torch._functorch.config as fc
+    import torch._inductor.config as ic
+    import torch._inductor.remote_cache as rc
+    import torch._inductor.runtime.triton_heuristics as th
+
+    caches = ("RemoteFxGraphCache", "RemoteAutotuneCache", "RemoteAOTAutogradCache", "RemoteDynamoPGOCache")
+    return {
+        "recheck_wrapped": hasattr(th.CachingAutotuner.recheck_autotune_cache, "__wrapped__"),
+        "fx": ic.fx_graph_remote_cache,
+        "autotune": ic.autotune_remote_cache,
+        "aot": fc.enable_remote_autograd_cache,
+        "pgo": dc.automatic_dynamic_remote_pgo,
+        "bundled": ic.bundled_autotune_remote_cache,
+        "override": {c: rc.__dict__[c].backend_override_cls is not None for c in caches},
+    }
+
+
 def main(argv: list[str]) -> int:
     sys.addaudithook(count_isa_probes)
     if os.environ.get("CHILD_BREAK_INSTALL"):
@@ -88,6 +112,8 @@ def main(argv: list[str]) -> int:
     out["kcache"] = bool(kcache is not None and kcache.is_enabled())
     if out["kcache"]:
         out["process"] = kcache.stats()["process"]
+    if os.environ.get("CHILD_SWITCHES"):  # read last: the counters above are the run's alone
+        out["switches"] = switches()
     print(json.dumps(out))
     return 0
 
