@@ -153,8 +153,8 @@ def node_factory():
         node.close()
 
 
-def _lookups(stores: Stores, url: str) -> dict[str, float]:
-    a = stores("a", url, f"h{uuid.uuid4().hex[:8]}:", KCACHE_REMOTE_TIMEOUT=DEADLINE)
+def _lookups(stores: Stores, url: str, deadline: str = DEADLINE) -> dict[str, float]:
+    a = stores("a", url, f"h{uuid.uuid4().hex[:8]}:", KCACHE_REMOTE_TIMEOUT=deadline)
     for i in range(LOOKUPS):
         assert a.get("triton", f"K{i}") is None  # a miss, never an error
     return counts(a)
@@ -184,8 +184,11 @@ def test_a_slot_map_naming_too_many_nodes_is_refused_before_any_client_is_built(
     it is read: the lookups cost next to nothing, and one warning says why."""
     assert masters > redis_io.MAX_NODES
     node = node_factory(masters)
-    c = _lookups(stores, node.url)
-    assert c["remote_s"] <= BOUND_S, c
+    # a deadline the map's answer (4,000 nodes, made and parsed in Python) meets on a loaded box:
+    # this is about the cap (the map read once, then refused), not about a slow node; with 100 ms
+    # a CI run under load timed the answer out, and the cost was the budget's, not the refusal's
+    c = _lookups(stores, node.url, deadline="2s")
+    assert c["remote_s"] <= 2.0 + 0.5, c  # one call (the map's read), never one a lookup
     assert c.get("remote_bypassed", 0) >= LOOKUPS - 10, c
     assert node.asked.get(b"COMMAND", 0) == 0, node.asked  # no client was built from it
     assert any(f"more than {redis_io.MAX_NODES} nodes" in m for m in kcache_warnings), kcache_warnings
