@@ -173,8 +173,9 @@ def test_readme_install_then_every_example_page(fresh: dict[str, object]) -> Non
         outputs[rel.parent.name] = "".join(
             _run_block(_commands(b), checkout, env, f"{rel} block {i}") for i, b in enumerate(blocks)
         )
-    # the torch.compile page run a second time, as written: a new store and a new serving folder,
-    # but Inductor's default folder warm from the first run (it made the prewarm store nothing)
+    # the torch.compile page run a second time, as written: a new store and a new serving folder
+    # (issue 33: a prewarm whose Inductor folder was warm stored nothing; it compiles in a folder
+    # of its own now, so the second run must store and serve as the first did)
     page = REPO / "docs" / "examples" / "torch_compile" / "README.md"
     again = "".join(
         _run_block(_commands(b), checkout, env, f"torch_compile again, block {i}")
