@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from unittest import mock
 
+import ptys
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -818,15 +819,7 @@ def _pty_run(env: dict[str, str], *args: str) -> tuple[int, str, bytes]:
         p = subprocess.Popen([sys.executable, "-m", "kcache", *args], env=env, stdout=subprocess.PIPE,
                              stderr=slave, text=True)  # fmt: skip
         os.close(slave)
-        got = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            got += chunk
+        got = ptys.drain(master)
         out = p.stdout.read() if p.stdout else ""
         return p.wait(timeout=120), out, got
     finally:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ptys
 import pytest
 
 pytest.importorskip("triton")
@@ -410,15 +411,7 @@ def _prewarm_on_a_terminal(store: Path, tmp: Path, *args: str) -> tuple[int, byt
         out: list[bytes] = []
         reader = threading.Thread(target=lambda: out.append(p.stdout.read()), daemon=True)  # type: ignore[union-attr]
         reader.start()
-        got = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            got += chunk
+        got = ptys.drain(master)
         rc = p.wait(timeout=400)
         reader.join(60)
         return rc, b"".join(out), got
