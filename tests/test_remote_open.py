@@ -231,3 +231,29 @@ def test_a_user_class_that_raises_is_foreign_code_never_raised_into_the_program(
         assert a.tiers[0].off and written == [] and "shared tier off" in said[0], said
     else:  # the tier works around the method that raised
         assert flushed and len(written) == 1, (flushed, written)
+
+
+def test_a_user_class_s_own_settings_of_the_contract_are_the_ones_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every class attribute the machinery reads of a backend (Backend's ClassVars) is the user's
+    # class's, through the wrapper that sorts its failures: poll_s was once left out of its list
+    (tmp_path / "kc_paced_backend.py").write_text(
+        textwrap.dedent(USER_BACKEND)
+        + "\n\nclass PacedBackend(FolderBackend):\n    poll_s = (0.5, 2.0)\n    default_timeout_s = 3.0\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    folder = tmp_path / "shared-folder"
+    folder.mkdir()
+    monkeypatch.setenv("KC_FOLDER", str(folder))
+    monkeypatch.delenv("KC_RAISE", raising=False)
+    s = config.load({"KCACHE_REMOTE": "kc_paced_backend:PacedBackend"})
+    a = Store.open(tmp_path / "a")
+    try:
+        assert a.attach_remote(s)
+        backend = a.tiers[0].backend
+        assert backend.poll_s == (0.5, 2.0), backend.poll_s
+        assert backend.default_timeout_s == 3.0
+        assert backend.name == "folder"
+    finally:
+        close_store(a)

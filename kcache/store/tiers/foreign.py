@@ -22,8 +22,10 @@ from .backend import Answered, Backend, Full, LeaseView, Op, Outcome, TooLarge, 
 
 T = TypeVar("T")
 
-#: What the machinery reads of a backend's class (Backend's class attributes): the user's values.
-CLASS_ATTRS = ("name", "schemes", "url_forms", "extra", "settings", "leases", "default_timeout_s")
+#: What the machinery reads of a backend's class (Backend's ``ClassVar`` attributes): the user's
+#: values. Read from Backend's own declarations, so that an attribute added there (``poll_s``
+#: was, and a hand-kept list here missed it: a user's value was never seen) needs no copy here.
+CLASS_ATTRS = tuple(k for k, v in Backend.__annotations__.items() if str(v).startswith("ClassVar"))
 #: What a user's class may raise, as the contract says: passed on as it is.
 CONTRACT = (Unavailable, Answered, Full, TooLarge)
 
