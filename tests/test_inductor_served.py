@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -38,14 +39,20 @@ COMPILERS = ("g++", "gcc", "c++", "cc", "clang++", "clang")
 
 def make_shim(folder: Path) -> Path:
     """A folder of compiler scripts that log each run to ``$COMPILER_LOG`` and run the real
-    compiler. One folder for every child: the compiler's identity is in kcache's memo keys."""
+    compiler. One folder for every child: the compiler's identity is in kcache's memo keys.
+    The real compiler runs under its own name, found first on PATH: what it says of itself
+    (``-v``: ``COLLECT_GCC=g++``, in the name of Inductor's precompiled header) is what it says
+    to a process without the shim, so the session's precompiled header serves both."""
     folder.mkdir(parents=True, exist_ok=True)
     for name in COMPILERS:
         real = shutil.which(name)
         if real is None:
             continue
         script = folder / name
-        script.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> "$COMPILER_LOG"\nexec "{real}" "$@"\n')
+        path = shlex.quote(os.path.dirname(real))
+        script.write_text(
+            f'#!/bin/sh\nprintf "%s\\n" "$*" >> "$COMPILER_LOG"\nPATH={path}:"$PATH" exec {name} "$@"\n'
+        )
         script.chmod(0o755)
     return folder
 
