@@ -20,6 +20,10 @@ counters installed before torch is imported:
 - at exit: each function the interpreter calls once the script is done (``threading._shutdown``
   and every ``atexit`` handler), whose module, and the waits inside them.
 
+With ``SERVED_COUNT_WAITS=0`` neither waits nor the exit are recorded: the profile function that
+sees them runs at every Python call of the main thread, a third of a cold process's CPU (10 s of
+30 on a 2-core box), and the process that fills the store is not asked about them.
+
 What the script measured is written to OUT_JSON at its end; what happens at exit is appended to
 OUT_JSON + ".exit" as it happens (one JSON line per handler or wait).
 """
@@ -204,7 +208,8 @@ def _exit_line(rec: dict) -> None:
 
 
 _install_spawn_counters()
-_install_wait_counter()
+if os.environ.get("SERVED_COUNT_WAITS", "1") == "1":
+    _install_wait_counter()
 
 import torch  # noqa: E402
 import torch._inductor.codecache as _codecache  # noqa: E402
