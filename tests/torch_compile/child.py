@@ -32,7 +32,9 @@ class MLP(torch.nn.Module):
         self.b = torch.nn.Linear(64, 16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(self.b(torch.relu(self.a(x))), -1)
+        # One C++ kernel a graph (the relu; the linears are extern addmm calls): each kernel is
+        # a g++ run (~1 s of CPU) in every cold child, and the tests need one kernel to store.
+        return self.b(torch.relu(self.a(x)))
 
 
 def break_install() -> None:
