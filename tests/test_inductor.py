@@ -326,14 +326,15 @@ def test_compile_time_from_the_envelope() -> None:
 # empty Inductor folder (every listed shape an FX graph cache hit): tests/test_examples.py runs
 # docs/examples/torch_compile/README.md as written and checks exactly that (it was run twice, here
 # too: a minute of CI). What the README cannot show: a prewarm on a machine whose Inductor folder
-# is warm, below.
-EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "torch_compile"
+# is warm, below, with a spec, model and serving process of its own (tests/torch_compile/prewarm:
+# the example's program around a two-layer MLP, a quarter less CPU in each of its four processes).
+PREWARM = CHILD.with_name("prewarm")
 
 
 def _serve(env: dict[str, str]) -> dict[str, Any]:
-    """The example's serving process: its report (first calls, FX graph cache counters)."""
+    """The serving process of the prewarm spec's model: its FX graph cache counters."""
     r = subprocess.run(
-        [PYTHON, "serve.py"], capture_output=True, text=True, env=env, timeout=600, cwd=EXAMPLE
+        [PYTHON, "serve.py"], capture_output=True, text=True, env=env, timeout=600, cwd=PREWARM
     )
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -342,7 +343,7 @@ def _serve(env: dict[str, str]) -> dict[str, Any]:
 def _prewarm(env: dict[str, str]) -> dict[str, Any]:
     r = subprocess.run(
         [PYTHON, "-m", "kcache", "prewarm", "spec.toml", "--json"],
-        capture_output=True, text=True, env=env, timeout=900, cwd=EXAMPLE,
+        capture_output=True, text=True, env=env, timeout=900, cwd=PREWARM,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout)
