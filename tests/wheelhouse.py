@@ -8,6 +8,12 @@ running environment's own installed files (its RECORD, less what pip writes at i
 files outside site-packages, such as console scripts, which pip makes again from
 ``entry_points.txt``): what this machine has is what the fresh environment gets, whichever index
 or cache it first came from.
+
+The bytecode this environment already compiled goes along (:func:`_checked_pyc`), as
+hash-checked ``.pyc`` files: the fresh environment's first imports of torch, Inductor and Triton
+(about 2,400 modules) read them instead of compiling every module again, 12-15 s of CPU of the
+examples test. A pip install from an index compiles them too (its default), so the fresh
+environment is no further from a user's for having them.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.metadata as md
+import importlib.util
+import os
 import re
 import zipfile
 from collections.abc import Iterable
@@ -67,6 +75,38 @@ def _copy_in(z: zipfile.ZipFile, path: Path, arc: str) -> str:
     return f"{arc},sha256={base64.urlsafe_b64encode(h.digest()).rstrip(b'=').decode()},{n}"
 
 
+def _checked_pyc(src: bytes, path: Path) -> bytes | None:
+    """The bytecode this interpreter compiled for the source file ``path`` (contents ``src``), as a
+    hash-checked ``.pyc`` (PEP 552), or None where there is none or it is stale. pip gives the
+    files it installs new modification times, so a timestamp ``.pyc`` would be stale there and
+    compiled again; a hash-checked one is valid wherever its source is the same bytes (Python
+    hashes the source at import to check). The code itself is the compiled file's, unchanged:
+    its recorded file name is fixed to the new place at import, as for any moved ``.pyc``."""
+    try:
+        pyc = Path(importlib.util.cache_from_source(str(path)))
+        data = pyc.read_bytes()
+        st = os.stat(path)
+    except (OSError, NotImplementedError, ValueError):
+        return None
+    magic = importlib.util.MAGIC_NUMBER
+    fresh = (
+        len(data) > 16
+        and data[:4] == magic
+        and int.from_bytes(data[4:8], "little") == 0  # timestamp-checked: compare it with the source
+        and int.from_bytes(data[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
+        and int.from_bytes(data[12:16], "little") == st.st_size & 0xFFFFFFFF
+        and st.st_size == len(src)
+    )
+    if not fresh:
+        return None
+    return magic + (0b11).to_bytes(4, "little") + importlib.util.source_hash(src) + data[16:]
+
+
+def _record_row(arc: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{arc},sha256={digest},{len(data)}"
+
+
 def repack(dist: md.Distribution, out: Path) -> Path:
     """A wheel of ``dist`` from its installed files, in ``out``."""
     wheel_meta = dist.read_text("WHEEL") or ""
@@ -90,6 +130,12 @@ def repack(dist: md.Distribution, out: Path) -> Path:
                 continue
             arc = f"{info_dir}/{base}" if top.endswith(".dist-info") else rel
             rows.append(_copy_in(z, path, arc))
+            if arc.endswith(".py"):
+                pyc = _checked_pyc(path.read_bytes(), path)
+                if pyc is not None:
+                    pyc_arc = importlib.util.cache_from_source(arc)
+                    z.writestr(zipfile.ZipInfo.from_file(path, pyc_arc), pyc)
+                    rows.append(_record_row(pyc_arc, pyc))
         rows.append(f"{info_dir}/RECORD,,")
         z.writestr(f"{info_dir}/RECORD", "\n".join(rows) + "\n")
     return whl
