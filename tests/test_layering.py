@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import functools
 from pathlib import Path
 
 from kcache import registry
@@ -248,7 +249,15 @@ REEXPORTS = {"kcache/descriptors.py": "kcache.nvfuser"}
 
 def _strings(path: Path) -> list[tuple[int, str]]:
     """The string constants of a module, docstrings left out (they may name what they explain)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    st = path.stat()
+    return _strings_of(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.cache
+def _strings_of(path: str, mtime_ns: int, size: int) -> list[tuple[int, str]]:
+    """:func:`_strings`, each file's text parsed once (it was once per integration: 5 s of CPU a
+    test); keyed by the file's path, time and size, so a changed or planted file is read anew."""
+    tree = ast.parse(Path(path).read_text(), filename=path)
     docs = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:

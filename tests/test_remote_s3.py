@@ -138,6 +138,50 @@ def test_single_flight_across_machines_through_a_conditional_write(s3, stores) -
     assert counts(b)["remote_ignored"] == 1
 
 
+def test_a_waiting_machine_looks_at_the_lease_as_s3_s_poll_s_says(s3, stores, monkeypatch) -> None:
+    """A look at an S3 lease is a billed request (two, with the entry's): a waiting machine looks
+    ``S3Backend.poll_s`` apart (30 ms, growing by half to 200 ms), not at Redis's pace (10 to
+    100 ms). Counted, not timed: each pause between one look's answer and the next look is at
+    least the schedule's (a sleep never ends early), whatever the load."""
+    from kcache.store.tiers.s3 import S3Backend
+
+    looks: list[tuple[float, float]] = []  # (asked, answered), monotonic
+    real = S3Backend.lease_look
+
+    def counted(self, kind, ident):  # the real request to the real server, timed around it
+        asked = time.monotonic()
+        try:
+            return real(self, kind, ident)
+        finally:
+            looks.append((asked, time.monotonic()))
+
+    monkeypatch.setattr(S3Backend, "lease_look", counted)
+    url = f"s3://{s3.bucket()}/p"
+    a = stores("a", url, "kcache:", KCACHE_SECRET=SECRET)
+    b = stores("b", url, "kcache:", KCACHE_SECRET=SECRET)
+    fa = a.single_flight("triton", "K")
+    assert fa.hit is None and fa.held
+    got: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: got.update(hit=b.single_flight("triton", "K").hit))
+    t.start()
+    time.sleep(2.0)  # a's signed heartbeats keep b waiting past its budget for unproven waits
+    assert t.is_alive()
+    files = group(300)
+    a.put("triton", "K", files)
+    fa.release()
+    t.join(20)
+    assert got["hit"] is not None and got["hit"].read("k.cubin") == files["k.cubin"]
+    assert counts(b)["remote_waited"] == 1
+    low, high = S3Backend.poll_s
+    assert (low, high) == (0.03, 0.2)
+    pauses = [nxt[0] - prev[1] for prev, nxt in zip(looks, looks[1:])]
+    assert len(pauses) >= 3, looks  # it did look while it waited
+    delay = low * 1.5  # the first look came one pause of `low` after the lease was seen taken
+    for i, pause in enumerate(pauses):
+        assert pause >= delay - 0.002, (i, pause, delay, pauses)
+        delay = min(delay * 1.5, high)
+
+
 def test_mark_bad_deletes_only_the_value_served(s3, stores) -> None:
     bucket = s3.bucket()
     url = f"s3://{bucket}/p"

@@ -167,6 +167,85 @@ def test_a_bucket_with_a_dot_is_addressed_path_style_as_botocore_does(
             assert url == theirs.split("?")[0]
 
 
+def botocore_request_url(region: str, bucket: str, key: str, **flags: str) -> str | None:
+    """The URL botocore's own S3 client sends a HEAD of ``key`` to (caught before it is sent),
+    with ``AWS_USE_*`` flags; None where botocore refuses to resolve an endpoint."""
+    import botocore.session
+    from botocore.exceptions import EndpointResolutionError
+
+    class Caught(Exception):
+        pass
+
+    session = botocore.session.get_session()
+    for k, v in flags.items():
+        session.set_config_variable(k, v == "true")
+    client = session.create_client("s3", region_name=region)
+    seen: list[str] = []
+
+    def catch(request: object, **_: object) -> None:
+        seen.append(request.url)  # type: ignore[attr-defined]
+        raise Caught
+
+    client.meta.events.register("before-send", catch)
+    try:
+        client.head_object(Bucket=bucket, Key=key)
+    except Caught:
+        return seen[0]
+    except EndpointResolutionError:
+        return None
+    raise AssertionError("botocore sent the request")
+
+
+@pytest.mark.parametrize(
+    "region", ["eu-west-1", "us-east-1", "cn-north-1", "us-gov-west-1", "us-iso-east-1", "eusc-de-east-1"]
+)
+@pytest.mark.parametrize("fips", ["false", "true"])
+@pytest.mark.parametrize("dualstack", ["false", "true"])
+def test_every_partition_fips_and_dual_stack_are_addressed_as_botocore_does(
+    region: str, fips: str, dualstack: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """China's, GovCloud's, the isolated and the sovereign partitions are not ``amazonaws.com``;
+    ``AWS_USE_FIPS_ENDPOINT`` and ``AWS_USE_DUALSTACK_ENDPOINT`` change the host (before: every
+    region went to ``s3.REGION.amazonaws.com`` and both settings were ignored). Where botocore
+    refuses (FIPS in China), the tier is refused too: a ValueError at opening, one warning."""
+    on_aws(
+        monkeypatch,
+        tmp_path,
+        AWS_REGION=region,
+        AWS_USE_FIPS_ENDPOINT=fips,
+        AWS_USE_DUALSTACK_ENDPOINT=dualstack,
+    )
+    key = "p/kcache:e/triton/x"
+    for bucket in ("kcache-bucket", "my.kcache.bucket"):
+        theirs = botocore_request_url(
+            region, bucket, key, use_fips_endpoint=fips, use_dualstack_endpoint=dualstack
+        )
+        backend = backend_for(config.load({"KCACHE_REMOTE": f"s3://{bucket}/p"}))
+        assert backend is not None
+        if theirs is None:
+            with pytest.raises(ValueError, match="FIPS"):
+                backend.open()
+            continue
+        backend.open()  # (no request: the endpoint and the credentials)
+        try:
+            ours = backend.endpoint + object_path(bucket, key, backend.path_style)
+        finally:
+            backend.close()
+        if region == "us-east-1" and fips == dualstack == "false":  # botocore's legacy global host
+            theirs = theirs.replace("s3.amazonaws.com", "s3.us-east-1.amazonaws.com")
+        assert ours == theirs
+
+
+def test_a_region_that_is_no_host_name_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The region goes into the host: one that would change the host is a setting's error."""
+    for region in ("evil.example/x", "eu-west-1.evil.example", "eu west"):
+        on_aws(monkeypatch, tmp_path, AWS_REGION=region)
+        backend = backend_for(config.load({"KCACHE_REMOTE": "s3://kcache-bucket/p"}))
+        assert backend is not None
+        with pytest.raises(ValueError, match="region"):
+            backend.open()
+
+
 def test_aws_region_is_the_region_before_aws_default_region(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import email.utils
 import os
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -167,7 +168,17 @@ class S3Backend(Backend):
             endpoint = ConfiguredEndpointProvider(
                 full_config=session.full_config, scoped_config=session.get_scoped_config(), client_name="s3"
             ).provide()
-        self.endpoint, self.path_style = endpoint_for(self.bucket, self.region, endpoint)
+        s3_section = session.get_scoped_config().get("s3")
+        s3_section = s3_section if isinstance(s3_section, dict) else {}
+        self.endpoint, self.path_style = endpoint_for(
+            self.bucket,
+            self.region,
+            endpoint,
+            fips=_flag(session.get_config_variable("use_fips_endpoint")),
+            dualstack=_flag(session.get_config_variable("use_dualstack_endpoint"))
+            or _flag(s3_section.get("use_dualstack_endpoint")),
+            suffix=None if endpoint else dns_suffix(session.get_data("partitions"), self.region),
+        )
         _remember_url_secrets(self.endpoint)  # (a password in AWS_ENDPOINT_URL: never shown)
         # botocore's order: the AWS setting (AWS_CA_BUNDLE, the profile's ca_bundle), then
         # requests' variable, then the default certificates (botocore's: certifi's; here: the system's)
@@ -411,16 +422,56 @@ class S3Backend(Backend):
         return self._req("GET", "", query=query, bucket_level=True, max_body=4 << 20)
 
 
-def endpoint_for(bucket: str, region: str, configured: str | None) -> tuple[str, bool]:
+#: A region's name is one host label (botocore's ``validate_region_name`` checks the same): it goes into the host.
+_REGION = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-]{0,61}[a-zA-Z0-9])?")
+
+
+def endpoint_for(
+    bucket: str,
+    region: str,
+    configured: str | None,
+    *,
+    fips: bool = False,
+    dualstack: bool = False,
+    suffix: str | None = "amazonaws.com",
+) -> tuple[str, bool]:
     """(the endpoint URL requests go to, whether they are path-style): the configured endpoint
-    (``AWS_ENDPOINT_URL``...), path-style; else AWS's for ``region``: virtual-hosted, but
-    path-style for a bucket whose name has a dot (the host ``my.bucket.s3.REGION.amazonaws.com``
-    matches no certificate S3 has: botocore, too, goes path-style for such a bucket)."""
+    (``AWS_ENDPOINT_URL``...), path-style; else AWS's for ``region`` in its partition's domain
+    (``suffix``: ``amazonaws.com``, ``amazonaws.com.cn``, ...), FIPS (``s3-fips``) and dual-stack
+    (``s3.dualstack``) as configured (``AWS_USE_FIPS_ENDPOINT``, ``AWS_USE_DUALSTACK_ENDPOINT``):
+    the hosts botocore's S3 client uses. Virtual-hosted, but path-style for a bucket whose name
+    has a dot (the host ``my.bucket.s3.REGION.amazonaws.com`` matches no certificate S3 has:
+    botocore, too, goes path-style for such a bucket). One difference: in us-east-1 botocore
+    still uses the legacy global host ``s3.amazonaws.com``; this uses the region's own, which
+    S3 serves the same. S3 has no FIPS endpoints in China: a ``ValueError``, as botocore raises."""
     if configured:
         return str(configured), True
+    if not _REGION.fullmatch(region):  # it goes into the host name: botocore refuses these too
+        raise ValueError(f"the AWS region {region!r} is no region name (letters, digits and '-')")
+    suffix = suffix or "amazonaws.com"
+    if fips and suffix.endswith(".cn"):
+        raise ValueError(f"S3 has no FIPS endpoint in {region} (AWS_USE_FIPS_ENDPOINT is set)")
+    host = ("s3-fips" if fips else "s3") + (".dualstack" if dualstack else "") + f".{region}.{suffix}"
     if "." in bucket:
-        return f"https://s3.{region}.amazonaws.com", True
-    return f"https://{bucket}.s3.{region}.amazonaws.com", False
+        return f"https://{host}", True
+    return f"https://{bucket}.{host}", False
+
+
+def dns_suffix(partitions: object, region: str) -> str:
+    """The domain of ``region``'s partition in botocore's partition data (``amazonaws.com`` for
+    AWS's own regions and for one it does not know, as botocore resolves them)."""
+    found = "amazonaws.com"
+    parts = partitions.get("partitions") if isinstance(partitions, dict) else None
+    for part in parts if isinstance(parts, list) else ():
+        try:
+            outputs, pattern = part["outputs"], part["regionRegex"]
+            if region in part.get("regions", {}) or re.match(pattern, region):
+                return str(outputs["dnsSuffix"])
+            if part["id"] == "aws":
+                found = str(outputs["dnsSuffix"])
+        except (KeyError, TypeError, re.error):  # a partition of another shape: not ours to read
+            continue
+    return found
 
 
 def _flag(v: object) -> bool:
