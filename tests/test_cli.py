@@ -845,8 +845,21 @@ def test_progress_only_on_a_terminal_and_never_with_json(store_dir, clean_env):
     assert rc == 0 and b"clear: " in term and "removed 1,200 entries" in out
 
 
+@pytest.fixture(scope="module")
+def top_help(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """``kcache --help``, run once for the module: every command's test below reads its listing
+    (it ran once per command, the same output each time)."""
+    home = tmp_path_factory.mktemp("top-help")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KCACHE") or k == "KCACHE_STRICT"}
+    env.update(HOME=str(home / "home"), XDG_CACHE_HOME=str(home / "xdg"))  # as clean_env makes it
+    env.pop("PYTHONPATH", None)
+    r = kc(env, "--help")
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
 @pytest.mark.parametrize("command", sorted(cli.COMMANDS))
-def test_every_command_has_complete_help(command, clean_env):
+def test_every_command_has_complete_help(command, clean_env, top_help):
     r = kc(clean_env, command, "--help")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(f"usage: kcache {command}"), r.stdout
@@ -857,5 +870,4 @@ def test_every_command_has_complete_help(command, clean_env):
     for action in cli.build_parser()._subparsers._group_actions[0].choices[command]._actions:  # type: ignore[union-attr]
         if action.option_strings and action.dest != "help":
             assert action.help, f"{command} {action.option_strings} has no help"
-    top = kc(clean_env, "--help").stdout
-    assert f"    {command}" in top
+    assert f"    {command}" in top_help

@@ -279,12 +279,28 @@ def many_records_bundle(path: Path, n: int = 600_000) -> Path:
     import msgpack
 
     r = kcache_records()
-    tmpl = make_record("triton", "many/0", {"k.cubin": b""}).to_dict()
+    # One record packed once with placeholders of fixed width, then each record's key and id put
+    # in by byte replacement (msgpack's string headers depend on the length alone): the same
+    # records as a packb of each (1.3 s of CPU for 400,000), at a fifth of the cost.
+    key0, id0 = "many/" + "K" * 7, "I" * 40
+    tmpl = make_record("triton", key0, {"k.cubin": b""}).to_dict()
+    tmpl["id"] = id0
+    packed = msgpack.packb(tmpl, use_bin_type=True)
+    assert packed.count(key0.encode()) == 1 and packed.count(id0.encode()) == 1
+    head, rest = packed.split(key0.encode())
+    if id0.encode() in head:  # the id before the key in the map
+        a, b = head.split(id0.encode())
+        parts, order = (a, b, rest), "ik"
+    else:
+        b, c = rest.split(id0.encode())
+        parts, order = (head, b, c), "ki"
+    header, magic, crc32 = r._HEADER.pack, r.MAGIC, r.crc32
     blobs = []
     for i in range(n):
-        tmpl["key"], tmpl["id"] = f"many/{i}", f"{i:040x}"
-        body = msgpack.packb(tmpl, use_bin_type=True)
-        blobs.append(r._HEADER.pack(r.MAGIC, r.crc32(body)) + body)
+        k, d = f"many/{i:07d}".encode(), f"{i:040x}".encode()
+        x, y = (d, k) if order == "ik" else (k, d)
+        body = parts[0] + x + parts[1] + y + parts[2]
+        blobs.append(header(magic, crc32(body)) + body)
     t = TarStream(path, gz=True)
     t.member("MANIFEST", manifest_bytes(blobs))
     t.close()

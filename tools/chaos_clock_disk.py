@@ -76,11 +76,13 @@ if mode == "fill":
         h = st.put("chaos", key, {"m.bin": content(key)}, protect_s=arg.get("protect", {}).get(key, 0))
         res["ids"][key] = h.record.id
     st.close()
-elif mode == "use":  # hit the keys until the time is up; every miss and error noted
+elif mode == "use":  # hit the keys until the time is up (or the file ``stop`` exists); every
+    # miss and error noted
     st = Store.open(root)
     res.update(hits=0, misses=[], wrong=0)
     end = time.monotonic() + arg["seconds"]
-    while time.monotonic() < end:
+    stop = arg.get("stop")
+    while time.monotonic() < end and not (stop and os.path.exists(stop)):
         for key in arg["keys"]:
             try:
                 h = st.get("chaos", key)
@@ -107,10 +109,13 @@ elif mode == "evict":  # evict under a tiny bound (or the entries down to a targ
         time.sleep(0.05)
     st.close()
 elif mode == "aggressor":  # evict under a tiny bound and remove everything, over and over
+    # until ``seconds`` are up or, sooner, the file ``stop`` exists (the processes it works
+    # against are done: every pass after them would spend CPU on an empty store)
     st = Store.open(root, max_size=arg["max_size"])
     res.update(evicted=0, removed=0, rounds=0)
     end = time.monotonic() + arg["seconds"]
-    while time.monotonic() < end:
+    stop = arg.get("stop")
+    while time.monotonic() < end and not (stop and os.path.exists(stop)):
         try:
             n, _ = st.evict()
             res["evicted"] += n

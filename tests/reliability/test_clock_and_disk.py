@@ -77,7 +77,10 @@ def test_skewed_clock_never_evicts_entries_in_use(tmp_path: Path) -> None:
     ids = res["ids"]
     ci.age_entries(root, [ids[k] for k in old], 1000, env)
     ci.age_entries(root, [ids[kept]], 2000, env)  # the first in line, but for its protection
-    user = ci.store_child(root, "use", {"keys": hot, "seconds": 4}, env)
+    # The user goes on until the eviction is over (a stop file; 60 s at most), not for a fixed
+    # 4 s, of which the last second and more came after it.
+    stop = tmp_path / "eviction-done"
+    user = ci.store_child(root, "use", {"keys": hot, "seconds": 60, "stop": str(stop)}, env)
     time.sleep(0.5)  # the user's first hits land before the eviction starts
     skewed = ci.skewed_env(env, tmp_path / "skew")
     one = ci.entry_bytes(root, ids[hot[0]])  # its blocks on disk (the entries are alike)
@@ -85,7 +88,10 @@ def test_skewed_clock_never_evicts_entries_in_use(tmp_path: Path) -> None:
     # is on the whole folder, whose index grows as the user's hits are written: not exact
     # enough to hold 9 entries and not 10; the bound itself is out of the way here).
     args = {"max_size": 1 << 40, "target": int(9.5 * one), "seconds": 2}
-    ev = ci.finish(ci.store_child(root, "evict", args, skewed))
+    try:
+        ev = ci.finish(ci.store_child(root, "evict", args, skewed))
+    finally:
+        stop.touch()
     used = ci.finish(user)
     assert not ev["errors"] and not used["errors"], (ev["errors"], used["errors"])
     assert ev["clock"] - time.time() > ci.SKEW_S - 60, "the evicting process's clock was not ahead"
@@ -146,17 +152,22 @@ def test_skewed_clock_writes_the_filesystems_time(tmp_path: Path) -> None:
 
 
 COMPILE_LOOP = r"""
-import importlib.util, json, sys, time, traceback
+import importlib.util, json, os, sys, traceback
 spec = importlib.util.spec_from_file_location("kcache_chaos", {chaos!r})
 chaos = importlib.util.module_from_spec(spec); sys.modules["kcache_chaos"] = chaos
 spec.loader.exec_module(chaos)
 import triton, kcache
 ref = {ref!r}
 out = {{"enabled": kcache.is_enabled(), "compiles": 0, "errors": [], "mismatches": 0}}
-end = time.monotonic() + {seconds!r}
 specs = [tuple(s) for s in {specs!r}]
-i = {start!r}
-while time.monotonic() < end:
+def hits():
+    st = kcache.active_store()
+    return 0 if st is None else st.counts.process_totals().get("triton", {{}}).get("hits", 0)
+# At least {count!r} compiles, and on (up to {cap!r}) until either compiler has had a hit: the
+# lookup whose files the removals race with. Both start at the same kernel: while one compiles
+# it, the other waits for it (single flight) and is served what it put, so hits come early.
+flag, i = {flag!r}, 0
+while i < {count!r} or (not os.path.exists(flag) and i < {cap!r}):
     spec = specs[i % len(specs)]; i += 1
     try:
         d = chaos.kernel_digest(chaos.compile_kernel(spec))
@@ -165,6 +176,8 @@ while time.monotonic() < end:
         continue
     out["compiles"] += 1
     out["mismatches"] += d != ref["/".join(map(str, spec))]
+    if hits():
+        open(flag, "a").close()
 st = kcache.active_store()
 if st is not None:
     st.flush(force=True)
@@ -175,43 +188,63 @@ print(json.dumps(out))
 
 def test_compiles_go_on_while_a_skewed_process_evicts(tmp_path: Path, reference_kernels: dict) -> None:
     """Two processes compile four real kernels in a loop under KCACHE=1 with a 1 KB bound (one
-    of them with its clock an hour ahead), for 20 s, while a third process, also an hour ahead,
-    evicts every 50 ms and removes every entry every 0.5 s: no compile raises, every kernel is
-    Triton's own, and entries are really removed under the compilers (hits, misses and
-    evictions all happen). Before efe2a87 hits' files were removed between the lookup and
-    Triton's open: FileNotFoundError out of triton.compile."""
+    of them with its clock an hour ahead), while a third process, also an hour ahead, evicts
+    every 50 ms and removes every entry every 0.5 s until they are done: no compile raises,
+    every kernel is Triton's own, and entries are really removed under the compilers (hits,
+    misses and evictions all happen). Before efe2a87 hits' files were removed between the lookup
+    and Triton's open: FileNotFoundError out of triton.compile.
+
+    The loops count compiles, not seconds (they ran 20 s each, 100-200 compiles on an idle box,
+    as much CPU as the box would give): the race is between a hit's lookup and Triton's open of
+    the files it handed out, so what it needs is hits beside the removals, not time. Under a
+    1 KB bound each put evicts what came before, so the hits are single-flight waits: both
+    compilers start at the same kernel, one waits while the other compiles it and is then
+    served its entry, which the bound, the other process and the aggressor are removing. Each
+    compiles 12 times (three passes), and on until one of them has had a hit (at most 200);
+    the aggressor goes on until both have exited."""
     from .conftest import CHAOS_PATH, load_chaos
 
     chaos = load_chaos()
     specs = chaos.kernel_specs(4)
-    seconds = 20.0
+    compiles = 12  # each: three passes over the four kernels (the check below wants 8)
     root = tmp_path / "store"
     env = ci.child_env(tmp_path, KCACHE="1", KCACHE_DIR=str(root), KCACHE_MAX_SIZE="1KB")
     skewed = ci.skewed_env(env, tmp_path / "skew")
     ref = {n: reference_kernels[n] for n in ("/".join(map(str, s)) for s in specs)}
     workers = []
-    for i, e in enumerate((env, skewed)):
+    for e in (env, skewed):
         code = COMPILE_LOOP.format(
-            chaos=str(CHAOS_PATH), ref=ref, seconds=seconds, specs=[list(s) for s in specs], start=i
+            chaos=str(CHAOS_PATH),
+            ref=ref,
+            count=compiles,
+            cap=200,
+            flag=str(tmp_path / "a-hit"),
+            specs=[list(s) for s in specs],
         )
         workers.append(
             subprocess.Popen(
                 [sys.executable, "-c", code], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/"
             )
         )
+    stop = tmp_path / "compilers-done"
     aggressor = ci.store_child(
         root,
         "aggressor",
-        {"max_size": 1000, "seconds": seconds, "remove_every": 10},
+        {"max_size": 1000, "seconds": 300, "remove_every": 10, "stop": str(stop)},
         ci.skewed_env(ci.child_env(tmp_path), tmp_path / "skew2"),
     )
-    results = []
-    for p in workers:
-        out, err = p.communicate(timeout=300)
+    results, errs = [], []
+    try:
+        for p in workers:
+            out, err = p.communicate(timeout=300)
+            errs.append((p.returncode, err))
+            results.append(json.loads(out.decode().strip().splitlines()[-1]) if p.returncode == 0 else {})
+    finally:
+        stop.touch()
+        agg = ci.finish(aggressor)
+    for rc, err in errs:
         assert b"Traceback" not in err, err.decode(errors="replace")[-3000:]
-        assert p.returncode == 0, err.decode(errors="replace")[-3000:]
-        results.append(json.loads(out.decode().strip().splitlines()[-1]))
-    agg = ci.finish(aggressor)
+        assert rc == 0, err.decode(errors="replace")[-3000:]
     assert not agg["errors"], agg["errors"]
     # Entries were removed under the compilers: by eviction, or by the removal every tenth pass
     # (which on a loaded box can find the store already emptied by eviction: removed 0, evicted 47).

@@ -222,13 +222,16 @@ def test_corrupt_index_found_by_verify(filled: Path, tmp_path: Path, chaos: Any)
     assert "index_corrupt" in types, r.stdout
 
 
-def test_broken_index_under_triton(tmp_path: Path, chaos: Any, reference_kernels: dict) -> None:
+def test_broken_index_under_triton(
+    tmp_path: Path, chaos: Any, reference_kernels: dict, compiled_store: Any
+) -> None:
     """A real compile with KCACHE=1 while the index's database is garbage: cached kernels are hits, new ones
-    compile and are cached, one warning at most, and the next process finds everything."""
+    compile and are cached, one warning at most, and the next process finds everything. The store
+    starts with the first two kernels (a real compile's store, copied: compiled_store)."""
     store = tmp_path / "store"
     env = kenv(tmp_path, store)
     specs = chaos.kernel_specs(4)
-    compile_in_child(specs[:2], env)
+    shutil.copytree(compiled_store(2), store, symlinks=True)
     damage_index(store, "garbage")
     out, r = compile_in_child(specs, env)
     assert len(warning_lines(r.stderr)) <= 1, r.stderr

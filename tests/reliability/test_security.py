@@ -31,6 +31,7 @@ import pytest
 
 from kcache.store.records import MAGIC, RECORD_NAME, crc32
 
+from .attackers import run_cli
 from .conftest import (
     NOBODY,
     PYTHON,
@@ -182,15 +183,10 @@ def test_symlinks_refused_and_targets_untouched(how: str, tmp_path: Path, chaos:
     import kcache.store.tunables as local
 
     # Removal paths first, with the link still there: clear --all, then eviction of everything.
-    for args in (["stats"], ["inspect", ident[:8]], ["clear", "--all"]):
-        r = subprocess.run(
-            [PYTHON, "-m", "kcache", *args, "--dir", str(root)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-        )
-        no_traceback(r)
+    # (one process for the three: attackers.run_cli; a traceback out of any fails it)
+    run_cli(
+        [[*args, "--dir", str(root)] for args in (["stats"], ["inspect", ident[:8]], ["clear", "--all"])], env
+    )
     fill(chaos, root)
     st = chaos.open_store(root, max_size=1)
     saved, local.GRACE_S = local.GRACE_S, 0.0
@@ -223,12 +219,14 @@ def add_row(db: Path, ident: Any, record: Any) -> None:
         con.close()
 
 
-def everything_that_reads_the_index(
-    root: Path, tmp_path: Path, chaos: Any
-) -> list[subprocess.CompletedProcess]:
+def everything_that_reads_the_index(root: Path, tmp_path: Path, chaos: Any) -> list[Any]:
+    """Every command that reads the index, then the library, on ``root``. The commands run one
+    after the other in one fresh process (attackers.run_cli, as tests/reliability/test_links.py
+    runs them: the command line's own ``main``, each command's exit status and output apart): what
+    is tested is what each does with the rows, not the process around it, and a traceback out of
+    any of them fails that process."""
     env = base_env(tmp_path)
-    out = []
-    for args in (
+    commands = [
         ["stats"],
         ["stats", "--json"],
         ["inspect"],
@@ -240,17 +238,12 @@ def everything_that_reads_the_index(
         ["clear", "--kind", "triton", "--dry-run"],
         ["verify", "--fix"],
         ["clear", "--all"],
-    ):
-        r = subprocess.run(
-            [PYTHON, "-m", "kcache", *args, "--dir", str(root)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=60,
-        )
-        no_traceback(r)
-        assert r.returncode in (0, 1), (args, r.stderr)
-        out.append(r)
+    ]
+    out: list[Any] = []
+    for res in run_cli([[*args, "--dir", str(root)] for args in commands], env):
+        assert "Traceback" not in res["stderr"], res
+        assert res["rc"] in (0, 1), res
+        out.append(res)
     # The library: stats, a put (index insert, eviction under a 1-byte bound), hits and misses.
     code = f"""
 import json, kcache, importlib.util
@@ -309,13 +302,13 @@ def test_pickle_payload_is_live(tmp_path: Path) -> None:
     assert r.returncode == 0 and marker.exists()
 
 
-def test_pickle_rows_refused_under_triton(tmp_path: Path, chaos: Any) -> None:
+def test_pickle_rows_refused_under_triton(tmp_path: Path, chaos: Any, compiled_store: Any) -> None:
     """The same rows in the index of a store a KCACHE=1 compile uses: compiles and hits work,
-    nothing runs."""
+    nothing runs. The store holds the first kernel (a real compile's store, copied)."""
     marker = tmp_path / "PWNED"
     store = tmp_path / "store"
     specs = chaos.kernel_specs(2)
-    compile_in_child(specs[:1], kenv(tmp_path, store))
+    shutil.copytree(compiled_store(1), store, symlinks=True)
     add_row(store / "index" / "kcache.sqlite", "d" * 40, payload(marker))
     out, r = compile_in_child(specs, kenv(tmp_path, store), after="st.evict(0)\nkcache.stats()")
     assert out["counts"]["triton"]["hits"] == 1
@@ -517,12 +510,13 @@ def test_launcher_libraries_load_only_from_a_trusted_store(tmp_path: Path) -> No
     assert out["enabled"] and out["f"] == 666 and marker.exists()
 
 
-def test_nothing_else_from_the_store_is_loaded(tmp_path: Path, chaos: Any) -> None:
+def test_nothing_else_from_the_store_is_loaded(tmp_path: Path, chaos: Any, compiled_store: Any) -> None:
     """Python files, .pth files and shared objects put into a trusted store as entries of other
-    kinds (or as stray files) are never imported or loaded by a KCACHE=1 process that compiles."""
+    kinds (or as stray files) are never imported or loaded by a KCACHE=1 process that compiles.
+    The store holds the first kernel (a real compile's store, copied)."""
     store = tmp_path / "store"
     marker = tmp_path / "IMPORTED"
-    compile_in_child(chaos.kernel_specs(1), kenv(tmp_path, store))
+    shutil.copytree(compiled_store(1), store, symlinks=True)
     st = chaos.open_store(store)
     evil_py = f"open({str(marker)!r}, 'w').close()\n".encode()
     st.put(

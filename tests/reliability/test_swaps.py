@@ -76,15 +76,39 @@ def tmp_path() -> Iterator[Path]:
 PROC_FD = "/proc/self/fd/"
 
 
+@pytest.fixture(scope="module")
+def module_probe() -> Iterator[Probe]:
+    """The probe, built once for the module (gcc: the evil library), and a store holding that
+    library planted under the good source's key (one child that plants it, as before for each
+    test), as ``planted_template``: both are the same for every test, which copies the store
+    (:func:`planted_store`). Its marker is one file, removed before and after each test
+    (:func:`probe`): the tests here run one after the other in one process."""
+    tmp = private_tmp()
+    d = next(tmp)
+    try:
+        probe = Probe(d)
+        template = d / "planted-template"
+        plant_launcher(probe, kenv(d, template))
+        assert len(store_entries(template)) == 1
+        probe.planted_template = template  # type: ignore[attr-defined]
+        yield probe
+    finally:
+        tmp.close()
+
+
 @pytest.fixture
-def probe(tmp_path: Path) -> Probe:
-    return Probe(tmp_path)
+def probe(module_probe: Probe) -> Iterator[Probe]:
+    """The module's probe, its marker absent (a control that loaded the planted library made it)."""
+    module_probe.marker.unlink(missing_ok=True)
+    yield module_probe
+    module_probe.marker.unlink(missing_ok=True)
 
 
 def planted_store(probe: Probe, tmp_path: Path, where: Path, owner: int = 0) -> Path:
     """A valid store at ``where`` whose only entry is the evil launcher under the good source's
-    key (what an attacker would build in a store of their own), owned by ``owner``."""
-    plant_launcher(probe, kenv(tmp_path, where))
+    key (what an attacker would build in a store of their own), owned by ``owner``: a copy of
+    the module's planted store (modes kept), made by a real plant once (see :func:`module_probe`)."""
+    shutil.copytree(probe.planted_template, where, symlinks=True)  # type: ignore[attr-defined]
     assert len(store_entries(where)) == 1
     if owner:
         chown_tree(where, owner, owner)
