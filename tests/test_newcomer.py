@@ -166,6 +166,7 @@ def test_stats_says_what_saved_time_without_hits_and_hits_without_saved_time_are
     row = next(ln for ln in out.splitlines() if ln.startswith("triton-meta "))
     assert row.split()[4:7] == ["-", "-", "-"], row  # kind, entries, size (2 words), hits, misses, rate
     assert "triton-meta: answers about this machine" in out and "used 1 time," in out, out
+    assert "not counted as hits; the time they saved is counted in saved\n" in out, out  # (a whole sentence)
     assert "inductor-cpp: 2.0 s more saved by its hits is counted once, with the torch.compile graphs" in out
 
 

@@ -125,7 +125,7 @@ def _notes(by_kind: dict[str, dict[str, Any]]) -> list[str]:
             out.append(
                 f"{k}: answers about this machine kept for the next process (libtriton's digest, "
                 f"ptxas --version, CPU probes): used {counted(v.get('uses', 0), 'time')}, not counted as hits; "
-                "the time they saved is"
+                "the time they saved is counted in saved"
             )
         elif v["hits"] and v.get("covered_s"):
             out.append(
