@@ -475,7 +475,7 @@ def test_the_redis_extra_is_named_where_the_shared_tier_is_set_up() -> None:
     for words in (
         "python3 -m venv",
         ".venv-ci-newest",
-        "3.6 GB",
+        "about 3 GB",
         "apt-get",
         "minutes",
         "triton-meta",

@@ -194,7 +194,12 @@ def phase_corrupt(
             else:
                 res["cached_again"] += 1
         done += len(batch)
-        # Damage again (without reading) and let verify --fix clean it.
+        # Damage again (without reading) and let verify --fix clean it. This process's own rows
+        # and last-use times (the puts and reads above) are written first: its flush thread
+        # writing them while verify --fix runs in another process is a race of two writers (the
+        # flush checks that an entry exists, then inserts its row: verify --fix can remove the
+        # entry between the two, leaving a row for no entry), not damage verify must repair.
+        store.flush(force=True)
         for kind, key, how in batch[:4]:
             corrupt_entry(store, kind, key, how, rng, outside)
         f = verify(root, fix=True)
