@@ -46,6 +46,22 @@ def key_of(store: Store, kind: str, key: str, root: str = "p/kcache:") -> str:
     return f"{root}e/{kind}/{store.entry_id(kind, key)}"
 
 
+def waits_behind(a: Store, b: Store, held: Any, wait_s: float, files: dict[str, bytes]) -> None:
+    """``b`` looks up ``K`` while ``a`` holds its lease (``held``, a's single flight): ``b`` is
+    still waiting after ``wait_s``; a's put and release end the wait with a's entry, one wait
+    that ``b`` counts."""
+    got: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: got.update(hit=b.single_flight("triton", "K").hit))
+    t.start()
+    time.sleep(wait_s)
+    assert t.is_alive()
+    a.put("triton", "K", files)
+    held.release()
+    t.join(20)
+    assert got["hit"] is not None and got["hit"].read("k.cubin") == files["k.cubin"]
+    assert counts(b)["remote_waited"] == 1
+
+
 # ------------------------------------------------------------------------------------ sharing
 def test_two_stores_share_a_bucket(s3, stores) -> None:
     bucket = s3.bucket()
@@ -112,17 +128,8 @@ def test_single_flight_across_machines_through_a_conditional_write(s3, stores) -
         view = other.lease_take("triton", a.entry_id("triton", "K"), b"kcl1 other", 3000)
     other.close()
     assert not view.taken and view.value is not None and view.value.startswith(rl.FORMAT)
-    got: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: got.update(hit=b.single_flight("triton", "K").hit))
-    t.start()
-    time.sleep(rl.FRUITLESS_BUDGET_S + 0.5)  # longer than any unproven wait: signed heartbeats
-    assert t.is_alive()
-    files = group(3000)
-    a.put("triton", "K", files)
-    fa.release()
-    t.join(20)
-    assert got["hit"] is not None and got["hit"].read("k.cubin") == files["k.cubin"]
-    assert counts(b)["remote_waited"] == 1
+    # longer than any unproven wait: a's signed heartbeats keep b waiting
+    waits_behind(a, b, fa, rl.FRUITLESS_BUDGET_S + 0.5, group(3000))
     flushed(a)
     assert "Contents" not in s3.client().list_objects_v2(Bucket=bucket, Prefix="p/kcache:l/")
     # a planted lease that is not kcache's: not waited on, taken over
@@ -161,17 +168,7 @@ def test_a_waiting_machine_looks_at_the_lease_as_s3_s_poll_s_says(s3, stores, mo
     b = stores("b", url, "kcache:", KCACHE_SECRET=SECRET)
     fa = a.single_flight("triton", "K")
     assert fa.hit is None and fa.held
-    got: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: got.update(hit=b.single_flight("triton", "K").hit))
-    t.start()
-    time.sleep(2.0)  # a's signed heartbeats keep b waiting past its budget for unproven waits
-    assert t.is_alive()
-    files = group(300)
-    a.put("triton", "K", files)
-    fa.release()
-    t.join(20)
-    assert got["hit"] is not None and got["hit"].read("k.cubin") == files["k.cubin"]
-    assert counts(b)["remote_waited"] == 1
+    waits_behind(a, b, fa, 2.0, group(300))  # past b's budget for unproven waits: signed heartbeats
     low, high = S3Backend.poll_s
     assert (low, high) == (0.03, 0.2)
     pauses = [nxt[0] - prev[1] for prev, nxt in zip(looks, looks[1:])]
