@@ -72,7 +72,13 @@ def _copy_in(z: zipfile.ZipFile, path: Path, arc: str) -> str:
             h.update(chunk)
             dst.write(chunk)
             n += len(chunk)
-    return f"{arc},sha256={base64.urlsafe_b64encode(h.digest()).rstrip(b'=').decode()},{n}"
+    return _record_row(arc, h.digest(), n)
+
+
+def _write(z: zipfile.ZipFile, path: Path, arc: str, data: bytes) -> str:
+    """``data`` stored in ``z`` as ``arc``, with ``path``'s mode and time: its RECORD row."""
+    z.writestr(zipfile.ZipInfo.from_file(path, arc), data)  # (ZipInfo's default: stored)
+    return _record_row(arc, hashlib.sha256(data).digest(), len(data))
 
 
 def _checked_pyc(src: bytes, path: Path) -> bytes | None:
@@ -102,9 +108,9 @@ def _checked_pyc(src: bytes, path: Path) -> bytes | None:
     return magic + (0b11).to_bytes(4, "little") + importlib.util.source_hash(src) + data[16:]
 
 
-def _record_row(arc: str, data: bytes) -> str:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"{arc},sha256={digest},{len(data)}"
+def _record_row(arc: str, digest: bytes, size: int) -> str:
+    """A RECORD line: the member's name, its sha256 (urlsafe base64, unpadded) and its size."""
+    return f"{arc},sha256={base64.urlsafe_b64encode(digest).rstrip(b'=').decode()},{size}"
 
 
 def repack(dist: md.Distribution, out: Path) -> Path:
@@ -129,13 +135,14 @@ def repack(dist: md.Distribution, out: Path) -> Path:
             if not path.is_file():
                 continue
             arc = f"{info_dir}/{base}" if top.endswith(".dist-info") else rel
-            rows.append(_copy_in(z, path, arc))
-            if arc.endswith(".py"):
-                pyc = _checked_pyc(path.read_bytes(), path)
-                if pyc is not None:
-                    pyc_arc = importlib.util.cache_from_source(arc)
-                    z.writestr(zipfile.ZipInfo.from_file(path, pyc_arc), pyc)
-                    rows.append(_record_row(pyc_arc, pyc))
+            if not arc.endswith(".py"):
+                rows.append(_copy_in(z, path, arc))
+                continue
+            src = path.read_bytes()  # read once: stored, and hashed for its .pyc
+            rows.append(_write(z, path, arc, src))
+            pyc = _checked_pyc(src, path)
+            if pyc is not None:
+                rows.append(_write(z, path, importlib.util.cache_from_source(arc), pyc))
         rows.append(f"{info_dir}/RECORD,,")
         z.writestr(f"{info_dir}/RECORD", "\n".join(rows) + "\n")
     return whl
