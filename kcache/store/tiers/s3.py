@@ -164,11 +164,12 @@ class S3Backend(Backend):
         # region, name AWS_REGION)
         self.region = os.environ.get("AWS_REGION") or session.get_config_variable("region") or "us-east-1"
         endpoint = None
+        scoped = session.get_scoped_config()  # the profile's settings
         if not _flag(session.get_config_variable("ignore_configured_endpoint_urls")):
             endpoint = ConfiguredEndpointProvider(
-                full_config=session.full_config, scoped_config=session.get_scoped_config(), client_name="s3"
+                full_config=session.full_config, scoped_config=scoped, client_name="s3"
             ).provide()
-        s3_section = session.get_scoped_config().get("s3")
+        s3_section = scoped.get("s3")
         s3_section = s3_section if isinstance(s3_section, dict) else {}
         self.endpoint, self.path_style = endpoint_for(
             self.bucket,
