@@ -252,6 +252,23 @@ def watch_compile_pool(t0: float) -> dict[str, float]:
     return times
 
 
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) each live thread of this process has used so far, by name
+    (Linux): a background thread's Python work takes the GIL from the main thread's tracing."""
+    import threading
+
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[str, float] = {}
+    for t in threading.enumerate():
+        try:
+            with open(f"/proc/self/task/{t.native_id}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[t.name] = round((int(fields[11]) + int(fields[12])) / tick, 2)
+        except (OSError, ValueError, IndexError, TypeError):
+            continue
+    return out
+
+
 def timed_steps() -> dict[str, list[float]]:
     """Wall time of the steps inside a graph's load that differ between a served process and
     Inductor's warm folder: each FX and AOTAutograd lookup (kcache's store against Inductor's
@@ -553,6 +570,7 @@ def child_body(model_name: str, device: str, mode: str | None, shapes: int, aot:
         out["kcache"] = {k: {n: round(v, 3) for n, v in d.items() if n in ("hits", "misses", "puts", "saved_s")}
                          for k, d in proc.items()}  # fmt: skip
     out["threads_alive"] = sorted(t.name for t in __import__("threading").enumerate())
+    out["thread_cpu_s"] = thread_cpu()
     stamp_exit("first")  # runs before the atexit handlers registered earlier
     out["t_enter"], out["t_return"] = t_enter, time.time()
     return out
