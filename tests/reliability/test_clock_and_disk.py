@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -28,7 +29,16 @@ from typing import Any
 
 import pytest
 
-from .conftest import base_env, no_traceback, tmpfs, warning_lines
+from .conftest import (
+    base_env,
+    compile_in_child,
+    kenv,
+    load_chaos,
+    no_traceback,
+    store_entries,
+    tmpfs,
+    warning_lines,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -257,6 +267,80 @@ def test_compiles_go_on_while_a_skewed_process_evicts(tmp_path: Path, reference_
     hits = sum(int(r.get("counts", {}).get("hits", 0)) for r in results)
     misses = sum(int(r.get("counts", {}).get("misses", 0)) for r in results)
     assert hits > 0 and misses > len(specs), (hits, misses)  # served, and recompiled after removals
+
+
+# The attacker of the next test, in the compiling child. Triton's compile() (3.4-3.9) asks the
+# cache manager's get_group for the kernel and, on an answer, builds its CompiledKernel, which
+# opens and reads every file the answer names. Between the two, here, another process removes
+# every entry of the store (``kcache clear --all``) and is waited for: once it has exited, only
+# what the answer itself holds can still give Triton the kernel's files. (Hooked at the manager's
+# method, Triton's interface, rather than in Triton's compile(): the same point in every Triton.)
+REMOVE_AFTER_ANSWER = """
+import os, subprocess, sys
+import triton
+from kcache.triton import manager as _manager
+
+ROOT = {root!r}
+removals = []
+_answer = _manager.KcacheCacheManager.get_group
+
+def _entries():
+    e = os.path.join(ROOT, "entries")
+    return sum(len(os.listdir(os.path.join(e, s))) for s in os.listdir(e))
+
+def get_group(self, filename):
+    group = _answer(self, filename)
+    if group:
+        env = {{k: v for k, v in os.environ.items() if not k.startswith("KCACHE") or k == "KCACHE_STRICT"}}
+        before = _entries()
+        r = subprocess.run(
+            [sys.executable, "-m", "kcache", "clear", "--all", "--dir", ROOT],
+            capture_output=True, text=True, env=env, timeout=120,
+        )
+        removals.append({{
+            "rc": r.returncode, "err": r.stderr[-2000:], "before": before, "after": _entries(),
+            "there": {{name: os.path.isfile(p) for name, p in group.items()}},
+        }})
+    return group
+
+_manager.KcacheCacheManager.get_group = get_group
+"""
+
+
+def test_a_hit_survives_its_entry_removed_before_triton_opens_it(
+    tmp_path: Path, compiled_store: Any, reference_kernels: dict
+) -> None:
+    """The deterministic form of the race above. A kernel in the store; a new process compiles
+    it (a hit); between kcache's answer (the paths ``get_group`` hands to Triton) and Triton's
+    reading of them (``CompiledKernel``), a second process removes every entry (``kcache clear
+    --all``) and exits. The store is empty, yet every file the answer names is still there, and
+    Triton loads the kernel it was served, byte for byte Triton's own: no warning, no
+    quarantine, no compile (one hit, no miss).
+
+    What it catches, every time: hits served by the entry's path name with nothing held (no held
+    folder, no private links). The removal deletes the files; Triton's loader raises
+    FileNotFoundError, which kcache's guard of ``triton.compile`` (kcache/triton/groupcheck.py)
+    turns into a quarantine, a warning and a compile: the kernel is right, but it was compiled
+    again and the entry was blamed for a hole of the cache. The race test above cannot see that
+    (its compilers recompile and evict all along, and it counts no warnings), and its window is
+    a few instructions wide: with that mutation it passed 6 runs of 6 (2026-12-06)."""
+    store = tmp_path / "store"
+    shutil.copytree(compiled_store(1), store, symlinks=True)
+    (spec,) = load_chaos().kernel_specs(1)
+    before = REMOVE_AFTER_ANSWER.format(root=str(store))
+    out, r = compile_in_child(
+        [spec], kenv(tmp_path, store), before=before, after='out["removals"] = removals'
+    )
+    assert out["enabled"], r.stderr[-2000:]
+    (removal,) = out["removals"]  # one answer, with the store emptied under it
+    assert removal["rc"] == 0 and removal["before"] > 0 and removal["after"] == 0, removal
+    assert warning_lines(r.stderr) == [], r.stderr[-2000:]  # (a quarantine says why here)
+    assert all(removal["there"].values()), removal["there"]  # what Triton then reads
+    name = "/".join(map(str, spec))
+    assert out["kernels"][name] == reference_kernels[name]  # every artifact: Triton's own
+    counts = out["counts"]["triton"]
+    assert counts.get("hits") == 1 and not counts.get("misses") and not counts.get("quarantined"), counts
+    assert store_entries(store) == []  # nothing was put back: nothing was compiled
 
 
 # ============================================================================= 5. full disk
