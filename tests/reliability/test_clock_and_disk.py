@@ -176,8 +176,10 @@ def hits():
 # At least {count!r} compiles, and on (up to {cap!r}) until either compiler has had a hit: the
 # lookup whose files the removals race with. Both start at the same kernel: while one compiles
 # it, the other waits for it (single flight) and is served what it put, so hits come early.
-flag, i = {flag!r}, 0
-while i < {count!r} or (not os.path.exists(flag) and i < {cap!r}):
+# And on until the aggressor has removed an entry: on an idle box 12 compiles could be over
+# before it had (its removals found the store emptied by the compilers' own bound).
+flag, did, i = {flag!r}, {did!r}, 0
+while i < {count!r} or (not (os.path.exists(flag) and os.path.exists(did)) and i < {cap!r}):
     spec = specs[i % len(specs)]; i += 1
     try:
         d = chaos.kernel_digest(chaos.compile_kernel(spec))
@@ -204,9 +206,9 @@ def test_compiles_go_on_while_a_skewed_process_evicts(tmp_path: Path, reference_
     misses and evictions all happen), and no entry is quarantined for files that went before
     Triton read them. Before efe2a87 hits' files were removed between the lookup and Triton's
     open: FileNotFoundError out of triton.compile; since kcache guards triton.compile that is a
-    quarantine, a warning and a compile, which this test now looks for (with hits served by the
-    entry's path name, nothing held, it saw them in 7 runs of 10, 2026-12-06).
-    test_a_hit_survives_its_entry_removed_before_triton_opens_it is the deterministic form.
+    quarantine, a warning and a compile, which this test now looks for. It is a race: with hits
+    served by the entry's path name, nothing held, this test failed 4 runs of 10 (2026-12-06);
+    test_a_hit_survives_its_entry_removed_before_triton_opens_it is its deterministic form.
 
     The loops count compiles, not seconds (they ran 20 s each, 100-200 compiles on an idle box,
     as much CPU as the box would give): the race is between a hit's lookup and Triton's open of
@@ -214,8 +216,10 @@ def test_compiles_go_on_while_a_skewed_process_evicts(tmp_path: Path, reference_
     1 KB bound each put evicts what came before, so the hits are single-flight waits: both
     compilers start at the same kernel, one waits while the other compiles it and is then
     served its entry, which the bound, the other process and the aggressor are removing. Each
-    compiles 12 times (three passes), and on until one of them has had a hit (at most 200);
-    the aggressor goes on until both have exited."""
+    compiles 12 times (three passes), and on until one of them has had a hit and the
+    aggressor has removed an entry (at most 200: without the second, 3 runs of 17 on an idle
+    box failed, the aggressor having removed nothing yet); the aggressor goes on until both
+    have exited."""
     from .conftest import CHAOS_PATH, load_chaos
 
     chaos = load_chaos()
@@ -233,6 +237,7 @@ def test_compiles_go_on_while_a_skewed_process_evicts(tmp_path: Path, reference_
             count=compiles,
             cap=200,
             flag=str(tmp_path / "a-hit"),
+            did=str(tmp_path / "aggressor-removed"),
             specs=[list(s) for s in specs],
         )
         workers.append(
@@ -244,7 +249,13 @@ def test_compiles_go_on_while_a_skewed_process_evicts(tmp_path: Path, reference_
     aggressor = ci.store_child(
         root,
         "aggressor",
-        {"max_size": 1000, "seconds": 300, "remove_every": 10, "stop": str(stop)},
+        {
+            "max_size": 1000,
+            "seconds": 300,
+            "remove_every": 10,
+            "stop": str(stop),
+            "did": str(tmp_path / "aggressor-removed"),
+        },
         ci.skewed_env(ci.child_env(tmp_path), tmp_path / "skew2"),
     )
     results, errs = [], []
