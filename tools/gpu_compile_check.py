@@ -207,26 +207,115 @@ def trace_compile_events() -> list[str]:
 def watch_compile_pool(t0: float) -> dict[str, float]:
     """When Inductor's compile-worker pool was created and when it became ready (seconds from
     ``t0``): Inductor hands kernels to the workers at code generation only if the pool is ready
-    then, so the race decides its ``async_compile`` counters (issue 27, reduce-overhead)."""
-    import threading
+    then, so the race decides its ``async_compile`` counters (issue 27, reduce-overhead).
 
+    Told by events, not by polling: a thread that woke every 5 ms until the pool was ready asked
+    for the GIL about 200 times a second through the whole of a process whose pool never starts
+    (kcache's served processes), and only until the pool was ready in Inductor's warm process
+    (during its first call): unequal load on the two conditions' tracing. Here the module's set of
+    pools records the pool's creation, and the ready future, submitted right after it, gets a
+    callback (run by the pool's own thread)."""
     times: dict[str, float] = {}
+    try:
+        import torch._inductor.async_compile as ac
+    except Exception:  # noqa: BLE001 - a torch without it: no times
+        return times
 
-    def watch() -> None:
-        try:
-            import torch._inductor.async_compile as ac
-        except Exception:  # noqa: BLE001
-            return
-        while "ready" not in times:
-            if "started" not in times and ac._pool_set:
-                times["started"] = round(time.perf_counter() - t0, 3)
+    def stamp(what: str) -> None:
+        times.setdefault(what, round(time.perf_counter() - t0, 3))
+
+    def ready_callback() -> None:
+        # use_process_pool() submits the ready job right after process_pool() returns; the pool
+        # is created from the main thread, so look for the future from a short-lived thread.
+        for _ in range(2000):
             fut = ac.AsyncCompile._ready_future
-            if fut is not None and fut.done():
-                times["ready"] = round(time.perf_counter() - t0, 3)
-            time.sleep(0.005)
+            if fut is not None:
+                fut.add_done_callback(lambda _f: stamp("ready"))
+                return
+            time.sleep(0.001)
 
-    threading.Thread(target=watch, daemon=True).start()
+    base = type(ac._pool_set)
+
+    class Recorded(base):  # type: ignore[misc, valid-type]
+        def add(self, pool: Any) -> None:
+            stamp("started")
+            import threading
+
+            threading.Thread(target=ready_callback, daemon=True).start()
+            super().add(pool)
+
+    try:
+        recorded = Recorded(ac._pool_set)
+    except TypeError:  # a set type that cannot be built from another: no times
+        return times
+    ac._pool_set = recorded  # process_pool() and shutdown look the module's name up when they run
     return times
+
+
+def timed_steps() -> dict[str, list[float]]:
+    """Wall time of the steps inside a graph's load that differ between a served process and
+    Inductor's warm folder: each FX and AOTAutograd lookup (kcache's store against Inductor's
+    files), and the first creation of Triton's driver (``cuda_utils``, loaded from Triton's
+    folder or served), with whether it ran inside ``AOTAutogradCache.inductor_load`` (Inductor's
+    warm process creates it earlier, while it hashes Triton for the AOT key; a served process
+    skips that hash and creates it in the load: the same work at another place)."""
+    steps: dict[str, list[float]] = {}
+    try:
+        from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+        from torch._inductor.codecache import FxGraphCache
+    except Exception:  # noqa: BLE001 - a torch without these: no steps
+        return steps
+
+    def wrap(cls: Any, name: str, tag: str) -> None:
+        own = getattr(cls, name)
+
+        def timed(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return own(*a, **k)
+            finally:
+                steps.setdefault(tag, []).append(round(1e3 * (time.perf_counter() - t), 2))
+
+        setattr(cls, name, staticmethod(timed))
+
+    wrap(FxGraphCache, "_lookup_graph", "fx_lookup_ms")
+    wrap(AOTAutogradCache, "_lookup", "aot_lookup_ms")
+    try:
+        import triton.runtime.driver as drv
+    except Exception:  # noqa: BLE001 - no Triton: no driver
+        return steps
+    create = getattr(drv, "_create_driver", None)
+    if create is not None:
+
+        def created(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return create(*a, **k)
+            finally:
+                inside, f = 0.0, sys._getframe(1)
+                while f is not None:
+                    if f.f_code.co_filename.endswith("aot_autograd_result.py"):
+                        inside = 1.0
+                        break
+                    f = f.f_back
+                steps.setdefault("driver_ms", []).append(round(1e3 * (time.perf_counter() - t), 2))
+                steps.setdefault("driver_in_inductor_load", []).append(inside)
+
+        drv._create_driver = created
+    return steps
+
+
+TIMERS = (
+    "bytecode_tracing",
+    "get_fake_value",
+    "build_guards",
+    "OutputGraph.call_user_compiler",
+    "AOTAutogradCache.inductor_load",
+    "PyCodeCache.load_by_key_path",
+    "TritonBundler.read_and_emit",
+    "create_aot_dispatcher_function",
+    "compile_fx_inner",
+)
 
 
 def stamp_exit(which: str) -> None:
@@ -358,6 +447,7 @@ def child_body(model_name: str, device: str, mode: str | None, shapes: int, aot:
     out["import_compiler_ms"] = round(1e3 * (time.perf_counter() - t), 1)
     events = trace_compile_events()
     pool_times = watch_compile_pool(t_import)
+    steps = timed_steps()
     files = {shape: Path(aot_dir or ".") / f"{shape[0]}x{shape[1]}.aot" for shape in sequence}
     if aot == "save":  # one static function per distinct shape, compiled ahead and saved
         compile_s = {}
@@ -389,6 +479,8 @@ def child_body(model_name: str, device: str, mode: str | None, shapes: int, aot:
     out["wrap_ms"] = round(1e3 * (time.perf_counter() - t), 2)
     setup_s = time.perf_counter() - t_import
     first_ms, diffs, shas = [], [], []
+    per_call: list[dict[str, float]] = []  # Dynamo's timers, call by call
+    before: dict[str, float] = {}
     prof = (
         profile_first()
         if os.environ.get("CHILD_PROFILE") and not os.environ.get("CHILD_PROFILE_WHOLE")
@@ -408,6 +500,10 @@ def child_body(model_name: str, device: str, mode: str | None, shapes: int, aot:
                 if os.environ.get("CHILD_PROFILE_DUMP"):  # the whole pstats, callers included
                     prof.dump_stats(os.environ["CHILD_PROFILE_DUMP"])
             first_ms.append(round(1e3 * (time.perf_counter() - t), 2))
+            now = compile_breakdown()
+            delta = {k: round(now.get(k, 0.0) - before.get(k, 0.0), 3) for k in TIMERS if k in now}
+            per_call.append({k: v for k, v in delta.items() if v})
+            before = now
             got = first_tensor(y).detach().cpu().contiguous()
             diffs.append(float((got.float() - ref).abs().max()))
             shas.append(hashlib.sha256(tensor_bytes(got)).hexdigest()[:16])
@@ -439,6 +535,8 @@ def child_body(model_name: str, device: str, mode: str | None, shapes: int, aot:
         "events": events,
         "pool_s": pool_times,  # when the compile pool was started and became ready (from import torch)
         "compile_times_s": compile_breakdown(),
+        "per_call_s": per_call,  # Dynamo's timers in each call (empty for a call that compiled nothing)
+        "steps_ms": steps,
         "caching_precompile": bool(getattr(torch._dynamo.config, "caching_precompile", False)),
         "dynamo_cache": dict(counters["dynamo_cache"]),
         "inductor": {  # the caches' counters, plus how often coordinate descent benchmarked
