@@ -114,7 +114,7 @@ elif mode == "aggressor":  # evict under a tiny bound and remove everything, ove
     st = Store.open(root, max_size=arg["max_size"])
     res.update(evicted=0, removed=0, rounds=0)
     end = time.monotonic() + arg["seconds"]
-    stop = arg.get("stop")
+    stop, did = arg.get("stop"), arg.get("did")
     while time.monotonic() < end and not (stop and os.path.exists(stop)):
         try:
             n, _ = st.evict()
@@ -123,6 +123,9 @@ elif mode == "aggressor":  # evict under a tiny bound and remove everything, ove
                 res["removed"] += st.remove(sorted(st.iter_entry_ids()))
         except Exception as e:
             res["errors"].append(repr(e))
+        if did and res["evicted"] + res["removed"]:  # (those it works against may stop now)
+            open(did, "a").close()
+            did = None
         res["rounds"] += 1
         time.sleep(0.05)
     st.close()
