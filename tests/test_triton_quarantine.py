@@ -178,6 +178,9 @@ def test_the_loaders_last_word_when_the_check_misses_something(tmp_path) -> None
         [PYTHON, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=300
     )
     assert p.returncode == 0, p.stderr[-3000:]  # was: ValueError from Triton's namedtuple
+    # Triton 3.9's CompiledKernel.__del__, on the object its loader gave up on, printed
+    # "Exception ignored in ... AttributeError: ... no attribute 'module'" after the recovery
+    assert "Exception ignored" not in p.stderr, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["sha"] == first["results"][0]["cubin_sha256"]
     assert out["counts"]["quarantined"] == 1 and out["counts"]["puts"] == 1, out

@@ -247,6 +247,24 @@ def _raised_by_loader(e: BaseException, codes: frozenset[Any]) -> bool:
     return False
 
 
+def _defuse(e: BaseException, codes: frozenset[Any]) -> None:
+    """The half-built ``CompiledKernel`` the loader raised in: give it ``module = None`` where its
+    ``__init__`` did not get that far. Triton 3.9's ``__del__`` reads ``self.module``; without it
+    the discarded object prints "Exception ignored in ... AttributeError" on stderr when it is
+    collected, after kcache has compiled the kernel again (Triton 3.4-3.6 have no ``__del__``)."""
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in codes:
+            obj = tb.tb_frame.f_locals.get("self")
+            try:
+                if obj is not None and "module" not in vars(obj):
+                    obj.module = None
+            except (AttributeError, TypeError):  # no instance dict: nothing of Triton's to mend
+                pass
+            return
+        tb = tb.tb_next
+
+
 def _guard(orig: Any, codes: frozenset[Any]) -> Any:
     def compile(*args: Any, **kwargs: Any) -> Any:
         outer = getattr(_served, "items", None)
@@ -262,6 +280,7 @@ def _guard(orig: Any, codes: frozenset[Any]) -> Any:
                 from ..store.quarantine import refuse
 
                 why = f"Triton's loader raised {type(e).__name__}: {e}"
+                _defuse(e, codes)
                 for store, rec in served:
                     refuse(store, rec, why)
                 del e
