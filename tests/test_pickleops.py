@@ -82,3 +82,37 @@ def test_reading_an_entry_loads_no_pickle_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_kept_list_of_graphs_is_what_the_walk_reads() -> None:
+    """An AOTAutograd entry's FX keys are kept beside it when it is stored (kcache/inductor/
+    entries.py, ``KEYS``): the list read back is the walk's, and reading it back accepts nothing
+    the walk could not have returned."""
+    import base64
+    import json
+
+    from kcache.inductor import graphs
+
+    entry = json.dumps({"data": base64.b64encode(pickle.dumps(CompiledForward(), protocol=4)).decode()})
+    keys = graphs.fx_keys(entry.encode())
+    assert keys == ["f" + "a" * 51, "f" + "b" * 51]
+    assert graphs.decode_keys(graphs.encode_keys(keys)) == keys
+    assert graphs.decode_keys(graphs.encode_keys([])) == []
+    many = [f"f{i:051b}".translate({48: 97, 49: 98}) for i in range(graphs.MAX_NAMED)]  # distinct keys
+    assert graphs.decode_keys(graphs.encode_keys(many)) == many
+    key = "f" + "c" * 51
+    for hostile in (
+        b"",
+        b"not json",
+        b'{"f": 1}',  # not a list
+        b'"' + key.encode() + b'"',  # a string, not a list of them
+        json.dumps([key, key]).encode(),  # a key twice
+        json.dumps([key + "x"]).encode(),  # not an FX key
+        json.dumps(["../" + key[3:]]).encode(),  # a path
+        json.dumps([1]).encode(),
+        json.dumps([key.upper()]).encode(),  # not base32 as torch writes it
+        graphs.encode_keys([*many, key]),  # more than an entry names
+        b"\xff\xfe",
+    ):
+        with pytest.raises(graphs.Unreadable):
+            graphs.decode_keys(hostile)

@@ -21,7 +21,10 @@ from .torchcall import own as torchs
 if TYPE_CHECKING:
     from ..store.api import Cache
 
-MEMBER = "value"  # the one file of an inductor entry: the bytes Inductor gave
+MEMBER = "value"  # the file of an inductor entry: the bytes Inductor gave
+#: An AOTAutograd entry's second file: the FX graph keys its pickle names, read once when it is
+#: kept (see :mod:`.graphs`), so that no lookup decodes and walks the entry for them again.
+KEYS = "fx_keys"
 
 
 # ------------------------------------------------------------------------------------ keys
@@ -148,7 +151,7 @@ def get(kind: str, key: str) -> bytes | None:
 
             data = data if servable(store, hit, data) else None
         if data is not None and kind == _kinds.INDUCTOR_AOT:
-            data = data if _with_graphs(store, key, data, hit.record.compile_s) else None
+            data = data if _with_graphs(store, key, hit, data) else None
         if data is None:
             return None
         served = hit.record.compile_s
@@ -164,14 +167,25 @@ def get(kind: str, key: str) -> bytes | None:
                 workers.compile_coming()  # a graph will be compiled: its workers are wanted now
 
 
-def _with_graphs(store: Cache, key: str, data: bytes, compile_s: float) -> bool:
+def _named(hit: Any, data: bytes) -> list[str]:
+    """The FX graph keys an AOTAutograd entry names: the list kept beside it, or (an entry kept
+    before that list existed) read from its bytes. :class:`.graphs.Unreadable` otherwise."""
+    from . import graphs
+
+    if KEYS in hit.names:
+        return graphs.decode_keys(hit.read(KEYS))
+    return graphs.fx_keys(data)
+
+
+def _with_graphs(store: Cache, key: str, hit: Any, data: bytes) -> bool:
     """Fetch the FX graphs an AOTAutograd entry names (held for torch's lookups that follow).
     False, with the hit counted as a miss, when one of them cannot be served: the entry is then
     removed if a graph is gone from the store (see :mod:`.graphs`)."""
     from . import graphs, policy
 
+    compile_s = hit.record.compile_s
     try:
-        needed = graphs.fx_keys(data)
+        needed = _named(hit, data)
     except graphs.Unreadable as e:
         logger.debug("torch.compile: AOTAutograd entry %s not served: %s", key, e)
         store.count(_kinds.INDUCTOR_AOT, hits=-1, misses=1, saved_s=-compile_s)
@@ -229,8 +243,12 @@ def put(kind: str, key: str, data: Any) -> None:
         if store is None:
             return
         blob = bytes(data)
-        if kind == _kinds.INDUCTOR_AOT and not _graphs_kept(store, key, blob):
-            return
+        files = {MEMBER: blob}
+        if kind == _kinds.INDUCTOR_AOT:
+            needed = _graphs_kept(store, key, blob)
+            if needed is None:
+                return
+            files[KEYS] = graphs.encode_keys(needed)
         skey, comps = store_key(kind, key)
         summary = {k: v for k, v in comps.items() if k in ("cache", "gpu_name", "torch_version")}
         if kind in (_kinds.INDUCTOR_FX, _kinds.INDUCTOR_AOT):
@@ -238,9 +256,7 @@ def put(kind: str, key: str, data: Any) -> None:
 
             summary.update(graph_summary())  # the compiled function's name, for inspect
         t0 = time.perf_counter()
-        store.replace(
-            kind, skey, {MEMBER: blob}, components=comps, summary=summary, compile_s=_compile_s(blob)
-        )
+        store.replace(kind, skey, files, components=comps, summary=summary, compile_s=_compile_s(blob))
         policy.kept(kind, key)
         logger.debug(
             "torch.compile: stored %s %s (%d bytes, %.1f ms)",
@@ -253,18 +269,22 @@ def put(kind: str, key: str, data: Any) -> None:
         return
 
 
-def _graphs_kept(store: Cache, key: str, blob: bytes) -> bool:
-    """The FX graphs an AOTAutograd entry names are all in the store (torch put them first)."""
+def _graphs_kept(store: Cache, key: str, blob: bytes) -> list[str] | None:
+    """The FX graph keys an AOTAutograd entry names, when they are all in the store (torch put
+    them first); None when the entry is not to be kept."""
     from . import graphs
 
     try:
         needed = graphs.fx_keys(blob)
     except graphs.Unreadable as e:
         logger.debug("torch.compile: AOTAutograd entry %s not kept: %s", key, e)
-        return False
+        return None
+    if len(needed) > graphs.MAX_NAMED:
+        logger.debug("torch.compile: AOTAutograd entry %s not kept: it names %d graphs", key, len(needed))
+        return None
     for fx_key in needed:
         skey, _ = store_key(_kinds.INDUCTOR_FX, graphs.fx_remote_key(fx_key))
         if not store.has(_kinds.INDUCTOR_FX, skey):
             logger.debug("torch.compile: AOTAutograd entry %s not kept: FX graph %s not stored", key, fx_key)
-            return False
-    return True
+            return None
+    return needed

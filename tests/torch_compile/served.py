@@ -15,6 +15,8 @@ counters installed before torch is imported:
   main thread alone (``sys.setprofile``), so other threads' sleeps are not mixed in;
 - ``torch_sources_hashed``: calls of torch's ``build_code_hash`` (what ``torch_key()`` runs
   over every module file of torch);
+- ``aot_entries_walked``: kcache's readings of an AOTAutograd entry's pickle for the FX graphs
+  it names (``kcache.inductor.graphs.fx_keys``);
 - ``pool_started``: whether Inductor's compile-worker pool was started; Inductor asks for it at
   each graph's compile as it does when an input is on a GPU (:func:`wake_the_pool_as_on_a_gpu`);
 - at exit: each function the interpreter calls once the script is done (``threading._shutdown``
@@ -225,6 +227,22 @@ def _counted_build_code_hash(*args: object, **kwargs: object) -> object:
 
 _codecache.build_code_hash = _counted_build_code_hash
 
+# kcache's readings of an AOTAutograd entry's pickle (JSON, base64, opcodes) for the FX graphs it
+# names: done when the entry is kept; a served lookup reads the list kept beside it
+walked: list[int] = []
+try:
+    import kcache.inductor.graphs as _graphs
+except ImportError:  # no kcache: nothing of its to count
+    _graphs = None
+if _graphs is not None:
+    _fx_keys = _graphs.fx_keys
+
+    def _counted_fx_keys(data: bytes) -> list[str]:
+        walked.append(len(data))
+        return _fx_keys(data)
+
+    _graphs.fx_keys = _counted_fx_keys
+
 
 class Block(torch.nn.Module):
     def __init__(self) -> None:
@@ -279,6 +297,7 @@ def main() -> None:
         "aot": {k: v for k, v in counters["aot_autograd"].items() if "autograd_cache" in k},
         "pool_started": bool(getattr(ac, "_pool_set", None)),
         "torch_sources_hashed": len(hashed),
+        "aot_entries_walked": len(walked),
         "spawns": spawns,
         "threads": threads,
         "waits": waits,
