@@ -110,6 +110,10 @@ def test_the_kept_list_of_graphs_is_what_the_walk_reads() -> None:
         json.dumps([key + "x"]).encode(),  # not an FX key
         json.dumps(["../" + key[3:]]).encode(),  # a path
         json.dumps([1]).encode(),
+        json.dumps([[key]]).encode(),  # unhashable items
+        json.dumps([{}]).encode(),
+        b"[" * 2_000 + b"]" * 2_000,  # nested past the parser's recursion limit (RecursionError)
+        b" " * 10_000 + json.dumps([key]).encode(),  # larger than any list of keys
         json.dumps([key.upper()]).encode(),  # not base32 as torch writes it
         graphs.encode_keys([*many, key]),  # more than an entry names
         b"\xff\xfe",

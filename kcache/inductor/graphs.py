@@ -20,9 +20,9 @@ imports no pickle module). That is done once, when the entry is kept: the keys a
 it (a second file of the entry, covered by the record's checksums like the first), and a served
 process reads that list instead of decoding and walking the entry again at every lookup (on the
 H100, a BERT-base AOTAutograd lookup cost 14-16 ms through kcache against 3 ms in Inductor's
-folder). Entries kept before that list existed are read the old way. An entry that does not name its graphs the way torch 2.8-2.13 does
-(``CompiledForward`` with an ``fx_graph_cache_info`` key string; bundled entries hold their
-graphs and name none) is served and kept as it is.
+folder). Entries kept before that list existed are read the old way. An entry that does not
+name its graphs the way torch 2.8-2.13 does (``CompiledForward`` with an ``fx_graph_cache_info``
+key string; bundled entries hold their graphs and name none) is served and kept as it is.
 """
 
 from __future__ import annotations
@@ -77,16 +77,19 @@ def encode_keys(keys: list[str]) -> bytes:
 
 def decode_keys(raw: bytes) -> list[str]:
     """The list :func:`encode_keys` wrote. :class:`Unreadable` unless it is a JSON list of at
-    most :data:`MAX_NAMED` distinct FX keys: what :func:`fx_keys` can return, and nothing else."""
+    most :data:`MAX_NAMED` distinct FX keys: what :func:`fx_keys` can return, and nothing else
+    (a file changed by someone else, whatever its size or nesting, is a miss, not an error)."""
+    if len(raw) > MAX_NAMED * 64:
+        raise Unreadable(f"a list of FX keys of {len(raw)} bytes")
     try:
         keys = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # (UnicodeDecodeError is a ValueError)
         raise Unreadable(f"not a list of FX keys: {e}") from None
     if (
         not isinstance(keys, list)
         or len(keys) > MAX_NAMED
-        or len(set(keys)) != len(keys)
         or not all(isinstance(k, str) and FX_KEY.fullmatch(k) for k in keys)
+        or len(set(keys)) != len(keys)  # (strings only, by now: hashable)
     ):
         raise Unreadable("not a list of FX keys")
     return keys
