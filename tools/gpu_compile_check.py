@@ -272,10 +272,10 @@ def thread_cpu() -> dict[str, float]:
 def timed_steps() -> dict[str, list[float]]:
     """Wall time of the steps inside a graph's load that differ between a served process and
     Inductor's warm folder: each FX and AOTAutograd lookup (kcache's store against Inductor's
-    files), and the first creation of Triton's driver (``cuda_utils``, loaded from Triton's
-    folder or served), with whether it ran inside ``AOTAutogradCache.inductor_load`` (Inductor's
-    warm process creates it earlier, while it hashes Triton for the AOT key; a served process
-    skips that hash and creates it in the load: the same work at another place)."""
+    files), and the creation of Triton's driver (``cuda_utils``, loaded from Triton's folder or
+    served) where it comes after this is installed, with whether it ran inside
+    ``AOTAutogradCache.inductor_load``. (On the H100 with torch 2.11 it never did: the driver was
+    made before the first compile in both conditions, and ``driver_ms`` stayed absent.)"""
     steps: dict[str, list[float]] = {}
     try:
         from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
