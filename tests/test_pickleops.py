@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,37 +87,98 @@ def test_reading_an_entry_loads_no_pickle_module() -> None:
 
 def test_the_kept_list_of_graphs_is_what_the_walk_reads() -> None:
     """An AOTAutograd entry's FX keys are kept beside it when it is stored (kcache/inductor/
-    entries.py, ``KEYS``): the list read back is the walk's, and reading it back accepts nothing
-    the walk could not have returned."""
-    import base64
+    entries.py, ``KEYS``): the list read back is the walk's, a list kept by another reading of
+    entries is not trusted (None: the entry is walked), and reading it back accepts nothing the
+    walk could not have returned."""
     import json
 
     from kcache.inductor import graphs
 
-    entry = json.dumps({"data": base64.b64encode(pickle.dumps(CompiledForward(), protocol=4)).decode()})
-    keys = graphs.fx_keys(entry.encode())
+    keys = graphs.fx_keys(_aot_entry())
     assert keys == ["f" + "a" * 51, "f" + "b" * 51]
     assert graphs.decode_keys(graphs.encode_keys(keys)) == keys
     assert graphs.decode_keys(graphs.encode_keys([])) == []
     many = [f"f{i:051b}".translate({48: 97, 49: 98}) for i in range(graphs.MAX_NAMED)]  # distinct keys
     assert graphs.decode_keys(graphs.encode_keys(many)) == many
+
+    def kept(keys: Any, reading: Any = graphs.READING) -> bytes:
+        return json.dumps({"reading": reading, "keys": keys}).encode()
+
     key = "f" + "c" * 51
+    for other in (graphs.READING + 1, 0, str(graphs.READING), True, None, [graphs.READING]):
+        assert graphs.decode_keys(kept([key], other)) is None, other  # walked, never trusted
     for hostile in (
         b"",
         b"not json",
-        b'{"f": 1}',  # not a list
-        b'"' + key.encode() + b'"',  # a string, not a list of them
-        json.dumps([key, key]).encode(),  # a key twice
-        json.dumps([key + "x"]).encode(),  # not an FX key
-        json.dumps(["../" + key[3:]]).encode(),  # a path
-        json.dumps([1]).encode(),
-        json.dumps([[key]]).encode(),  # unhashable items
-        json.dumps([{}]).encode(),
+        json.dumps([key]).encode(),  # no reading
+        b'{"reading": 1}',
+        kept({"f": 1}),  # not a list
+        kept(key),  # a string, not a list of them
+        kept([key, key]),  # a key twice
+        kept([key + "x"]),  # not an FX key
+        kept(["../" + key[3:]]),  # a path
+        kept([key.upper()]),  # not base32 as torch writes it
+        kept([1]),
+        kept([[key]]),  # unhashable items
+        kept([{}]),
+        kept([*many, key]),  # more than an entry names
         b"[" * 2_000 + b"]" * 2_000,  # nested past the parser's recursion limit (RecursionError)
-        b" " * 10_000 + json.dumps([key]).encode(),  # larger than any list of keys
-        json.dumps([key.upper()]).encode(),  # not base32 as torch writes it
-        graphs.encode_keys([*many, key]),  # more than an entry names
+        b" " * 10_000 + kept([key]),  # larger than any list of keys
         b"\xff\xfe",
     ):
         with pytest.raises(graphs.Unreadable):
             graphs.decode_keys(hostile)
+
+
+def _aot_entry() -> bytes:
+    """Inductor's remote-cache bytes for an AOTAutograd entry naming two FX graphs."""
+    import base64
+    import json
+
+    return json.dumps(
+        {"data": base64.b64encode(pickle.dumps(CompiledForward(), protocol=4)).decode()}
+    ).encode()
+
+
+def test_verify_finds_a_kept_list_that_is_not_the_entry_s(tmp_path: Path) -> None:
+    """``kcache verify`` reads each AOTAutograd entry's pickle and its kept list: a list that
+    names other graphs than the pickle (changed, or written wrong) is a problem, and ``--fix``
+    removes the entry; an entry whose list agrees, or has none, is sound."""
+    import json
+
+    from kcache.inductor import graphs
+    from kcache.inductor.declare import INDUCTOR_AOT
+    from kcache.inductor.entries import KEYS, MEMBER
+    from kcache.store import Store
+
+    value = _aot_entry()
+    store = tmp_path / "store"
+    s = Store.open(store)
+    try:
+        s.replace(INDUCTOR_AOT, "good", {MEMBER: value, KEYS: graphs.encode_keys(graphs.fx_keys(value))})
+        s.replace(INDUCTOR_AOT, "old", {MEMBER: value})  # kept before lists existed
+        bad = s.replace(INDUCTOR_AOT, "bad", {MEMBER: value, KEYS: graphs.encode_keys([])})
+        assert bad is not None
+        bad_id = bad.record.id
+    finally:
+        s.close()
+
+    def verify(*more: str) -> tuple[int, dict]:
+        r = subprocess.run(
+            [sys.executable, "-m", "kcache", "verify", "--json", "--dir", str(store), *more],
+            capture_output=True, text=True, timeout=120, cwd=REPO,
+        )  # fmt: skip
+        return r.returncode, json.loads(r.stdout)
+
+    rc, out = verify()
+    assert rc == 1, out  # was: sound (the list was never compared with the pickle)
+    (problem,) = [p for p in out["problems"] if p["type"] == "bad_metadata"]  # (and its index row)
+    assert problem["id"] == bad_id and "not the one its pickle names" in problem["detail"], problem
+    rc, out = verify("--fix")
+    assert rc == 0 and out["ok"] is True, out
+    s = Store.open(store)
+    try:
+        assert s.get(INDUCTOR_AOT, "bad") is None
+        assert s.get(INDUCTOR_AOT, "good") is not None and s.get(INDUCTOR_AOT, "old") is not None
+    finally:
+        s.close()

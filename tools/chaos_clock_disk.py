@@ -111,24 +111,28 @@ elif mode == "evict":  # evict under a tiny bound (or the entries down to a targ
 elif mode == "aggressor":  # evict under a tiny bound and remove everything, over and over
     # until ``seconds`` are up or, sooner, the file ``stop`` exists (the processes it works
     # against are done: every pass after them would spend CPU on an empty store)
-    st = Store.open(root, max_size=arg["max_size"])
-    res.update(evicted=0, removed=0, rounds=0)
-    end = time.monotonic() + arg["seconds"]
     stop, did = arg.get("stop"), arg.get("did")
-    while time.monotonic() < end and not (stop and os.path.exists(stop)):
-        try:
-            n, _ = st.evict()
-            res["evicted"] += n
-            if res["rounds"] % arg["remove_every"] == 0:
-                res["removed"] += st.remove(sorted(st.iter_entry_ids()))
-        except Exception as e:
-            res["errors"].append(repr(e))
-        if did and res["evicted"] + res["removed"]:  # (those it works against may stop now)
+    try:
+        st = Store.open(root, max_size=arg["max_size"])
+        res.update(evicted=0, removed=0, rounds=0)
+        end = time.monotonic() + arg["seconds"]
+        while time.monotonic() < end and not (stop and os.path.exists(stop)):
+            try:
+                n, _ = st.evict()
+                res["evicted"] += n
+                if res["rounds"] % arg["remove_every"] == 0:
+                    res["removed"] += st.remove(sorted(st.iter_entry_ids()))
+            except Exception as e:
+                res["errors"].append(repr(e))
+            if did and res["evicted"] + res["removed"]:  # (those it works against may stop now)
+                open(did, "a").close()
+                did = None
+            res["rounds"] += 1
+            time.sleep(0.05)
+        st.close()
+    finally:
+        if did:  # ended (or failed) before it removed anything: nobody is to wait for it
             open(did, "a").close()
-            did = None
-        res["rounds"] += 1
-        time.sleep(0.05)
-    st.close()
 print(json.dumps(res))
 """
 

@@ -249,6 +249,8 @@ def watch_compile_pool(t0: float) -> dict[str, float]:
     except TypeError:  # a set type that cannot be built from another: no times
         return times
     ac._pool_set = recorded  # process_pool() and shutdown look the module's name up when they run
+    if recorded:  # a pool made before this was installed: started, its readiness not watched
+        stamp("started")
     return times
 
 

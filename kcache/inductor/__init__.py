@@ -233,10 +233,12 @@ _hooks = Hooks(active_cache, lambda mod: on_import(mod), lambda: uninstall())
 
 
 def _checks() -> dict[str, Callable[[Any], str | None]]:
-    """What ``kcache verify`` checks of this integration's entries (:mod:`.tunecheck`)."""
+    """What ``kcache verify`` checks of this integration's entries: autotune results
+    (:mod:`.tunecheck`) and the FX graphs an AOTAutograd entry's kept list names (:mod:`.graphs`)."""
+    from .entries import aot_check
     from .tunecheck import checks
 
-    return checks(MEMBER)
+    return {**checks(MEMBER), _kinds.INDUCTOR_AOT: aot_check}
 
 
 INTEGRATION = Integration(

@@ -169,12 +169,15 @@ def get(kind: str, key: str) -> bytes | None:
 
 def _named(hit: Any, data: bytes) -> list[str]:
     """The FX graph keys an AOTAutograd entry names: the list kept beside it, or (an entry kept
-    before that list existed) read from its bytes. :class:`.graphs.Unreadable` otherwise."""
+    before that list existed, or by another reading of entries: see :data:`.graphs.READING`)
+    read from its bytes. :class:`.graphs.Unreadable` otherwise."""
     from . import graphs
 
     if KEYS in hit.names:
-        return graphs.decode_keys(hit.read(KEYS))
-    return graphs.fx_keys(data)
+        keys = graphs.decode_keys(hit.read(KEYS))
+        if keys is not None:
+            return keys
+    return graphs.fx_keys(data)  # no list, or one kept by another reading of entries
 
 
 def _with_graphs(store: Cache, key: str, hit: Any, data: bytes) -> bool:
@@ -267,6 +270,16 @@ def put(kind: str, key: str, data: Any) -> None:
         )
     except NoGpuModel:
         return
+
+
+def aot_check(hit: Any) -> str | None:
+    """``kcache verify``: why an AOTAutograd entry's kept list of FX graphs cannot stand for
+    the graphs its pickle names (a list changed, or written wrong), or None."""
+    from . import graphs
+
+    if KEYS not in hit.names or MEMBER not in hit.names:
+        return None
+    return graphs.kept_list_problem(hit.read(MEMBER), hit.read(KEYS))
 
 
 def _graphs_kept(store: Cache, key: str, blob: bytes) -> list[str] | None:

@@ -68,23 +68,31 @@ def fx_keys(data: bytes) -> list[str]:
 
 
 MAX_NAMED = 64  # FX graphs one AOTAutograd entry names (a forward and a backward; room to spare)
+#: How this kcache reads the FX keys out of an entry (:data:`NAMING_CLASSES`, :data:`FX_KEY`,
+#: :mod:`.pickleops`). A kept list records it, and a list kept by another reading is not
+#: trusted: the entry is walked again. Bump it whenever :func:`fx_keys` would answer otherwise
+#: (a torch that names its graphs another way), so no list written by an older kcache, on this
+#: machine or through a shared tier, stands in for what this one would read.
+READING = 1
 
 
 def encode_keys(keys: list[str]) -> bytes:
     """The FX keys an AOTAutograd entry names, as kept beside it (:data:`.entries.KEYS`)."""
-    return json.dumps(keys, separators=(",", ":")).encode()
+    return json.dumps({"reading": READING, "keys": keys}, separators=(",", ":")).encode()
 
 
-def decode_keys(raw: bytes) -> list[str]:
-    """The list :func:`encode_keys` wrote. :class:`Unreadable` unless it is a JSON list of at
-    most :data:`MAX_NAMED` distinct FX keys: what :func:`fx_keys` can return, and nothing else
-    (a file changed by someone else, whatever its size or nesting, is a miss, not an error)."""
+def decode_keys(raw: bytes) -> list[str] | None:
+    """The list :func:`encode_keys` wrote; None when another reading wrote it (walk the entry).
+    :class:`Unreadable` unless it holds a JSON list of at most :data:`MAX_NAMED` distinct FX
+    keys, what :func:`fx_keys` can return: a file changed by someone else, whatever its size or
+    nesting, is a miss, not an error."""
     if len(raw) > MAX_NAMED * 64:
         raise Unreadable(f"a list of FX keys of {len(raw)} bytes")
     try:
-        keys = json.loads(raw)
+        doc = json.loads(raw)
     except (ValueError, RecursionError) as e:  # (UnicodeDecodeError is a ValueError)
         raise Unreadable(f"not a list of FX keys: {e}") from None
+    keys = doc.get("keys") if isinstance(doc, dict) else None
     if (
         not isinstance(keys, list)
         or len(keys) > MAX_NAMED
@@ -92,7 +100,24 @@ def decode_keys(raw: bytes) -> list[str]:
         or len(set(keys)) != len(keys)  # (strings only, by now: hashable)
     ):
         raise Unreadable("not a list of FX keys")
-    return keys
+    reading = doc.get("reading")
+    return keys if type(reading) is int and reading == READING else None
+
+
+def kept_list_problem(value: bytes, kept: bytes) -> str | None:
+    """``kcache verify``: why an AOTAutograd entry's kept list cannot stand for its pickle (it
+    is not one, or it names other graphs than the entry does), or None."""
+    try:
+        keys = decode_keys(kept)
+    except Unreadable as e:
+        return f"its list of FX graphs is unreadable ({e})"
+    if keys is None:
+        return None  # kept by another reading: lookups walk the entry itself
+    try:
+        named = fx_keys(value)
+    except Unreadable as e:
+        return f"it has a list of FX graphs but no entry kcache can read ({e})"
+    return None if named == keys else "its list of FX graphs is not the one its pickle names"
 
 
 def hold(fx_remote_key: str, data: bytes) -> None:

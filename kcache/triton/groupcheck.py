@@ -280,7 +280,10 @@ def _guard(orig: Any, codes: frozenset[Any]) -> Any:
                 from ..store.quarantine import refuse
 
                 why = f"Triton's loader raised {type(e).__name__}: {e}"
-                _defuse(e, codes)
+                try:
+                    _defuse(e, codes)
+                except Exception:  # broad: a tidy-up of Triton's object must not stop the recovery
+                    pass
                 for store, rec in served:
                     refuse(store, rec, why)
                 del e

@@ -176,8 +176,9 @@ def hits():
 # At least {count!r} compiles, and on (up to {cap!r}) until either compiler has had a hit: the
 # lookup whose files the removals race with. Both start at the same kernel: while one compiles
 # it, the other waits for it (single flight) and is served what it put, so hits come early.
-# And on until the aggressor has removed an entry: on an idle box 12 compiles could be over
-# before it had (its removals found the store emptied by the compilers' own bound).
+# And on until the aggressor has removed an entry (or ended: it says so then too): on an idle
+# box 12 compiles could be over before it had (its removals found the store emptied by the
+# compilers' own bound).
 flag, did, i = {flag!r}, {did!r}, 0
 while i < {count!r} or (not (os.path.exists(flag) and os.path.exists(did)) and i < {cap!r}):
     spec = specs[i % len(specs)]; i += 1
@@ -266,6 +267,10 @@ def test_compiles_go_on_while_a_skewed_process_evicts(tmp_path: Path, reference_
             results.append(json.loads(out.decode().strip().splitlines()[-1]) if p.returncode == 0 else {})
     finally:
         stop.touch()
+        for p in workers:  # (a timeout above: the compilers do not go on beside the other tests)
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         agg = ci.finish(aggressor)
     for rc, err in errs:
         assert b"Traceback" not in err, err.decode(errors="replace")[-3000:]
