@@ -25,9 +25,21 @@ from kcache.store.tiers import redis_io, shared
 pytest.importorskip("redis")
 
 LOOKUPS = 150
-#: The budget (five deadlines of 100 ms), one call under way, and room for a loaded box's slow
-#: local work between calls (kcache's own count of seconds in calls, not wall time).
-BOUND_S = shared.BUDGET_CALLS * 0.1 + 0.1 + 0.4
+
+
+def bound_s(deadline_s: float) -> float:
+    """The budget (five deadlines), one call under way, and room for a loaded box's slow local
+    work between calls (kcache's own count of seconds in calls, not wall time)."""
+    return shared.BUDGET_CALLS * deadline_s + deadline_s + 0.4
+
+
+#: With the 100 ms deadline of the other tests here.
+BOUND_S = bound_s(0.1)
+#: The silent masters' test builds a real client first (CLUSTER SLOTS, then COMMAND from the fake
+#: node, a thread of the test's own process): beside two CPU-bound jobs, 100 ms was not always
+#: enough for that second answer (2026-12-06). Its point is the budget, so it runs with a
+#: deadline the fake node meets on a loaded box: 150 lookups x 0.5 s without the budget, 75 s.
+SILENT_DEADLINE_S = 0.5
 
 COMMANDS = [
     (b"get", 2, [b"readonly"]),
@@ -166,11 +178,11 @@ def test_many_silent_masters_cost_a_process_the_budget_not_a_timeout_each(
 ) -> None:
     """A slot map within the cap whose masters all hang: the client is built (the node answers),
     every lookup goes to a silent master, and after the budget the whole tier is skipped. On the
-    code before the budget: 150 lookups x 0.1 s, about 15 s."""
+    code before the budget: 150 lookups x the deadline (75 s here)."""
     node = node_factory(masters)
-    c = _lookups(stores, node.url)
+    c = _lookups(stores, node.url, deadline=f"{SILENT_DEADLINE_S * 1000:g}ms")
     assert node.asked.get(b"CLUSTER SLOTS", 0) >= 1 and node.asked.get(b"COMMAND", 0) >= 1, node.asked
-    assert c["remote_s"] <= BOUND_S, c
+    assert c["remote_s"] <= bound_s(SILENT_DEADLINE_S), c
     assert c["remote_bypassed"] >= LOOKUPS - 20, c
     assert any("skipping it for 30 s" in m for m in kcache_warnings), kcache_warnings
 
