@@ -238,31 +238,29 @@ def _loader_codes() -> frozenset[Any]:
     return frozenset([code]) if code is not None else frozenset()
 
 
-def _raised_by_loader(e: BaseException, codes: frozenset[Any]) -> bool:
+def _loader_frame(e: BaseException, codes: frozenset[Any]) -> Any:
+    """The frame of Triton's loader (``CompiledKernel.__init__``) that ``e`` came through, or
+    None: the exception is the loader's own."""
     tb = e.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code in codes:
-            return True
+            return tb.tb_frame
         tb = tb.tb_next
-    return False
+    return None
 
 
-def _defuse(e: BaseException, codes: frozenset[Any]) -> None:
-    """The half-built ``CompiledKernel`` the loader raised in: give it ``module = None`` where its
-    ``__init__`` did not get that far. Triton 3.9's ``__del__`` reads ``self.module``; without it
-    the discarded object prints "Exception ignored in ... AttributeError" on stderr when it is
-    collected, after kcache has compiled the kernel again (Triton 3.4-3.6 have no ``__del__``)."""
-    tb = e.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code in codes:
-            obj = tb.tb_frame.f_locals.get("self")
-            try:
-                if obj is not None and "module" not in vars(obj):
-                    obj.module = None
-            except (AttributeError, TypeError):  # no instance dict: nothing of Triton's to mend
-                pass
-            return
-        tb = tb.tb_next
+def _defuse(frame: Any) -> None:
+    """The half-built ``CompiledKernel`` the loader raised in (``frame``'s ``self``): give it
+    ``module = None`` where its ``__init__`` did not get that far. Triton 3.9's ``__del__`` reads
+    ``self.module``; without it the discarded object prints "Exception ignored in ...
+    AttributeError" on stderr when it is collected, after kcache has compiled the kernel again
+    (Triton 3.4-3.6 have no ``__del__``)."""
+    obj = frame.f_locals.get("self")
+    try:
+        if obj is not None and "module" not in vars(obj):
+            obj.module = None
+    except (AttributeError, TypeError):  # no instance dict: nothing of Triton's to mend
+        pass
 
 
 def _guard(orig: Any, codes: frozenset[Any]) -> Any:
@@ -274,16 +272,18 @@ def _guard(orig: Any, codes: frozenset[Any]) -> Any:
             try:
                 return orig(*args, **kwargs)
             except Exception as e:  # broad: Triton's loader raises anything; kcache's only kept
-                if not served or not _raised_by_loader(e, codes):
+                frame = _loader_frame(e, codes) if served else None
+                if frame is None:
                     raise
 
                 from ..store.quarantine import refuse
 
                 why = f"Triton's loader raised {type(e).__name__}: {e}"
                 try:
-                    _defuse(e, codes)
+                    _defuse(frame)
                 except Exception:  # broad: a tidy-up of Triton's object must not stop the recovery
                     pass
+                del frame  # (it holds the half-built object: not kept through the recompile)
                 for store, rec in served:
                     refuse(store, rec, why)
                 del e
