@@ -165,11 +165,13 @@ def call_model(m: Any, x: Any) -> Any:
     return out[0] if isinstance(out, tuple) or hasattr(out, "last_hidden_state") else out
 
 
-def trace_compile_events() -> list[str]:
+def trace_compile_events(steps: dict[str, list[float]]) -> list[str]:
     """What Inductor looked up and loaded, in order: AOTAutograd and FX graph lookups (key,
     hit or miss) and every kernel handed to ``async_compile.triton`` (name, and whether it was in
     Inductor's in-memory table: ``async_compile_cache_hit``). Tells which graph's kernels a run
-    loads more often than another (issue 27: under reduce-overhead the counters differ)."""
+    loads more often than another (issue 27: under reduce-overhead the counters differ). Each
+    lookup's wall time goes into ``steps`` (``fx_lookup_ms``, ``aot_lookup_ms``: kcache's store
+    against Inductor's files)."""
     events: list[str] = []
     try:
         from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
@@ -189,7 +191,11 @@ def trace_compile_events() -> list[str]:
             own = getattr(cls, name)
 
             def lookup(*a: Any, **k: Any) -> Any:
-                res = own(*a, **k)
+                t = time.perf_counter()
+                try:
+                    res = own(*a, **k)
+                finally:
+                    steps.setdefault(f"{tag}_lookup_ms", []).append(round(1e3 * (time.perf_counter() - t), 2))
                 key = next((x for x in a if isinstance(x, str)), "?")
                 found = res[0] if isinstance(res, tuple) else res
                 events.append(f"{tag}:{key[:10]}:{'hit' if found is not None else 'miss'}")
@@ -271,57 +277,34 @@ def thread_cpu() -> dict[str, float]:
     return out
 
 
-def timed_steps() -> dict[str, list[float]]:
-    """Wall time of the steps inside a graph's load that differ between a served process and
-    Inductor's warm folder: each FX and AOTAutograd lookup (kcache's store against Inductor's
-    files), and the creation of Triton's driver (``cuda_utils``, loaded from Triton's folder or
-    served) where it comes after this is installed, with whether it ran inside
+def timed_driver(steps: dict[str, list[float]]) -> None:
+    """The creation of Triton's driver (``cuda_utils``, loaded from Triton's folder or served)
+    where it comes after this is installed, into ``steps`` with whether it ran inside
     ``AOTAutogradCache.inductor_load``. (On the H100 with torch 2.11 it never did: the driver was
     made before the first compile in both conditions, and ``driver_ms`` stayed absent.)"""
-    steps: dict[str, list[float]] = {}
-    try:
-        from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
-        from torch._inductor.codecache import FxGraphCache
-    except Exception:  # noqa: BLE001 - a torch without these: no steps
-        return steps
-
-    def wrap(cls: Any, name: str, tag: str) -> None:
-        own = getattr(cls, name)
-
-        def timed(*a: Any, **k: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return own(*a, **k)
-            finally:
-                steps.setdefault(tag, []).append(round(1e3 * (time.perf_counter() - t), 2))
-
-        setattr(cls, name, staticmethod(timed))
-
-    wrap(FxGraphCache, "_lookup_graph", "fx_lookup_ms")
-    wrap(AOTAutogradCache, "_lookup", "aot_lookup_ms")
     try:
         import triton.runtime.driver as drv
     except Exception:  # noqa: BLE001 - no Triton: no driver
-        return steps
+        return
     create = getattr(drv, "_create_driver", None)
-    if create is not None:
+    if create is None:
+        return
 
-        def created(*a: Any, **k: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return create(*a, **k)
-            finally:
-                inside, f = 0.0, sys._getframe(1)
-                while f is not None:
-                    if f.f_code.co_filename.endswith("aot_autograd_result.py"):
-                        inside = 1.0
-                        break
-                    f = f.f_back
-                steps.setdefault("driver_ms", []).append(round(1e3 * (time.perf_counter() - t), 2))
-                steps.setdefault("driver_in_inductor_load", []).append(inside)
+    def created(*a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return create(*a, **k)
+        finally:
+            inside, f = 0.0, sys._getframe(1)
+            while f is not None:
+                if f.f_code.co_filename.endswith("aot_autograd_result.py"):
+                    inside = 1.0
+                    break
+                f = f.f_back
+            steps.setdefault("driver_ms", []).append(round(1e3 * (time.perf_counter() - t), 2))
+            steps.setdefault("driver_in_inductor_load", []).append(inside)
 
-        drv._create_driver = created
-    return steps
+    drv._create_driver = created
 
 
 TIMERS = (
@@ -464,9 +447,10 @@ def child_body(model_name: str, device: str, mode: str | None, shapes: int, aot:
     import torch._inductor.compile_fx  # noqa: F401
 
     out["import_compiler_ms"] = round(1e3 * (time.perf_counter() - t), 1)
-    events = trace_compile_events()
+    steps: dict[str, list[float]] = {}  # the load's steps that differ between the conditions
+    events = trace_compile_events(steps)
+    timed_driver(steps)
     pool_times = watch_compile_pool(t_import)
-    steps = timed_steps()
     files = {shape: Path(aot_dir or ".") / f"{shape[0]}x{shape[1]}.aot" for shape in sequence}
     if aot == "save":  # one static function per distinct shape, compiled ahead and saved
         compile_s = {}
