@@ -75,6 +75,67 @@ def test_a_recount_keeps_what_was_put_while_it_walked(tmp_path: Path) -> None:
         s.close()
 
 
+_RECOUNT = """
+import sys
+from kcache.store import Store
+s = Store.open(sys.argv[1], max_size=1 << 30)
+print(s.disk.evictor.recount())
+s.close()
+"""
+
+
+def test_a_recount_between_a_removals_rename_and_its_count_leaves_the_count_whole(tmp_path: Path) -> None:
+    """A removal renames the entry's folder into trash/, then takes its bytes off the shared
+    count. Another process's recount (its flush thread's reconcile, or eviction's) that walks the
+    folders after the rename and sets the count before the subtraction does not count the entry;
+    the subtraction then took it off a second time, and the count stayed an entry short until the
+    next recount (an hour on), the store past its bound by as much. Seen once in CI: the
+    put-past-the-bound test below counted 196,608 bytes for 9 entries of 24,576 (its own flush
+    thread's first reconcile landed inside its put's eviction). Here the other process's recount
+    is run at that point, by the removal's own callback; the count must hold the entries that are
+    left. Fails on main (every run: the count is one entry short)."""
+    root = tmp_path / "store"
+    s = Store.open(root, max_size=1 << 30)
+    try:
+        disk = s.disk
+        # This process's own flush thread stays out of it (its first turn would recount too).
+        disk.catalogue.on_turn = lambda: None
+        disk.catalogue.after_reconcile = lambda: None
+        ids = [s.put("triton", f"k{i}", {"a.bin": bytes([i]) * 10_000}).record.id for i in range(4)]
+        one = _on_disk(Path(s.entry_dir(ids[0])))
+        usage = disk.evictor.usage
+        assert usage.total() == 4 * one
+        told = disk.entries.on_removed
+        assert told is not None
+        recounts: list[str] = []
+
+        def removed(*args: object) -> None:
+            # The folder is in trash/ now, its bytes still counted: another process recounts.
+            r = subprocess.run(
+                [sys.executable, "-c", _RECOUNT, str(root)], capture_output=True, text=True, timeout=120
+            )
+            assert r.returncode == 0, r.stderr
+            recounts.append(r.stdout.strip())
+            told(*args)
+
+        disk.entries.on_removed = removed
+        assert s.remove([ids[0]]) == 1  # a removal (clear, quarantine)
+        assert recounts == [str(3 * one)]  # the recount saw the three left
+        assert usage.total() == 3 * one
+        # An eviction by a put (the store far past its bound: the put renames the oldest entry
+        # into trash/ itself), as in the CI failure.
+        for ident in ids[1:]:
+            rec = Path(s.entry_dir(ident)) / "__kcache__.rec"
+            os.utime(rec, (time.time() - 600,) * 2)
+        disk.max_size = 2 * one + disk.evictor.measure().total
+        assert s.put("triton", "new", {"a.bin": b"N" * 10_000}) is not None
+        gone = [i for i in ids[1:] if disk.record_mtime(i) is None]
+        assert len(gone) == len(recounts) - 1 >= 1, (gone, recounts)
+        assert usage.total() == (4 - len(gone)) * one
+    finally:
+        s.close()
+
+
 def _on_disk(folder: Path) -> int:
     """What an entry counts for against the bound: its folder's blocks and its files', as du
     counts them."""
@@ -96,6 +157,12 @@ def test_a_put_past_the_bound_leaves_its_victims_files_to_the_next_turn(tmp_path
     s = Store.open(root, max_size=1 << 30)
     disk = s.disk
     disk.catalogue.on_turn = lambda: None  # the flush thread's turn is taken by hand below
+    # Its reconcile too: a new store's first turn recounts the folder, and a recount while the
+    # puts below write counts an entry it walked and that was added meanwhile twice (by design,
+    # see Usage.settle): exact counts are the subject here. (A recount inside the put's
+    # eviction made the count an entry short once in CI, a race of the store's own:
+    # test_a_recount_between_a_removals_rename_and_its_count_leaves_the_count_whole.)
+    disk.catalogue.after_reconcile = lambda: None
     # (how many bytes may wait for that turn is bounded too: not the subject here)
     monkeypatch.setattr(tunables, "SOON_SHARE", 1.0)
     keys = [f"k{i}" for i in range(10)]

@@ -122,6 +122,7 @@ class DiskTier(Upkeep):
         self.catalogue.on_turn = self._flush_turn
         self.served.wake = self.catalogue.wake  # the holds' table of descriptors grown there
         self.catalogue.after_reconcile = self.evictor.recount
+        self.entries.mark = self.evictor.usage.mark  # see Usage.add: a removal's bytes and a recount
         self.trash_state = Trash(folders)  # what removals left in trash/ (see trash.Trash)
         self._usage_started = False  # a new store's count made (see _first_put)
         self._dead_cleaned = False  # dead processes' private folders removed (see clean_dead_folders)

@@ -51,11 +51,15 @@ class Entries:
         folders: Folders,
         clock: Clock,
         served: Served,
-        on_removed: Callable[[str, int, bool], None] | None = None,
+        on_removed: Callable[[str, int, bool, int | None], None] | None = None,
     ) -> None:
         self.folders, self.clock, self.served = folders, clock, served
-        #: Told of every removal: (id, the bytes it counted for, whether trash/ keeps something).
+        #: Told of every removal: (id, the bytes it counted for, whether trash/ keeps something,
+        #: what :attr:`mark` said before the rename).
         self.on_removed = on_removed
+        #: Asked before each removal's rename (the size count's recounts so far, see
+        #: :meth:`.usage.Usage.mark`): set by the disk tier.
+        self.mark: Callable[[], int | None] = lambda: None
         self._real_shards: set[str] = set()
 
     # ------------------------------------------------------------------ reading
@@ -505,6 +509,7 @@ class Entries:
         except OSError:
             return None
         t = fs.unique_name(ident)
+        mark = self.mark()  # before the rename: a recount between it and on_removed is seen
         try:
             os.rename(f"{ident[:2]}/{ident}", t, src_dir_fd=efd, dst_dir_fd=trfd)
         except OSError:
@@ -512,5 +517,5 @@ class Entries:
         freed = folder_bytes(trfd, t)
         left = not empty or drop_trash(trfd, t, keep_empty=later) is None or later
         if self.on_removed is not None:
-            self.on_removed(ident, freed, left)
+            self.on_removed(ident, freed, left, mark)
         return freed

@@ -36,11 +36,12 @@ class Upkeep:
     max_size: int
     _dead_cleaned: bool
 
-    def _removed(self, ident: str, freed: int, left: bool) -> None:
+    def _removed(self, ident: str, freed: int, left: bool, mark: int | None) -> None:
         """Every removal: its bytes are off the store's count at once (what live processes were
-        handed is theirs, gone when they are), its row is not written, and trash/ is swept
-        later if a holder kept its folder."""
-        self.evictor.usage.add(-freed)
+        handed is theirs, gone when they are; unless a recount set the count since the rename,
+        see :meth:`.usage.Usage.add`), its row is not written, and trash/ is swept later if a
+        holder kept its folder."""
+        self.evictor.usage.add(-freed, mark)
         self.served.removed(ident)  # an idle hold of it now costs disk: let go
         if left:
             self.trash_state.left = True

@@ -30,9 +30,11 @@ if TYPE_CHECKING:
 #: members' sizes: a store it used is counted again from its folders once.)
 USAGE_NAME = "usage.du"
 # bytes; 1 once counted (0: puts added since the file was made); bytes ever added (only grows:
-# a recount adds what was put while it walked, see Usage.settle). A 16-byte file reads as
-# adding nothing.
-_USAGE = struct.Struct("<qqq")
+# a recount adds what was put while it walked, see Usage.settle); recounts that set it (only
+# grows: a removal's bytes come off only if none did since its rename, see Usage.add). A 16-byte
+# file reads as adding nothing, a 24-byte one (an older kcache's) as never recounted.
+_USAGE = struct.Struct("<qqqq")
+_USAGE_24 = struct.Struct("<qqq")
 _USAGE_OLD = struct.Struct("<qq")
 
 
@@ -45,8 +47,10 @@ class Usage:
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._pid = 0
-        self._carry = 0  # bytes not written yet (the count was busy): added next time
-        self._carry_added = 0  # the positive part of them
+        # Bytes not written yet (the count was busy): written next time. Those added, and those
+        # removed by the mark their removals took (see add).
+        self._carry_in = 0
+        self._carry_out: dict[int | None, int] = {}
         self._last: int | None = None  # the total as last read or written (counted stores only)
         self._broken = False
 
@@ -57,7 +61,7 @@ class Usage:
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self._carry = self._carry_added = 0
+        self._carry_in, self._carry_out = 0, {}
 
     def close(self) -> None:
         with self._lock:
@@ -115,7 +119,7 @@ class Usage:
         try:
             if os.listdir(efd):
                 return
-            fs.write_new_at(lfd, tmp, _USAGE.pack(0, 1, 0))
+            fs.write_new_at(lfd, tmp, _USAGE.pack(0, 1, 0, 0))
             # Whole or not at all: a process that opens it meanwhile never sees it empty.
             os.link(tmp, USAGE_NAME, src_dir_fd=lfd, dst_dir_fd=lfd, follow_symlinks=False)
         except OSError:
@@ -135,41 +139,66 @@ class Usage:
         return False
 
     @staticmethod
-    def _get(fd: int) -> tuple[int, bool, int]:
-        """(bytes, counted, bytes ever added)."""
+    def _get(fd: int) -> tuple[int, bool, int, int]:
+        """(bytes, counted, bytes ever added, recounts)."""
         raw = os.pread(fd, _USAGE.size, 0)
         if len(raw) < _USAGE_OLD.size:
-            return 0, False, 0
-        if len(raw) < _USAGE.size:
+            return 0, False, 0, 0
+        if len(raw) < _USAGE_24.size:
             total, counted = _USAGE_OLD.unpack(raw[: _USAGE_OLD.size])
-            return total, counted == 1, 0
-        total, counted, added = _USAGE.unpack(raw)
-        return total, counted == 1, added
+            return total, counted == 1, 0, 0
+        if len(raw) < _USAGE.size:
+            total, counted, added = _USAGE_24.unpack(raw[: _USAGE_24.size])
+            return total, counted == 1, added, 0
+        total, counted, added, recounts = _USAGE.unpack(raw)
+        return total, counted == 1, added, recounts
 
-    def add(self, delta: int) -> int | None:
+    def mark(self) -> int | None:
+        """The recounts that have set the count so far: what a removal takes before it renames
+        its entry away, and hands to :meth:`add` with its bytes. Read without the file's lock (a
+        removal can be a put's, which never waits): a read torn by a recount's write gives a
+        wrong mark, which only leaves the removal's bytes on the count (too high, never low)."""
+        with self._lock:
+            try:
+                fd = self._file()
+                return None if fd is None else self._get(fd)[3]
+            except OSError:
+                return None
+
+    def add(self, delta: int, mark: int | None = None) -> int | None:
         """Add ``delta`` bytes; the store's total after it, or None when it is not known (not
         counted yet, or unusable). A busy count carries the bytes to the next time, and the
         total is then the last one known plus what is carried (so that the put that added them
-        still sees the bound passed)."""
+        still sees the bound passed).
+
+        A removal's bytes (``delta`` < 0) come with ``mark``, what :meth:`mark` said before its
+        rename; they are not taken off when a recount has set the count since (it says so). That
+        recount's walk came after the rename, and did not count the entry, or before it, and
+        did: taking it off would make the count an entry short in the first case (the store
+        then grows past its bound, for good until the next recount), and leaving it makes it an
+        entry long in the second, as for any removal while a recount walks (see :meth:`settle`).
+        (A removal without a mark, None, is taken off.)"""
         with self._lock:
-            plus = self._carry_added + max(delta, 0)
-            delta += self._carry
-            self._carry = self._carry_added = 0
+            plus = self._carry_in + max(delta, 0)
+            minus = dict(self._carry_out)
+            if delta < 0:
+                minus[mark] = minus.get(mark, 0) - delta
+            self._carry_in, self._carry_out = 0, {}
             try:
                 fd = self._file()
                 if fd is None:
                     return None
                 if not self._lock_file(fd, fcntl.LOCK_EX):
-                    self._carry, self._carry_added = delta, plus
-                    return None if self._last is None else self._last + delta
+                    self._carry_in, self._carry_out = plus, minus
+                    return None if self._last is None else self._last + plus - sum(minus.values())
                 try:
-                    total, counted, added = self._get(fd)
-                    total += delta
-                    os.pwrite(fd, _USAGE.pack(total, int(counted), added + plus), 0)
+                    total, counted, added, recounts = self._get(fd)
+                    total += plus - sum(n for m, n in minus.items() if m is None or m == recounts)
+                    os.pwrite(fd, _USAGE.pack(total, int(counted), added + plus, recounts), 0)
                 finally:
                     fcntl.flock(fd, fcntl.LOCK_UN)
             except OSError as e:
-                self._carry, self._carry_added = delta, plus
+                self._carry_in, self._carry_out = plus, minus
                 logger.debug("usage: %s", e)
                 return None
             self._last = total if counted else None
@@ -179,9 +208,9 @@ class Usage:
         """Add what busy counts carried (at exit, and at the flush thread's turns): waits for
         the count at most ``wait_s`` seconds."""
         end = time.monotonic() + wait_s
-        while self._carry:
+        while self._carry_in or self._carry_out:
             self.add(0)
-            if not self._carry or time.monotonic() > end:
+            if not (self._carry_in or self._carry_out) or time.monotonic() > end:
                 return
             time.sleep(0.001)
 
@@ -195,8 +224,8 @@ class Usage:
         got = self._read_all()
         return None if got is None else got[2]
 
-    def _read_all(self) -> tuple[int, bool, int] | None:
-        """(bytes, counted, bytes ever added), read under a shared lock, or None."""
+    def _read_all(self) -> tuple[int, bool, int, int] | None:
+        """(bytes, counted, bytes ever added, recounts), read under a shared lock, or None."""
         with self._lock:
             try:
                 fd = self._file()
@@ -226,7 +255,7 @@ class Usage:
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return None
-            total, counted, _ = self._get(fd)
+            total, counted, _, _ = self._get(fd)
             return total if counted else None
         except OSError:
             return None
@@ -241,7 +270,9 @@ class Usage:
         counted the entry or not). The net change would not do: a put and a removal during the
         walk cancel out in it, while the walk can miss the put (its shard walked already) and
         the removed entry both, which left the count one entry short for good (seen: 10,000
-        bytes counted for 11 entries of 1,000 under a 10,000 bound, never evicted)."""
+        bytes counted for 11 entries of 1,000 under a 10,000 bound, never evicted). Nor are
+        removals still to come whose entry went before now: the recount is noted in the file,
+        and their bytes stay (see :meth:`add`)."""
         with self._lock:
             try:
                 fd = self._file()
@@ -249,11 +280,11 @@ class Usage:
                     return None
                 fcntl.flock(fd, fcntl.LOCK_EX)  # the recount is rare: a short wait is fine here
                 try:
-                    _now, _, added = self._get(fd)
+                    _now, _, added, recounts = self._get(fd)
                     during = max(0, added - before) if before is not None else 0
-                    total = counted + during + self._carry_added
-                    self._carry = self._carry_added = 0
-                    os.pwrite(fd, _USAGE.pack(total, 1, added), 0)
+                    total = counted + during + self._carry_in
+                    self._carry_in, self._carry_out = 0, {}  # removals carried: as those meanwhile
+                    os.pwrite(fd, _USAGE.pack(total, 1, added, recounts + 1), 0)
                     return total
                 finally:
                     fcntl.flock(fd, fcntl.LOCK_UN)
