@@ -9,6 +9,7 @@ grace period was evicted, and the store was left at 5-6x its bound.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -133,6 +134,58 @@ def test_a_recount_between_a_removals_rename_and_its_count_leaves_the_count_whol
         assert len(gone) == len(recounts) - 1 >= 1, (gone, recounts)
         assert usage.total() == (4 - len(gone)) * one
     finally:
+        s.close()
+
+
+_PUT = """
+import sys
+from kcache.store import Store
+s = Store.open(sys.argv[1], max_size=1 << 30)
+s.put("triton", "late", {"a.bin": b"L" * 10_000})
+s.close()
+"""
+
+
+def test_a_recount_that_finds_the_count_busy_as_it_begins_loses_no_put(tmp_path: Path) -> None:
+    """A recount reads the bytes ever added before it walks (its mark), so that it can add what
+    was put meanwhile. That read never waited: when another process was updating the count at
+    that moment, the mark was None, and the recount added nothing put while it walked: an entry
+    put behind the walk was counted nowhere (the count an entry short, the store past its bound,
+    until the next recount). Here another process holds the count as the recount begins, and
+    puts an entry once the walk is over (if it walks). The recount waits for the count, at most a
+    second; this one does not get it (the holder lets go only once the walk is over), and so
+    sets nothing. Fails on main (it walks at once, and the count ends one entry short)."""
+    root = tmp_path / "store"
+    s = Store.open(root, max_size=1 << 30)
+    fd = -1
+    try:
+        disk = s.disk
+        disk.catalogue.on_turn = lambda: None  # this process's flush thread stays out of it
+        disk.catalogue.after_reconcile = lambda: None
+        ids = [s.put("triton", f"k{i}", {"a.bin": bytes([i]) * 10_000}).record.id for i in range(3)]
+        one = _on_disk(Path(s.entry_dir(ids[0])))
+        usage = disk.evictor.usage
+        assert usage.total() == 3 * one
+        fd = os.open(root / "locks" / "usage.du", os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another process is updating the count
+        settle = usage.settle
+
+        def walked(counted: int, before: int | None) -> int | None:
+            fcntl.flock(fd, fcntl.LOCK_UN)  # its update is done; then it puts (the walk is over)
+            r = subprocess.run(
+                [sys.executable, "-c", _PUT, str(root)], capture_output=True, text=True, timeout=120
+            )
+            assert r.returncode == 0, r.stderr
+            return settle(counted, before)
+
+        usage.settle = walked  # type: ignore[method-assign]
+        disk.evictor.recount()
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        entries = sum(1 for _ in disk.iter_entry_ids())
+        assert usage.total() == entries * one, (usage.total(), entries)
+    finally:
+        if fd >= 0:
+            os.close(fd)
         s.close()
 
 

@@ -412,7 +412,14 @@ class Evictor:
             except OSError:
                 return None
         try:
-            before = self.usage.added()
+            # Where the walk begins. Another process updating the count holds it for a moment:
+            # waited for, as settle waits. Without it, settle could add nothing put while the walk
+            # went on, and an entry put behind the walk was counted nowhere (the count short for
+            # good, the store past its bound). Not readable within a second: no recount now (the
+            # next turn, or the next reconcile, tries again).
+            before = self.usage.added(wait_s=1.0)
+            if before is None:
+                return None
             counted = sum(folder_bytes(sfd, name) for sfd, name in self._folders())
             total = self.usage.settle(counted, before)
             logger.debug("store size counted: %d bytes on disk, now %s", counted, total)

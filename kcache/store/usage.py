@@ -219,10 +219,15 @@ class Usage:
         got = self._read_all()
         return None if got is None else got[:2]
 
-    def added(self) -> int | None:
-        """The bytes ever added to the count (a mark for :meth:`settle`), or None."""
-        got = self._read_all()
-        return None if got is None else got[2]
+    def added(self, wait_s: float = 0.0) -> int | None:
+        """The bytes ever added to the count (a mark for :meth:`settle`), or None when it cannot
+        be read; a busy count is waited for at most ``wait_s`` seconds."""
+        end = time.monotonic() + wait_s
+        while True:
+            got = self._read_all()
+            if got is not None or self._fd is None or time.monotonic() >= end:
+                return None if got is None else got[2]
+            time.sleep(0.001)
 
     def _read_all(self) -> tuple[int, bool, int, int] | None:
         """(bytes, counted, bytes ever added, recounts), read under a shared lock, or None."""
