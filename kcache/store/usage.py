@@ -172,12 +172,13 @@ class Usage:
         still sees the bound passed).
 
         A removal's bytes (``delta`` < 0) come with ``mark``, what :meth:`mark` said before its
-        rename; they are not taken off when a recount has set the count since (it says so). That
-        recount's walk came after the rename, and did not count the entry, or before it, and
-        did: taking it off would make the count an entry short in the first case (the store
-        then grows past its bound, for good until the next recount), and leaving it makes it an
-        entry long in the second, as for any removal while a recount walks (see :meth:`settle`).
-        (A removal without a mark, None, is taken off.)"""
+        rename; they are not taken off when a recount has set the count since (the file counts
+        recounts). That recount's walk came after the rename, and did not count the entry, or
+        before it, and did: taking it off would make the count an entry short in the first case
+        (the store then grows past its bound, for good until the next recount), and leaving it
+        makes it an entry long in the second, as for any removal while a recount walks (see
+        :meth:`settle`). The short count is the one to avoid. (A removal without a mark, None,
+        is taken off.)"""
         with self._lock:
             plus = self._carry_in + max(delta, 0)
             minus = dict(self._carry_out)
