@@ -49,7 +49,10 @@ KINDS = {
     INDUCTOR_PRECOMPILE: ("a Dynamo caching-precompile artifact (torch pickle)", ("pickled",)),
     INDUCTOR_CPP: ("an Inductor CPU kernel: a C++ shared object (host code)", ("host_code", "inner")),
     INDUCTOR_OTHER: ("another torch.compile cache artifact (torch pickle)", ("pickled",)),
-    INDUCTOR_RESTART: ("the floats Dynamo specialised when it restarted a graph's analysis (JSON)", ()),
+    INDUCTOR_RESTART: (
+        "the floats Dynamo specialised when it restarted a graph's analysis (JSON)",
+        ("signed_only",),
+    ),
 }
 
 COMPONENTS = {
