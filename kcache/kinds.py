@@ -8,6 +8,9 @@ What differs is where an entry may come from:
   bundle or a shared tier only when signed with ``KCACHE_SECRET``; otherwise rebuilt locally.
 - ``pickled``: opaque bytes that the owning library unpickles (Inductor's cache entries). kcache
   never loads them itself; like host code, they cross machines only when signed.
+- ``signed_only``: small data that steers what a library compiles, with nothing to check it
+  against (Dynamo's float restarts: a wrong one specialises a float torch would have kept
+  symbolic). Crosses machines only when signed, as the entries it goes with do.
 - ``machine_local``: answers about this machine's own files (``ptxas --version``, the digest of
   libtriton), which steer Triton's key and toolchain: never exported, never imported, never taken
   from or given to a shared tier. A wrong one would break or poison every compile.
@@ -30,7 +33,7 @@ ENTRY_ID_RE = re.compile(r"[0-9a-f]{40}")
 class Kind:
     """A kind of entry and its trust rules (a plain class: this module loads at start-up)."""
 
-    __slots__ = ("name", "what", "host_code", "pickled", "machine_local", "inner")
+    __slots__ = ("name", "what", "host_code", "pickled", "signed_only", "machine_local", "inner")
 
     def __init__(
         self,
@@ -39,18 +42,20 @@ class Kind:
         *,
         host_code: bool = False,
         pickled: bool = False,
+        signed_only: bool = False,
         machine_local: bool = False,
         inner: bool = False,
     ) -> None:
         self.name, self.what = name, what
         self.host_code, self.pickled, self.machine_local = host_code, pickled, machine_local
+        self.signed_only = signed_only
         # made inside another entry's compile (a graph's kernels): its saved time is credited once
         self.inner = inner
 
     @property
     def needs_signature(self) -> bool:
         """True when entries of this kind are taken from a bundle or shared tier only if signed."""
-        return self.host_code or self.pickled
+        return self.host_code or self.pickled or self.signed_only
 
     def __repr__(self) -> str:
         return f"Kind({self.name!r})"

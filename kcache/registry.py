@@ -55,7 +55,7 @@ REGISTRY: dict[str, str] = {
 }
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_TRAITS = frozenset({"host_code", "pickled", "machine_local", "inner", "counter_only"})
+_TRAITS = frozenset({"host_code", "pickled", "signed_only", "machine_local", "inner", "counter_only"})
 
 
 class Declared:

@@ -11,10 +11,12 @@ def test_the_rule_for_every_kind() -> None:
     for name, k in kinds.KINDS.items():
         if k.machine_local:
             assert trust.refusal(name, True) == trust.refusal(name, False) == trust.MACHINE_LOCAL
-        elif k.host_code or k.pickled:
+        elif k.host_code or k.pickled or k.signed_only:
             assert trust.refusal(name, False) == trust.UNSIGNED and trust.may_cross(name, True)
         else:
             assert trust.may_cross(name, False) and trust.may_cross(name, True)
+    # Dynamo's restart records steer what torch compiles, unchecked: signed only, as torch's entries
+    assert trust.refusal("inductor-restart", False) == trust.UNSIGNED
     # a kind this kcache does not know (a newer one's) gets the strictest rule
     assert trust.refusal("kind-from-the-future", True) == trust.MACHINE_LOCAL
 

@@ -122,6 +122,9 @@ def on_import(mod: Any) -> None:
         cpp.on_async_compile(mod)
     elif not _is_fbcode():
         _on_policy_module(mod, name)
+        from . import restarts
+
+        restarts.on_import(mod)  # its two modules (:data:`.restarts.MODULES`); others: nothing
 
 
 def _on_policy_module(mod: Any, name: str) -> None:
@@ -202,6 +205,7 @@ def uninstall() -> None:
         "kcache.inductor.graphs",
         "kcache.inductor.workers",
         "kcache.inductor.pch",
+        "kcache.inductor.restarts",
     ):
         m = sys.modules.get(sub)
         if m is not None:
@@ -234,11 +238,13 @@ _hooks = Hooks(active_cache, lambda mod: on_import(mod), lambda: uninstall())
 
 def _checks() -> dict[str, Callable[[Any], str | None]]:
     """What ``kcache verify`` checks of this integration's entries: autotune results
-    (:mod:`.tunecheck`) and the FX graphs an AOTAutograd entry's kept list names (:mod:`.graphs`)."""
+    (:mod:`.tunecheck`), the FX graphs an AOTAutograd entry's kept list names (:mod:`.graphs`)
+    and the names of a kept restart (:mod:`.restarts`)."""
+    from . import restarts
     from .entries import aot_check
     from .tunecheck import checks
 
-    return {**checks(MEMBER), _kinds.INDUCTOR_AOT: aot_check}
+    return {**checks(MEMBER), _kinds.INDUCTOR_AOT: aot_check, _kinds.INDUCTOR_RESTART: restarts.check}
 
 
 INTEGRATION = Integration(

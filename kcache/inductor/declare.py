@@ -39,6 +39,7 @@ INDUCTOR_PGO = "inductor-pgo"
 INDUCTOR_PRECOMPILE = "inductor-precompile"
 INDUCTOR_CPP = "inductor-cpp"
 INDUCTOR_OTHER = "inductor-other"
+INDUCTOR_RESTART = "inductor-restart"
 
 KINDS = {
     INDUCTOR_FX: ("an Inductor FX graph cache entry (torch pickle)", ("pickled",)),
@@ -48,6 +49,10 @@ KINDS = {
     INDUCTOR_PRECOMPILE: ("a Dynamo caching-precompile artifact (torch pickle)", ("pickled",)),
     INDUCTOR_CPP: ("an Inductor CPU kernel: a C++ shared object (host code)", ("host_code", "inner")),
     INDUCTOR_OTHER: ("another torch.compile cache artifact (torch pickle)", ("pickled",)),
+    INDUCTOR_RESTART: (
+        "the floats Dynamo specialised when it restarted a graph's analysis (JSON)",
+        ("signed_only",),
+    ),
 }
 
 COMPONENTS = {

@@ -5,8 +5,9 @@ shared tier (:mod:`.tiers.entry`, its leases in :mod:`.tiers.lease`) and for bun
 The rule, from each kind's traits in :mod:`kcache.kinds`:
 
 - a machine-local kind (answers about this machine: tool versions, CPU probes) never crosses;
-- a kind whose bytes run on the host (launchers, C++ kernels) or are unpickled (torch's
-  entries) crosses only signed with ``KCACHE_SECRET``;
+- a kind whose bytes run on the host (launchers, C++ kernels), are unpickled (torch's
+  entries) or steer a compile unchecked (Dynamo's restart records) crosses only signed with
+  ``KCACHE_SECRET``;
 - any other kind crosses signed or not (its bytes are checked against its record either way).
 
 Signatures are HMAC-SHA256 under the secret, over a domain (what the bytes are: a tier's entry,
@@ -24,7 +25,7 @@ from .. import kinds as _kinds
 #: Why an entry was refused: a machine-local kind, anywhere.
 MACHINE_LOCAL = "machine-local"
 #: Why an entry was refused: host code or a pickle without a signature.
-UNSIGNED = "host code or pickled entry, unsigned"
+UNSIGNED = "host code, pickled or compile-steering entry, unsigned"
 
 
 def refusal(kind: str, signed: bool) -> str | None:

@@ -1,0 +1,66 @@
+"""A torch.compile(dynamic=True) program whose first attempt Dynamo restarts (tests/test_inductor_restarts.py).
+
+LayerNorm's ``eps`` is a float module attribute: with dynamic shapes Dynamo makes it a symbol,
+and AOTAutograd's tensorify pass cannot keep it one (the operator takes a C++ double), so it
+raises ``TensorifyScalarRestartAnalysis`` and Dynamo traces the frame again with ``eps``
+specialised. Writes to ``argv[1]``: how often the tensorify pass ran, the names torch
+specialised, Dynamo's restart reasons, torch's counters, kcache's counts, the output (as hex, to
+compare bits). ``--fresh``: the call runs inside torch's ``fresh_cache()``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+from torch._dynamo.symbolic_convert import TensorifyState
+from torch._dynamo.utils import counters
+from torch._functorch._aot_autograd import graph_compile
+
+passes: list[int] = []
+own = graph_compile.tensorify_python_scalars
+
+
+def counted(*a, **k):  # type: ignore[no-untyped-def]
+    passes.append(1)
+    return own(*a, **k)
+
+
+graph_compile.tensorify_python_scalars = counted  # called by name from graph_compile
+
+
+class M(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(16)
+        self.scale = 0.125
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.layer_norm(x, (16,), eps=self.norm.eps) * self.scale + x.mean()
+
+
+torch.manual_seed(0)
+m = M()
+x = torch.randn(4, 16)
+compiled = torch.compile(m, dynamic=True)
+if "--fresh" in sys.argv:
+    from torch._inductor.utils import fresh_cache
+
+    with fresh_cache(), torch.no_grad():
+        y = compiled(x)
+else:
+    with torch.no_grad():
+        y = compiled(x)
+
+kc = sys.modules.get("kcache")
+totals = kc.active_store().counts.process_totals() if kc is not None and kc.is_enabled() else {}
+out = {
+    "passes": len(passes),
+    "names": sorted(TensorifyState.force_specializations),
+    "counters": {k: dict(counters[k]) for k in ("aot_autograd", "inductor", "stats")},
+    "output": [float(v).hex() for v in y.flatten().tolist()],
+    "kcache": {k: v for k, v in totals.items() if k.startswith("inductor")},
+}
+with open(sys.argv[1], "w") as f:
+    json.dump(out, f)
