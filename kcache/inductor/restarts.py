@@ -29,8 +29,11 @@ decides nothing torch would not.
 What torch's switches say wins, as for AOTAutograd entries (:mod:`.policy`): served and kept only
 where kcache answers AOTAutograd's lookups (its remote switch kcache's, its backend kcache's), the
 cache is on, outside a fresh scope, and not since ``AOTAutogradCache.clear()``. A record that is
-not a short list of float symbol names is a miss. Each key raises at most once per process, so a
-wrong record (a hostile shared tier) costs one attempt, never a loop.
+not a short list of float symbol names is a miss. Each key raises at most once until torch forgets
+its names (``TensorifyState.clear()``: ``torch._dynamo.reset()``), so a wrong record costs one
+attempt, never a loop. A record has nothing to be checked against (a wrong one specialises a
+float torch would have kept symbolic: still right, Dynamo guards the value), so it crosses
+machines only signed (trait ``signed_only``, :mod:`kcache.kinds`), as torch's entries do.
 
 Called from import hooks with ``torch._functorch._aot_autograd.autograd_cache`` and
 ``graph_compile``; imports nothing.
