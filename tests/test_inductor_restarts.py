@@ -31,7 +31,7 @@ CHILD = Path(__file__).parent / "torch_compile" / "restart.py"
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(base: Path, folder: str, *, kcache: bool, fresh: bool = False) -> dict[str, Any]:
+def run(base: Path, folder: str, *, kcache: bool, fresh: bool = False, reset: bool = False) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TORCHINDUCTOR", "TRITON_"))}
     env.pop("PYTHONPATH", None)
     env.update(
@@ -42,7 +42,13 @@ def run(base: Path, folder: str, *, kcache: bool, fresh: bool = False) -> dict[s
     if kcache:
         env.update(KCACHE="1", KCACHE_DIR=str(base / "store"), KCACHE_STRICT="1")
     out = base / f"out-{folder}-{len(list(base.glob('out-*')))}.json"
-    args = [sys.executable, str(CHILD), str(out), *(["--fresh"] if fresh else [])]
+    args = [
+        sys.executable,
+        str(CHILD),
+        str(out),
+        *(["--fresh"] if fresh else []),
+        *(["--reset"] if reset else []),
+    ]
     r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-4000:]
     assert "kcache: WARNING" not in r.stderr, r.stderr[-2000:]  # a hostile record is a quiet miss
@@ -93,6 +99,15 @@ def test_a_fresh_cache_scope_gets_no_restart_from_the_store(runs: dict[str, Any]
     got = run(runs["base"], "kc-fresh", kcache=True, fresh=True)
     assert got["passes"] == 2 and got["names"] == ["zf0"]
     assert not got["kcache"].get(INDUCTOR_RESTART, {}).get("hits")
+    assert got["output"] == runs["plain-warm"]["output"]
+
+
+def test_after_torch_forgets_its_names_the_restart_is_served_again(runs: dict[str, Any]) -> None:
+    """``torch._dynamo.reset()`` clears torch's names: torch would restart again, and kcache
+    serves that restart again (it raises a key once only until torch forgets)."""
+    got = run(runs["base"], "kc-reset", kcache=True, reset=True)
+    assert got["passes"] == 0 and got["names"] == ["zf0"]
+    assert got["kcache"][INDUCTOR_RESTART]["hits"] == 2
     assert got["output"] == runs["plain-warm"]["output"]
 
 

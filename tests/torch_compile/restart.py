@@ -5,7 +5,8 @@ and AOTAutograd's tensorify pass cannot keep it one (the operator takes a C++ do
 raises ``TensorifyScalarRestartAnalysis`` and Dynamo traces the frame again with ``eps``
 specialised. Writes to ``argv[1]``: how often the tensorify pass ran, the names torch
 specialised, Dynamo's restart reasons, torch's counters, kcache's counts, the output (as hex, to
-compare bits). ``--fresh``: the call runs inside torch's ``fresh_cache()``.
+compare bits). ``--fresh``: the call runs inside torch's ``fresh_cache()``; ``--reset``: then
+``torch._dynamo.reset()`` and the same call again.
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ if "--fresh" in sys.argv:
     with fresh_cache(), torch.no_grad():
         y = compiled(x)
 else:
+    with torch.no_grad():
+        y = compiled(x)
+if "--reset" in sys.argv:  # torch forgets its compiled frames and its names: a second start
+    torch._dynamo.reset()
+    compiled = torch.compile(m, dynamic=True)
     with torch.no_grad():
         y = compiled(x)
 
