@@ -50,6 +50,7 @@ import time
 from typing import Any
 
 from ..boundary import guarded
+from ..forksafe import module_lock
 from ..log import logger
 from . import declare as _kinds
 from .attached import patches
@@ -78,7 +79,7 @@ _pending = _Pending()
 #: ``torch._dynamo.reset()``, another kind of restart): never twice, so a record that does not
 #: end the restarts it promises costs one attempt, not Dynamo's 100
 _raised: set[str] = set()
-_lock = threading.Lock()
+_lock = module_lock(__name__, "_lock")
 
 
 # ------------------------------------------------------------------------------ records
@@ -246,6 +247,10 @@ def _restart_for(key: str) -> BaseException | None:
     return None
 
 
+class _Never(Exception):
+    """Caught where there is no restart of torch's to watch for: never raised."""
+
+
 def _wrap_pass(mod: Any) -> None:
     own = getattr(mod, "_apply_tensorify_python_scalars", None)
     if not callable(own):
@@ -256,18 +261,14 @@ def _wrap_pass(mod: Any) -> None:
         key, since = _pending.missed, _pending.since
         _pending.missed = None  # one pass per compile: a later pass belongs to another lookup
         tensorify = _tensorify() if key is not None else None
-        before = set(tensorify[0].force_specializations) if tensorify is not None else None
+        state, restart = tensorify if tensorify is not None else (None, _Never)
+        before = set(state.force_specializations) if state is not None else set()
         try:
             return own(module, *args, **kwargs)
-        except BaseException as e:
-            if (
-                key is not None
-                and tensorify is not None
-                and before is not None
-                and isinstance(e, tensorify[1])
-            ):
+        except restart:  # torch's restart, watched only when kcache missed this compile's key
+            if key is not None and state is not None:
                 with guarded(TOPIC, WHAT):  # torch's restart goes on whatever kcache does here
-                    _keep(key, set(tensorify[0].force_specializations) - before, time.perf_counter() - since)
+                    _keep(key, set(state.force_specializations) - before, time.perf_counter() - since)
             raise
 
     patches.wrap(mod, "_apply_tensorify_python_scalars", lambda _: _apply_tensorify_python_scalars)
