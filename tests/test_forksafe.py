@@ -33,6 +33,7 @@ MODULE_LOCKS = [
     ("kcache.inductor.policy", "_lock"),
     ("kcache.inductor.hostflags", "_lock"),
     ("kcache.inductor.pch", "_lock"),
+    ("kcache.inductor.restarts", "_lock"),
     ("kcache.memo", "_open_lock"),
     ("kcache.nvfuser.kerneldb.hooks", "_lock"),
     ("kcache.prewarm.stub_libcuda", "_lock"),
