@@ -74,6 +74,7 @@ SLOW_FIRST = (
     "tests/test_boundary.py",
     "tests/test_inductor_pch.py",
     "tests/reliability/test_hostile_inputs.py",
+    "tests/test_inductor_restarts.py",
 )
 
 
