@@ -99,6 +99,19 @@ def test_the_served_process_is_the_plain_warm_one_to_torch(runs: dict[str, Any])
     assert served["output"] == warm["output"] == runs["plain-cold"]["output"]
 
 
+def test_a_process_without_kcache_is_served_from_the_folder_a_kcache_process_filled(
+    runs: dict[str, Any],
+) -> None:
+    """kcache leaves functorch's AOTAutograd remote switch unset (it answers torch's decision
+    instead): torch hashes that switch into the AOTAutograd key, and setting it gave a process
+    with kcache other keys than one without, so Inductor's own folder was not shared between them
+    (was: the AOTAutograd lookups missed, 2 misses and the pass run twice)."""
+    got = run(runs["base"], "cold", kcache=False)
+    assert got["counters"]["aot_autograd"].get("autograd_cache_hit") == 1, got["counters"]
+    assert got["passes"] == 1  # torch's own restart, as on any warm folder
+    assert got["output"] == runs["plain-warm"]["output"]
+
+
 def test_a_fresh_cache_scope_gets_no_restart_from_the_store(runs: dict[str, Any]) -> None:
     """Inside torch's ``fresh_cache()`` kcache is off: torch traces and restarts as without it."""
     got = run(runs["base"], "kc-fresh", kcache=True, fresh=True)

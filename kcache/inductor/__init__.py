@@ -11,8 +11,10 @@ torch 2.8 to 2.13). kcache plugs its store in there:
 - when torch's config modules load, the remote switches the user left unset are turned on, in
   this process only (config attributes, never environment variables that children without
   kcache would inherit): ``fx_graph_remote_cache``, ``autotune_remote_cache``,
-  ``enable_remote_autograd_cache``, ``automatic_dynamic_remote_pgo``. A switch the user set (to
-  use their own Redis, or 0 to keep a cache local) is left alone, and so is that cache's backend;
+  ``automatic_dynamic_remote_pgo``; functorch's ``enable_remote_autograd_cache`` stays unset and
+  kcache answers torch's decision for it (:data:`ANSWERED`: torch hashes it into the AOTAutograd
+  key). A switch the user set (to use their own Redis, or 0 to keep a cache local) is left alone,
+  and so is that cache's backend;
 - when ``torch._inductor.remote_cache`` loads, those caches' backend becomes kcache's store.
 
 Why this over Mega-Cache (``save/load_cache_artifacts``: no per-key lookup, someone must call
@@ -55,6 +57,7 @@ from typing import Any
 from ..log import logger, warn_once
 from ..patch import Hooks, Integration, replacing
 from . import declare as _kinds
+from .attached import answered as _answered
 from .attached import backend_is_ours as backend_is_ours
 from .attached import cache as active_cache
 from .attached import our_backends as _ours_cls
@@ -85,6 +88,13 @@ FLAGS: dict[str, tuple[tuple[str, str], ...]] = {
     "torch._functorch.config": (("enable_remote_autograd_cache", "RemoteAOTAutogradCache"),),
     "torch._dynamo.config": (("automatic_dynamic_remote_pgo", "RemoteDynamoPGOCache"),),
 }
+
+#: Switches kcache leaves unset and answers for in torch's decision function
+#: (``should_use_remote_autograd_cache``, wrapped by :mod:`.policy`): torch hashes functorch's
+#: portable config, this switch included, into the AOTAutograd key, so setting it gave a process
+#: with kcache other AOTAutograd keys than one without: Inductor's own folder was not shared
+#: between them (the other switches are not in torch's keys).
+ANSWERED = frozenset({"enable_remote_autograd_cache"})
 
 #: The modules whose import attaches this integration (declared in :mod:`.declare`).
 TRIGGERS = _kinds.TRIGGERS
@@ -164,7 +174,10 @@ def _turn_on(cfg: Any, switches: tuple[tuple[str, str], ...]) -> None:
             if not hasattr(cfg, attr):
                 continue  # this torch has no such cache
             if getattr(cfg, attr) is None:  # unset: off in open-source torch
-                patches.set(cfg, attr, True)
+                if attr in ANSWERED:  # left unset: kcache answers torch's decision (.policy)
+                    _answered[cls_name] = (cfg.__name__, attr)
+                else:
+                    patches.set(cfg, attr, True)
                 _ours.add(cls_name)
         except (AttributeError, TypeError, ValueError) as e:  # torch's config refused the value
             logger.info("torch.compile: could not turn on %s: %s", attr, e)
@@ -212,6 +225,7 @@ def uninstall() -> None:
             m.uninstall()
     _ours_cls.clear()
     _ours.clear()
+    _answered.clear()
 
 
 @functools.lru_cache(maxsize=1)

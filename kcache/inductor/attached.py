@@ -22,6 +22,11 @@ cache: CacheSlot[Cache] = CacheSlot()
 patches = Patches("torch")
 
 switched_on: set[str] = set()  # cache classes whose switch kcache turned on in this process
+#: Of those, the ones whose switch kcache left unset (None) and answers for in torch's decision
+#: function instead: cache class -> (config module, switch). torch hashes that switch into its
+#: keys (functorch's portable config is part of the AOTAutograd key), so setting it would give a
+#: process with kcache other keys than one without, for the same graph in the same folder.
+answered: dict[str, tuple[str, str]] = {}
 our_backends: dict[str, Any] = {}  # cache class name -> the backend_override_cls kcache set
 
 

@@ -8,7 +8,8 @@ and torch must not even notice a remote cache (its counters, its local writes an
 bags would differ). So torch's own "use the remote cache?" decisions
 (``should_use_remote_fx_graph_cache``, ``should_use_remote_autograd_cache``,
 ``should_use_remote_dynamo_pgo_cache``) are wrapped: where
-the remote switch is on only because kcache turned it on, and its backend is still kcache's, the
+the remote switch is on only because kcache turned it on (or, for AOTAutograd, is still unset
+where kcache answers for it: ``ANSWERED`` in the package), and its backend is still kcache's, the
 answer is also what the rules below say. A remote cache the program turned on itself is left to
 torch's own answer. The autotune remote cache is decided from each kernel's ``inductor_meta``
 (in the compile workers): there the switch is written into the meta as Inductor generates it. The
@@ -377,6 +378,15 @@ def _kcache_switch(cls_name: str) -> bool:
     return cls_name in _ours and backend_is_ours(cls_name)
 
 
+def _unset_and_answered(cls_name: str) -> bool:
+    """kcache left this cache's switch unset to answer for it here, and it is still unset (a
+    program that sets it, to either value, gets torch's own answer)."""
+    from .attached import answered
+
+    where = answered.get(cls_name)
+    return where is not None and _attr(where[0], where[1], None) is None
+
+
 def wrap_decision(mod: Any) -> None:
     """Wrap torch's decision function that ``mod`` defines (see :data:`DECISIONS`), and rebind
     it in the modules already loaded that took it by name."""
@@ -390,7 +400,7 @@ def wrap_decision(mod: Any) -> None:
         # The edge: torch's config is read guarded (_attr, _folder), so what is raised here is a
         # bug, reported (raised when strict); torch's decision stands.
         with guarded(TOPIC, WHAT):
-            if answer and _kcache_switch(cls_name):
+            if (answer or _unset_and_answered(cls_name)) and _kcache_switch(cls_name):
                 return remote_allowed(kind)
         return answer
 
