@@ -250,15 +250,21 @@ def test_switches_the_user_set_are_left_alone(
     if user == "kcache_off":
         assert (got["fx"], got["autotune"], got["aot"], got["pgo"]) == (None, None, None, None)
         assert not any(got["override"].values()) and not got["recheck_wrapped"]
+        assert got["aot_decided"] is False
         return
     # kcache applies cached coordinate-descent winners torch 2.11 drops (tests/test_gpu.py)
     assert got["recheck_wrapped"]
-    assert got["autotune"] and got["aot"] and got["pgo"]
+    assert got["autotune"] and got["pgo"]
     assert got["override"]["RemoteAutotuneCache"] and got["override"]["RemoteDynamoPGOCache"]
+    # AOTAutograd's switch stays unset (torch hashes it into the AOTAutograd key: a process with
+    # kcache would not share Inductor's folder with one without); kcache answers torch's decision
+    assert got["aot"] is None and got["override"]["RemoteAOTAutogradCache"]
     if user == "fx_off":
         assert got["fx"] is False and not got["override"]["RemoteFxGraphCache"]
+        assert got["aot_decided"] is False  # an AOTAutograd entry is useless without its FX graphs
     else:
         assert got["fx"] is True and got["override"]["RemoteFxGraphCache"]
+        assert got["aot_decided"] is True
 
 
 # ------------------------------------------------------------------------------- the backend, directly

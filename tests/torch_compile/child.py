@@ -68,6 +68,7 @@ def switches() -> dict:
     their place, and whether kcache wrapped the autotuner's recheck (tests/test_inductor.py:
     the switches the user set are left alone)."""
     import torch._dynamo.config as dc
+    import torch._functorch._aot_autograd.autograd_cache as ac
     import torch._functorch.config as fc
     import torch._inductor.config as ic
     import torch._inductor.remote_cache as rc
@@ -79,6 +80,8 @@ def switches() -> dict:
         "fx": ic.fx_graph_remote_cache,
         "autotune": ic.autotune_remote_cache,
         "aot": fc.enable_remote_autograd_cache,
+        # kcache leaves that switch unset and answers torch's decision instead (it is in the key)
+        "aot_decided": ac.should_use_remote_autograd_cache(),
         "pgo": dc.automatic_dynamic_remote_pgo,
         "bundled": ic.bundled_autotune_remote_cache,
         "override": {c: rc.__dict__[c].backend_override_cls is not None for c in caches},
