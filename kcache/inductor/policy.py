@@ -380,7 +380,8 @@ def _kcache_switch(cls_name: str) -> bool:
 
 def _unset_and_answered(cls_name: str) -> bool:
     """kcache left this cache's switch unset to answer for it here, and it is still unset (a
-    program that sets it, to either value, gets torch's own answer)."""
+    program that sets it False gets torch's answer, False; set True, it is on as any switch
+    kcache turned on: kcache's backend, these rules)."""
     from .attached import answered
 
     where = answered.get(cls_name)
