@@ -137,14 +137,15 @@ def _keep(key: str, names: set[str], took_s: float) -> None:
 
     if not names or not _ours() or not policy.may_keep(_kinds.INDUCTOR_AOT):
         return
-    if len(names) > _MAX_NAMES or not all(_NAME.fullmatch(n) for n in names):
-        return  # not what this module can serve back
+    data = encode(names)
+    if decode(data) is None:
+        return  # not what this module can serve back: the one check, as at a lookup
     store = _store()
     if store is None or store.readonly:
         return
     skey, comps = store_key(KIND, key)
     summary = {k: v for k, v in comps.items() if k in ("cache", "torch_version")}
-    store.replace(KIND, skey, {MEMBER: encode(names)}, components=comps, summary=summary, compile_s=took_s)
+    store.replace(KIND, skey, {MEMBER: data}, components=comps, summary=summary, compile_s=took_s)
     logger.debug("torch.compile: kept Dynamo's restart for AOTAutograd key %s: %s", key, sorted(names))
 
 
