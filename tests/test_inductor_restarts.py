@@ -62,18 +62,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     pytest.importorskip("torch", reason="torch.compile tests need torch (CI installs it)")
     base = tmp_path_factory.mktemp("restarts")
     got = {
-        "plain-cold": run(base, "plain", kcache=False),
-        # Inductor's own warm folder; then torch._dynamo.reset() and the same call again
-        "plain-warm": run(base, "plain", kcache=False, reset=True),
         "kcache-cold": run(base, "cold", kcache=True),
+        # Inductor's own warm folder, the one the kcache process filled (a process without kcache
+        # computes the same keys: see the test below); then torch._dynamo.reset() and the call again
+        "plain-warm": run(base, "cold", kcache=False, reset=True),
         "served": run(base, "new", kcache=True, reset=True),  # a new node: only the store carries over
     }
     got["base"] = base
     # the program restarts in every process without kcache, Inductor's warm folder too
     # (twice in the warm run: once per start, torch forgets its names at the reset)
-    assert got["plain-cold"]["passes"] == 2 and got["plain-warm"]["passes"] == 2, got["plain-warm"]
+    assert got["kcache-cold"]["passes"] == 2 and got["plain-warm"]["passes"] == 2, got["plain-warm"]
     assert got["plain-warm"]["names"] == ["zf0"]
-    assert got["plain-warm"]["counters"]["aot_autograd"].get("autograd_cache_hit") == 2
     return got
 
 
@@ -96,7 +95,7 @@ def test_the_served_process_is_the_plain_warm_one_to_torch(runs: dict[str, Any])
     assert served["counters"] == warm["counters"]
     assert served["counters"]["aot_autograd"].get("autograd_cache_miss") == 2
     assert served["counters"]["aot_autograd"].get("autograd_cache_hit") == 2
-    assert served["output"] == warm["output"] == runs["plain-cold"]["output"]
+    assert served["output"] == warm["output"] == runs["kcache-cold"]["output"]
 
 
 def test_a_process_without_kcache_is_served_from_the_folder_a_kcache_process_filled(
@@ -105,11 +104,11 @@ def test_a_process_without_kcache_is_served_from_the_folder_a_kcache_process_fil
     """kcache leaves functorch's AOTAutograd remote switch unset (it answers torch's decision
     instead): torch hashes that switch into the AOTAutograd key, and setting it gave a process
     with kcache other keys than one without, so Inductor's own folder was not shared between them
-    (was: the AOTAutograd lookups missed, 2 misses and the pass run twice)."""
-    got = run(runs["base"], "cold", kcache=False)
-    assert got["counters"]["aot_autograd"].get("autograd_cache_hit") == 1, got["counters"]
-    assert got["passes"] == 1  # torch's own restart, as on any warm folder
-    assert got["output"] == runs["plain-warm"]["output"]
+    (was: every AOTAutograd lookup of the plain warm run, which reads the folder the kcache cold
+    run filled, missed)."""
+    warm = runs["plain-warm"]["counters"]["aot_autograd"]
+    assert warm.get("autograd_cache_hit") == 2 and warm.get("autograd_cache_miss") == 2, warm
+    assert runs["plain-warm"]["output"] == runs["kcache-cold"]["output"]
 
 
 def test_a_fresh_cache_scope_gets_no_restart_from_the_store(runs: dict[str, Any]) -> None:
