@@ -31,7 +31,9 @@ CHILD = Path(__file__).parent / "torch_compile" / "restart.py"
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(base: Path, folder: str, *, kcache: bool, fresh: bool = False, reset: bool = False) -> dict[str, Any]:
+def run(
+    base: Path, folder: str, *, kcache: bool, fresh: bool = False, reset: bool = False, floats: int = 0
+) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TORCHINDUCTOR", "TRITON_"))}
     env.pop("PYTHONPATH", None)
     env.update(
@@ -48,6 +50,7 @@ def run(base: Path, folder: str, *, kcache: bool, fresh: bool = False, reset: bo
         str(out),
         *(["--fresh"] if fresh else []),
         *(["--reset"] if reset else []),
+        *(["--floats", str(floats)] if floats else []),
     ]
     r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-4000:]
@@ -119,6 +122,18 @@ def test_a_fresh_cache_scope_gets_no_restart_from_the_store(runs: dict[str, Any]
     assert got["output"] == runs["plain-warm"]["output"]
 
 
+def test_a_restart_of_as_many_floats_as_bert_s_is_kept_and_served(tmp_path: Path) -> None:
+    """BERT-base's restart specialises 65 floats, one more than a record could hold before: on
+    the H100 nothing was kept, and every served process traced the thrown-away graph again."""
+    pytest.importorskip("torch", reason="torch.compile tests need torch (CI installs it)")
+    cold = run(tmp_path, "cold", kcache=True, floats=70)
+    assert len(cold["names"]) == 70 and cold["passes"] == 2
+    assert cold["kcache"][INDUCTOR_RESTART]["puts"] == 1  # was: none (70 names over the bound)
+    served = run(tmp_path, "new", kcache=True, floats=70)
+    assert served["passes"] == 0 and served["kcache"][INDUCTOR_RESTART]["hits"] == 1
+    assert served["names"] == cold["names"] and served["output"] == cold["output"]
+
+
 def _rewrite(store_dir: Path, data: bytes) -> int:
     """Replace every restart record of the store by ``data`` (as a shared tier could serve it)."""
     from kcache.store import Store
@@ -137,12 +152,12 @@ def _rewrite(store_dir: Path, data: bytes) -> int:
     "data",
     [
         b'{"reading":1,"names":["__import__(\'os\')"]}',  # not a float symbol's name
-        b'{"reading":1,"names":' + json.dumps(["zf1"] * 65).encode() + b"}",  # too many
+        b'{"reading":1,"names":' + json.dumps([f"zf{i}" for i in range(4097)]).encode() + b"}",  # too many
         b'{"reading":1,"names":[]}',  # nothing
         b'{"reading":1,"names":"zf0"}',  # not a list
         b'{"reading":2,"names":["zf0"]}',  # another kcache's format
         b"[" * 5000,  # not JSON (nested past the parser's depth)
-        b'{"reading":1,"names":["zf0"]}' + b" " * 5000,  # over 4 KB
+        b'{"reading":1,"names":["zf0"]}' + b" " * 65536,  # over 64 KiB
     ],
     ids=["not-a-name", "too-many", "empty", "not-a-list", "other-reading", "deep", "oversized"],
 )

@@ -60,7 +60,10 @@ KIND = _kinds.INDUCTOR_RESTART
 MEMBER = "names"
 #: torch names float symbols ``zf<N>`` (``SymT.FLOAT``); anything else in a record is not torch's.
 _NAME = re.compile(r"zf[0-9]{1,9}")
-_MAX_NAMES, _MAX_BYTES = 64, 4096
+#: Bounds on a record (a hostile one is never parsed past them). BERT-base has 65 such floats
+#: (LayerNorm's eps, dropout's p, the attention's scale, per layer): a bound of 64 kept nothing
+#: for it (found on the H100, session 20). 4,096 names of ``zf`` and up to 9 digits fit in 64 KiB.
+_MAX_NAMES, _MAX_BYTES = 4096, 65536
 READING = 1  # the record's format; another is a miss
 #: the modules whose import wraps what this module needs (both among the integration's triggers)
 MODULES = ("torch._functorch._aot_autograd.autograd_cache", "torch._functorch._aot_autograd.graph_compile")
@@ -138,8 +141,11 @@ def _keep(key: str, names: set[str], took_s: float) -> None:
     if not names or not _ours() or not policy.may_keep(_kinds.INDUCTOR_AOT):
         return
     data = encode(names)
-    if decode(data) is None:
-        return  # not what this module can serve back: the one check, as at a lookup
+    if decode(data) is None:  # not what this module can serve back: the one check, as at a lookup
+        logger.debug(
+            "torch.compile: Dynamo's restart for AOTAutograd key %s not kept: %d names", key, len(names)
+        )
+        return
     store = _store()
     if store is None or store.readonly:
         return

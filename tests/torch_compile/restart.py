@@ -6,7 +6,8 @@ raises ``TensorifyScalarRestartAnalysis`` and Dynamo traces the frame again with
 specialised. Writes to ``argv[1]``: how often the tensorify pass ran, the names torch
 specialised, Dynamo's restart reasons, torch's counters, kcache's counts, the output (as hex, to
 compare bits). ``--fresh``: the call runs inside torch's ``fresh_cache()``; ``--reset``: then
-``torch._dynamo.reset()`` and the same call again.
+``torch._dynamo.reset()`` and the same call again. ``--floats N``: ``eps`` is the sum of N float
+attributes instead, N symbols that the pass specialises together (BERT-base has 65).
 """
 
 from __future__ import annotations
@@ -41,8 +42,17 @@ class M(torch.nn.Module):
         return torch.nn.functional.layer_norm(x, (16,), eps=self.norm.eps) * self.scale + x.mean()
 
 
+class Floats(M):
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.eps = [1e-6 * (i + 1) for i in range(n)]  # a symbol each, all in one eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.layer_norm(x, (16,), eps=sum(self.eps)) * self.scale + x.mean()
+
+
 torch.manual_seed(0)
-m = M()
+m = Floats(int(sys.argv[sys.argv.index("--floats") + 1])) if "--floats" in sys.argv else M()
 x = torch.randn(4, 16)
 compiled = torch.compile(m, dynamic=True)
 if "--fresh" in sys.argv:
