@@ -28,12 +28,13 @@ from kcache.inductor import restarts
 from kcache.inductor.declare import INDUCTOR_RESTART
 
 CHILD = Path(__file__).parent / "torch_compile" / "restart.py"
+#: floats the program's restart specialises: more than 64 (BERT-base has 65), the bound a record
+#: had when the H100 kept nothing for BERT-base (session 20)
+FLOATS = 70
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(
-    base: Path, folder: str, *, kcache: bool, fresh: bool = False, reset: bool = False, floats: int = 0
-) -> dict[str, Any]:
+def run(base: Path, folder: str, *, kcache: bool, fresh: bool = False, reset: bool = False) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TORCHINDUCTOR", "TRITON_"))}
     env.pop("PYTHONPATH", None)
     env.update(
@@ -50,7 +51,7 @@ def run(
         str(out),
         *(["--fresh"] if fresh else []),
         *(["--reset"] if reset else []),
-        *(["--floats", str(floats)] if floats else []),
+        *("--floats", str(FLOATS)),
     ]
     r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-4000:]
@@ -75,7 +76,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     # the program restarts in every process without kcache, Inductor's warm folder too
     # (twice in the warm run: once per start, torch forgets its names at the reset)
     assert got["kcache-cold"]["passes"] == 2 and got["plain-warm"]["passes"] == 2, got["plain-warm"]
-    assert got["plain-warm"]["names"] == ["zf0"]
+    assert len(got["plain-warm"]["names"]) == FLOATS
     return got
 
 
@@ -86,6 +87,7 @@ def test_a_served_process_does_not_trace_the_graph_torch_throws_away(runs: dict[
     # after torch._dynamo.reset() torch restarts again, and kcache serves it again (it raises
     # a key once only until torch forgets its names): 1 hit without the TensorifyState.clear hook
     assert served["kcache"][INDUCTOR_RESTART]["hits"] == 2
+    # 70 names: none was kept with a bound of 64 (BERT-base's 65 floats on the H100)
     assert runs["kcache-cold"]["kcache"][INDUCTOR_RESTART]["puts"] == 1
 
 
@@ -117,21 +119,9 @@ def test_a_process_without_kcache_is_served_from_the_folder_a_kcache_process_fil
 def test_a_fresh_cache_scope_gets_no_restart_from_the_store(runs: dict[str, Any]) -> None:
     """Inside torch's ``fresh_cache()`` kcache is off: torch traces and restarts as without it."""
     got = run(runs["base"], "kc-fresh", kcache=True, fresh=True)
-    assert got["passes"] == 2 and got["names"] == ["zf0"]
+    assert got["passes"] == 2 and got["names"] == runs["plain-warm"]["names"]
     assert not got["kcache"].get(INDUCTOR_RESTART, {}).get("hits")
     assert got["output"] == runs["plain-warm"]["output"]
-
-
-def test_a_restart_of_as_many_floats_as_bert_s_is_kept_and_served(tmp_path: Path) -> None:
-    """BERT-base's restart specialises 65 floats, one more than a record could hold before: on
-    the H100 nothing was kept, and every served process traced the thrown-away graph again."""
-    pytest.importorskip("torch", reason="torch.compile tests need torch (CI installs it)")
-    cold = run(tmp_path, "cold", kcache=True, floats=70)
-    assert len(cold["names"]) == 70 and cold["passes"] == 2
-    assert cold["kcache"][INDUCTOR_RESTART]["puts"] == 1  # was: none (70 names over the bound)
-    served = run(tmp_path, "new", kcache=True, floats=70)
-    assert served["passes"] == 0 and served["kcache"][INDUCTOR_RESTART]["hits"] == 1
-    assert served["names"] == cold["names"] and served["output"] == cold["output"]
 
 
 def _rewrite(store_dir: Path, data: bytes) -> int:
@@ -173,9 +163,9 @@ def test_a_record_naming_other_floats_costs_one_attempt_not_a_loop(
     raises once, torch's own pass then restarts as it would, and the result is the plain one.
     (A record that is not names at all is never read: above.)"""
     shutil.copytree(runs["base"] / "store", tmp_path / "store")
-    assert _rewrite(tmp_path / "store", restarts.encode({"zf7"})) == 1
+    assert _rewrite(tmp_path / "store", restarts.encode({"zf999"})) == 1
     got = run(tmp_path, "new", kcache=True)
-    assert got["passes"] == 1 and got["names"] == ["zf0", "zf7"]
+    assert got["passes"] == 1 and set(got["names"]) == {*runs["plain-warm"]["names"], "zf999"}
     assert got["output"] == runs["plain-warm"]["output"]
 
 
