@@ -60,9 +60,9 @@ KIND = _kinds.INDUCTOR_RESTART
 MEMBER = "names"
 #: torch names float symbols ``zf<N>`` (``SymT.FLOAT``); anything else in a record is not torch's.
 _NAME = re.compile(r"zf[0-9]{1,9}")
-#: Bounds on a record (a hostile one is never parsed past them). BERT-base has 65 such floats
-#: (LayerNorm's eps, dropout's p, the attention's scale, per layer): a bound of 64 kept nothing
-#: for it (found on the H100, session 20). 4,096 names of ``zf`` and up to 9 digits fit in 64 KiB.
+#: Bounds on a record (a hostile one is never parsed past them). BERT-base's restart specialises
+#: 65 floats (counted in ``TensorifyState``, torch 2.11): a bound of 64 kept nothing for it (found
+#: on the H100, session 20). 4,096 names of ``zf`` and up to 9 digits fit in 64 KiB.
 _MAX_NAMES, _MAX_BYTES = 4096, 65536
 READING = 1  # the record's format; another is a miss
 #: the modules whose import wraps what this module needs (both among the integration's triggers)
