@@ -1,13 +1,12 @@
 """A torch.compile(dynamic=True) program whose first attempt Dynamo restarts (tests/test_inductor_restarts.py).
 
-LayerNorm's ``eps`` is a float module attribute: with dynamic shapes Dynamo makes it a symbol,
-and AOTAutograd's tensorify pass cannot keep it one (the operator takes a C++ double), so it
-raises ``TensorifyScalarRestartAnalysis`` and Dynamo traces the frame again with ``eps``
-specialised. Writes to ``argv[1]``: how often the tensorify pass ran, the names torch
-specialised, Dynamo's restart reasons, torch's counters, kcache's counts, the output (as hex, to
-compare bits). ``--fresh``: the call runs inside torch's ``fresh_cache()``; ``--reset``: then
-``torch._dynamo.reset()`` and the same call again. ``--floats N``: ``eps`` is the sum of N float
-attributes instead, N symbols that the pass specialises together (BERT-base has 65).
+LayerNorm's ``eps`` here is the sum of ``--floats N`` float module attributes: with dynamic shapes
+Dynamo makes each a symbol, and AOTAutograd's tensorify pass cannot keep them (the operator takes
+a C++ double), so it raises ``TensorifyScalarRestartAnalysis`` and Dynamo traces the frame again
+with all N specialised (BERT-base's restart specialises 65). Writes to ``argv[1]``: how often the
+tensorify pass ran, the names torch specialised, Dynamo's restart reasons, torch's counters,
+kcache's counts, the output (as hex, to compare bits). ``--fresh``: the call runs inside torch's
+``fresh_cache()``; ``--reset``: then ``torch._dynamo.reset()`` and the same call again.
 """
 
 from __future__ import annotations
@@ -33,26 +32,17 @@ graph_compile.tensorify_python_scalars = counted  # called by name from graph_co
 
 
 class M(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.norm = torch.nn.LayerNorm(16)
-        self.scale = 0.125
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.layer_norm(x, (16,), eps=self.norm.eps) * self.scale + x.mean()
-
-
-class Floats(M):
     def __init__(self, n: int) -> None:
         super().__init__()
         self.eps = [1e-6 * (i + 1) for i in range(n)]  # a symbol each, all in one eps
+        self.scale = 0.125
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.layer_norm(x, (16,), eps=sum(self.eps)) * self.scale + x.mean()
 
 
 torch.manual_seed(0)
-m = Floats(int(sys.argv[sys.argv.index("--floats") + 1])) if "--floats" in sys.argv else M()
+m = M(int(sys.argv[sys.argv.index("--floats") + 1]))
 x = torch.randn(4, 16)
 compiled = torch.compile(m, dynamic=True)
 if "--fresh" in sys.argv:
