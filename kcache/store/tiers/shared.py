@@ -253,27 +253,34 @@ class SharedTier(Tier):
         try:
             with bounded(self.cfg.timeout_s if seconds is None else seconds, max_bytes):
                 out = fn()
-        except Answered as e:  # an error about one key (a planted key of another type), or every key's
-            took = self._timed(kind, timed, t0)
-            self._count(kind, remote_refused=1)
-            self.answered(e, breaker, took=took if caller else 0.0)
-            return FAIL
-        except (Unavailable, Full, OSError) as e:
-            took = self._timed(kind, timed, t0)
-            self.failed(kind, e, breaker=breaker, took=took if caller else 0.0, keeper=not caller)
-            return FAIL
-        except Exception as e:  # broad: a backend's bug (a user's class is foreign code): a miss
-            took = self._timed(kind, timed, t0)
-            if strict():
-                raise
-            warn_once(
-                f"remote-bug:{type(e).__name__}", f"the shared tier's backend raised {type(e).__name__}: {e}"
-            )
-            self.failed(kind, e, breaker=breaker, took=took if caller else 0.0, keeper=not caller)
+        except Exception as e:
+            self._call_failed(kind, e, breaker, self._timed(kind, timed, t0), caller)
             return FAIL
         self._timed(kind, timed, t0)
         self.succeeded(breaker)
         return out
+
+    def _call_failed(self, kind: str, e: Exception, breaker: Breaker, took: float, caller: bool) -> None:
+        """Count and tell what :meth:`call`'s ``e`` says of the server (see :meth:`call`)."""
+        if self._closing:
+            # The store is closing (the program's exit): the call was cut off by the close of its
+            # connections (redis-py reads a closed connection's buffer: an AttributeError), or
+            # raced it. That is not the server's failure nor a backend's bug: nothing to count,
+            # no breaker to tell, no warning at the exit.
+            return
+        if isinstance(e, Answered):  # an error about one key (a planted key of another type), or every key's
+            self._count(kind, remote_refused=1)
+            self.answered(e, breaker, took=took if caller else 0.0)
+            return
+        if not isinstance(
+            e, (Unavailable, Full, OSError)
+        ):  # a backend's bug (a user's class is foreign code)
+            if strict():
+                raise e
+            warn_once(
+                f"remote-bug:{type(e).__name__}", f"the shared tier's backend raised {type(e).__name__}: {e}"
+            )
+        self.failed(kind, e, breaker=breaker, took=took if caller else 0.0, keeper=not caller)
 
     def _timed(self, kind: str, timed: bool, t0: float) -> float:
         took = time.perf_counter() - t0
