@@ -272,9 +272,8 @@ class SharedTier(Tier):
             self._count(kind, remote_refused=1)
             self.answered(e, breaker, took=took if caller else 0.0)
             return
-        if not isinstance(
-            e, (Unavailable, Full, OSError)
-        ):  # a backend's bug (a user's class is foreign code)
+        if not isinstance(e, (Unavailable, Full, OSError)):
+            # broad: a backend's bug (a user's class is foreign code): a miss, said once
             if strict():
                 raise e
             warn_once(
