@@ -69,7 +69,11 @@ def test_machines_missing_at_once_compile_each_kernel_once(redis_server, tmp_pat
     procs = []
     for i in range(3):
         (tmp_path / f"m{i}").mkdir()
-        env = env_for(tmp_path, f"m{i}", redis_server.url, prefix)
+        # Signed heartbeats (KCACHE_SECRET): a waiter follows the holder's compile for as long as
+        # its lease shows progress. Without a secret a lock is unproven, and a process waits on
+        # such locks 1.5 s in all (docs/remote.md): a compile longer than that on a loaded box is
+        # done twice, by design (in CI beside a CPU-bound job: 5 compiles of these 3 kernels).
+        env = env_for(tmp_path, f"m{i}", redis_server.url, prefix, KCACHE_SECRET="fleet-secret")
         procs.append(start_kernels(env, tmp_path / f"m{i}" / "r.json", specs=KERNELS, barrier=barrier))
     release_barrier(barrier, procs)
     for p in procs:
