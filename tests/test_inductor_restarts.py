@@ -41,9 +41,10 @@ def run(base: Path, folder: str, *, kcache: bool, fresh: bool = False, reset: bo
         TORCHINDUCTOR_CACHE_DIR=str(base / folder),
         OMP_NUM_THREADS="1",  # in the FX key: the same in every child
         TORCHINDUCTOR_COMPILE_THREADS="1",
-        # Inductor's CPU vector-ISA probes (6 g++ builds and Pythons, ~12 s of CPU in each process
-        # without their answers stored: the cold ones and the one without kcache) are not the
-        # subject here: torch is told the answer they give. (In the FX key: in every child.)
+        # Inductor's CPU vector-ISA probes (a g++ build and a Python each, in every process without
+        # their answers stored: the cold ones and the one without kcache; 8 s of the file's 60 s
+        # of CPU) are not the subject here: torch is told the answer they give. (In the FX key:
+        # in every child.)
         TORCHINDUCTOR_VEC_ISA_OK="1",
     )
     if kcache:
