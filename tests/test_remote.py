@@ -773,3 +773,22 @@ def test_a_renewal_cut_off_by_the_close_is_the_close_not_a_failing_server(
     assert not t.is_alive() and got == [None], got
     assert kcache_warnings == [], kcache_warnings
     assert not counts(b).get("remote_errors"), counts(b)
+
+
+def test_a_unix_socket_connect_past_its_deadline_is_a_miss(
+    redis_server, stores, prefix, kcache_warnings
+) -> None:
+    """A call whose deadline has passed when its connection is made (a loaded box: the time went
+    before the connect) ends in the connect: kcache's bound raises ``socket.timeout`` there. For
+    a Unix socket, redis-py 8.2's answer to that names the connection's host and port, which a
+    Unix socket's connection has not: an ``AttributeError`` (seen in CI under load), which kcache
+    took for a backend's bug (one warning; strict mode, as here, raised it into the program).
+    kcache's Unix connection has them (None): redis-py's own ``TimeoutError``, a miss, counted."""
+    a = stores("a", redis_server.unix_url, prefix)
+    tier = a.tiers[0]
+    assert tier.ready()
+    ident = a.entry_id("triton", "k")
+    got = tier.call("triton", lambda: tier.backend.size("triton", ident), ident=ident, seconds=1e-9)
+    assert isinstance(got, shared.Failed), got
+    assert counts(a).get("remote_errors", 0) == 1, counts(a)
+    assert not [w for w in kcache_warnings if "AttributeError" in w], kcache_warnings

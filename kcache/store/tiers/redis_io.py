@@ -134,7 +134,13 @@ def bounded_class(cls: type) -> type:
     """``cls`` (a redis-py connection class) whose sockets honour :func:`bounded`."""
     out = _classes.get(cls)
     if out is None:
-        out = _classes[cls] = type(f"Bounded{cls.__name__}", (_BoundedMixin, cls), {})
+        from redis.connection import UnixDomainSocketConnection
+
+        # A Unix socket's connection has no host and port, and redis-py (8.2) names them when a
+        # connect raises socket.timeout, as the bound does when the call's deadline passed before
+        # its connect (a loaded box): an AttributeError, not its TimeoutError. None for both.
+        unix = {"host": None, "port": None} if issubclass(cls, UnixDomainSocketConnection) else {}
+        out = _classes[cls] = type(f"Bounded{cls.__name__}", (_BoundedMixin, cls), unix)
     return out
 
 
