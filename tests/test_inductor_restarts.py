@@ -34,13 +34,23 @@ FLOATS = 70
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(base: Path, folder: str, *, kcache: bool, fresh: bool = False, reset: bool = False) -> dict[str, Any]:
+def run(
+    base: Path,
+    folder: str,
+    *,
+    kcache: bool,
+    fresh: bool = False,
+    reset: bool = False,
+    threads: int = 1,
+    registered: bool = False,
+) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TORCHINDUCTOR", "TRITON_"))}
     env.pop("PYTHONPATH", None)
     env.update(
         TORCHINDUCTOR_CACHE_DIR=str(base / folder),
         OMP_NUM_THREADS="1",  # in the FX key: the same in every child
-        TORCHINDUCTOR_COMPILE_THREADS="1",
+        # one compile thread: no pool of compile workers to start (not in Inductor's keys)
+        TORCHINDUCTOR_COMPILE_THREADS=str(threads),
         # Inductor's CPU vector-ISA probes (a g++ build and a Python each, in every process without
         # their answers stored: the cold ones and the one without kcache; 8 s of the file's 60 s
         # of CPU) are not the subject here: torch is told the answer they give. (In the FX key:
@@ -56,6 +66,7 @@ def run(base: Path, folder: str, *, kcache: bool, fresh: bool = False, reset: bo
         str(out),
         *(["--fresh"] if fresh else []),
         *(["--reset"] if reset else []),
+        *(["--registered"] if registered else []),
         *("--floats", str(FLOATS)),
     ]
     r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=600)
@@ -75,7 +86,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         # Inductor's own warm folder, the one the kcache process filled (a process without kcache
         # computes the same keys: see the test below); then torch._dynamo.reset() and the call again
         "plain-warm": run(base, "cold", kcache=False, reset=True),
-        "served": run(base, "new", kcache=True, reset=True),  # a new node: only the store carries over
+        # a new node: only the store carries over; torch asks for its pool of compile workers
+        # (Dynamo's registered backend; two compile threads: a 2-core box gets none)
+        "served": run(base, "new", kcache=True, reset=True, threads=2, registered=True),
     }
     got["base"] = base
     # the program restarts in every process without kcache, Inductor's warm folder too
@@ -94,6 +107,17 @@ def test_a_served_process_does_not_trace_the_graph_torch_throws_away(runs: dict[
     assert served["kcache"][INDUCTOR_RESTART]["hits"] == 2
     # 70 names: none was kept with a bound of 64 (BERT-base's 65 floats on the H100)
     assert runs["kcache-cold"]["kcache"][INDUCTOR_RESTART]["puts"] == 1
+
+
+def test_a_served_restart_starts_no_compile_worker(runs: dict[str, Any]) -> None:
+    """The thrown-away attempt's AOTAutograd lookup misses (torch counts it), but kcache answers
+    it with the kept restart: nothing is compiled for it, so it does not start Inductor's pool of
+    compile workers (a new Python each, and their shutdown at exit; was: started at that miss,
+    in every served process of BERT-base with ``dynamic=True`` on the H200)."""
+    served = runs["served"]
+    assert served["kcache"][INDUCTOR_RESTART]["hits"] == 2  # the misses were the restarts'
+    assert served["pool_held"], "torch asked for its pool (maybe_warm_pool) and kcache held it"
+    assert served["pool_started"] is False, "Inductor's compile-worker pool was started"
 
 
 def test_the_served_process_is_the_plain_warm_one_to_torch(runs: dict[str, Any]) -> None:

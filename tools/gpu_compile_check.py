@@ -430,16 +430,21 @@ def child_body(model_name: str, device: str, mode: str | None, shapes: int, aot:
     t_enter = time.time()
     stamp_exit("last")  # runs after every atexit handler registered later (torch's, kcache's)
     t_import = time.perf_counter()
+    phases: dict[str, float] = {}  # the setup's parts, in seconds: where a condition's setup differs
     import torch
 
+    phases["import_torch"] = time.perf_counter() - t_import
     model, make = build(model_name, device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    phases["model"] = time.perf_counter() - t_import - sum(phases.values())
     sequence = SEQUENCE[:shapes]
     inputs = [make(b, s) for b, s in sequence]
     with torch.no_grad():
         eager = [first_tensor(model(**x)).float().cpu() for x in inputs]
     sync()
-    out: dict[str, Any] = {}
+    phases["eager"] = time.perf_counter() - t_import - sum(phases.values())
+    out: dict[str, Any] = {"setup_phases_s": phases, "triton_in_setup": "triton" in sys.modules}
     # Dynamo's and Inductor's own modules (2-3 s) are imported before the clock, in every condition
     # alike: the first torch.compile() would import them, and that cost is no cache's to save
     t = time.perf_counter()
@@ -481,6 +486,8 @@ def child_body(model_name: str, device: str, mode: str | None, shapes: int, aot:
         compiled = torch.compile(model, **kwargs)
     out["wrap_ms"] = round(1e3 * (time.perf_counter() - t), 2)
     setup_s = time.perf_counter() - t_import
+    phases["compiler_and_rest"] = setup_s - sum(phases.values())
+    out["setup_phases_s"] = {k: round(v, 3) for k, v in phases.items()}
     first_ms, diffs, shas = [], [], []
     per_call: list[dict[str, float]] = []  # Dynamo's timers, call by call
     before: dict[str, float] = {}
@@ -1028,7 +1035,15 @@ def summarize_compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "six_calls_ms": med(rs, lambda r: sum(r["first_ms"]) + r.get("wrap_ms", 0.0)),
             "wall_s": med(rs, lambda r: r["wall_s"]),
             "pool_started": sorted({str(r.get("pool_started")) for r in rs}),
+            # the rest of the process: everything before the first call, and the exit
+            "setup_s": med(rs, lambda r: r.get("setup_s", 0.0)),
+            "exit_s": med(rs, lambda r: r.get("exit_s", 0.0)),
         }
+        phases = [r["setup_phases_s"] for r in rs if r.get("setup_phases_s")]
+        if phases:
+            out[name]["setup_phases_s"] = {
+                k: round(statistics.median(p.get(k, 0.0) for p in phases), 3) for k in phases[0]
+            }
     if "kcache-warm-store" in out and "plain-warm" in out:
         a, b = out["kcache-warm-store"], out["plain-warm"]
         out["ratio_warm"] = {

@@ -75,6 +75,11 @@ class _Pending(threading.local):
 
     missed: str | None = None
     since: float = 0.0
+    #: torch's key of the AOTAutograd lookup in progress (inside ``_lookup``)
+    looking: str | None = None
+    #: (key, the names kcache holds for it) read at the miss by :func:`answers`, for the
+    #: ``try_load`` that follows (one read of the record per miss)
+    looked: tuple[str, list[str] | None] | None = None
 
 
 _pending = _Pending()
@@ -206,7 +211,11 @@ def _wrap_cache(cls: Any) -> None:
 
     @functools.wraps(own_lookup)
     def _lookup(key: Any, local: Any, remote: Any, *args: Any, **kwargs: Any) -> Any:
-        found = own_lookup(key, local, remote, *args, **kwargs)
+        _pending.looking = key if isinstance(key, str) else None
+        try:
+            found = own_lookup(key, local, remote, *args, **kwargs)
+        finally:
+            _pending.looking = None
         if found is None and remote and isinstance(key, str):
             _pending.missed, _pending.since = key, time.perf_counter()
         return found
@@ -227,23 +236,55 @@ def _wrap_cache(cls: Any) -> None:
     patches.wrap(cls, "try_load", lambda _: staticmethod(try_load), raw=True)
 
 
+def answers() -> bool:
+    """Whether the AOTAutograd lookup in progress in this thread, which has just missed kcache's
+    store, will be answered with a kept restart: then nothing is traced or compiled for it, and
+    Inductor's compile workers are not wanted for it (:func:`.workers.compile_coming`). Asked
+    from inside torch's lookup, where only the remote cache's form of the key is known (a
+    prefix and a suffix around torch's key, which may vary): torch's own key is the one
+    ``_lookup`` was given. The record read here is the one :func:`_restart_for` raises from,
+    right after (read once)."""
+    key = _pending.looking
+    if key is None:
+        return False
+    with guarded(TOPIC, WHAT):
+        return _planned(key) is not None
+    return False
+
+
+def _planned(key: str) -> tuple[Any, Any, list[str]] | None:
+    """(``TensorifyState``, the restart's class, the names to specialise) for a missed key whose
+    outcome kcache holds and would raise now; None: go on as torch does. Changes nothing."""
+    tensorify = _tensorify()
+    if tensorify is None:
+        return None
+    state, restart = tensorify
+    with _lock:
+        if key in _raised:
+            return None
+    looked = _pending.looked
+    if looked is not None and looked[0] == key:
+        names = looked[1]
+    else:
+        names = _served(key)
+        _pending.looked = (key, names)
+    if not names:
+        return None
+    new = [n for n in names if n not in state.force_specializations]
+    if not new:
+        return None  # torch would not restart for names it specialises already
+    return state, restart, new
+
+
 def _restart_for(key: str) -> BaseException | None:
     """The restart to raise for a missed key whose outcome kcache holds: its names specialised
     in ``TensorifyState``, as torch's pass would have left them. None: go on as torch does."""
     with guarded(TOPIC, WHAT):
-        tensorify = _tensorify()
-        if tensorify is None:
+        planned = _planned(key)
+        _pending.looked = None  # read once per miss: the next lookup of the key reads the store
+        if planned is None:
             return None
-        state, restart = tensorify
-        with _lock:
-            if key in _raised:
-                return None
-        names = _served(key)
-        if not names:
-            return None
-        new = [n for n in names if n not in state.force_specializations]
-        if not new:
-            return None  # torch would not restart for names it specialises already
+        state, restart, new = planned
         with _lock:
             _raised.add(key)
         for n in new:
@@ -285,4 +326,4 @@ def uninstall() -> None:
     """kcache.disable(): forget what was raised (the wrappers go with ``patches.undo()``)."""
     with _lock:
         _raised.clear()
-    _pending.missed = None
+    _pending.missed = _pending.looking = _pending.looked = None
