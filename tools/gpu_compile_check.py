@@ -563,6 +563,9 @@ def child_body(model_name: str, device: str, mode: str | None, shapes: int, aot:
         out["kcache"] = {k: {n: round(v, 3) for n, v in d.items() if n in ("hits", "misses", "puts", "saved_s")}
                          for k, d in proc.items()}  # fmt: skip
     out["threads_alive"] = sorted(t.name for t in __import__("threading").enumerate())
+    # whether this process imported Triton's gluon (its JIT's specializer does, at a first launch;
+    # kcache's warm-up does in a thread): Inductor's launches may not need it
+    out["gluon_imported"] = "triton.experimental.gluon" in sys.modules
     out["thread_cpu_s"] = thread_cpu()
     stamp_exit("first")  # runs before the atexit handlers registered earlier
     out["t_enter"], out["t_return"] = t_enter, time.time()
