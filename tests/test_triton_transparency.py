@@ -356,6 +356,13 @@ def test_a_result_whose_every_config_failed_is_never_the_cached_winner(kstore: A
 WORKER = r"""
 import json, sys
 import triton  # Inductor's compile-worker sidecar imports Triton at its start
+
+
+@triton.jit
+def k(x):  # a kernel of the program's (a worker compiles such kernels, and never launches them)
+    pass
+
+
 from kcache.triton import warmup
 print(json.dumps({"gluon_pre_import": warmup._started}))
 """

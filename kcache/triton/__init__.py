@@ -137,11 +137,11 @@ def install(triton: ModuleType | None = None) -> None:
         install_tool_memo()
     # Triton's own one-time work, off the first kernel's path (see warmup.py)
     with guarded("triton-warmup-install", "starting kcache's Triton warm-up", then=_WITHOUT):
-        from .warmup import install_libcuda_memo, start_gluon_import
+        from .warmup import arm_gluon_import, install_libcuda_memo
 
         when_imported("triton.backends.nvidia.driver", install_libcuda_memo)
         if not _inductor_compile_worker():
-            start_gluon_import()
+            arm_gluon_import()  # started at the program's first kernel of its own
 
 
 def _inductor_compile_worker() -> bool:

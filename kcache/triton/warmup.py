@@ -6,11 +6,16 @@ Measured on the H200 after a prewarm (every kernel a hit), the first call at the
 subprocesses, among them ``/sbin/ldconfig -p`` to find libcuda. Two things here, neither of which
 changes what Triton computes:
 
-- :func:`start_gluon_import`: when Triton has been imported, a daemon thread imports
-  ``triton.experimental.gluon``, the package the specializer will import anyway. A real program
-  spends far longer than that between ``import triton`` and its first launch (CUDA's context
-  alone takes 100+ ms), so the import is done by then; if not, the first call waits for it, never
-  imports twice (how that is made safe against Python's import-lock cycles: see the function).
+- :func:`start_gluon_import`: when the program defines its first kernel of its own (a
+  ``@triton.jit`` function outside Triton's and Inductor's packages: :func:`arm_gluon_import`), a
+  daemon thread imports ``triton.experimental.gluon``, the package the specializer will import
+  anyway. A real program spends far longer than that between defining a kernel and its first
+  launch (CUDA's context alone takes 100+ ms), so the import is done by then; if not, the first
+  call waits for it, never imports twice (how that is made safe against Python's import-lock
+  cycles: see the function). Not at ``import triton``: torch imports Triton in every process
+  that compiles or merely asks whether Triton is there, and Inductor launches its kernels
+  through their compiled launchers, never the JIT's specializer: no process of Inductor's own
+  imports gluon (H100, session 22), and the pre-import was 35 modules of work for nothing there.
 - :func:`install_libcuda_memo`: ``libcuda_dirs()`` (an ``ldconfig -p`` fork and exec in every
   process) is remembered across processes, machine-locally (kind ``triton-meta``: never exported
   or shared), keyed by this boot, the linker cache's identity and the variables Triton reads; a
@@ -46,6 +51,42 @@ _gate = module_lock(__name__, "_gate")  # a forked child gets a free one (kcache
 _orig_import: Any = None
 #: The fail-open boundary's topic (kcache/boundary.py) where Triton asks for libcuda's folders.
 TOPIC, WHAT = "triton-libcuda-memo", "kcache's memo of libcuda's folders"
+
+
+#: Kernels defined in these packages are not launched through the JIT's specializer by the
+#: program's thread: Triton's own library functions (``@jit`` helpers, called from kernels) and
+#: Inductor's (its runtime helpers, and the kernels it generates, which are run as modules named
+#: ``torch._inductor.runtime.compile_tasks.<key>`` and launched through compiled launchers).
+NOT_LAUNCHED = ("triton.", "torch._inductor.")
+
+
+def arm_gluon_import() -> None:
+    """Start :func:`start_gluon_import` at the first ``JITFunction`` made for a function outside
+    :data:`NOT_LAUNCHED` (the program's or a library's kernel: one the JIT may specialise), not
+    before. A Triton whose ``JITFunction`` kcache does not know: started now, as before."""
+    from .attached import patches
+
+    try:
+        from triton.runtime.jit import JITFunction
+    except ImportError:  # a Triton laid out otherwise
+        start_gluon_import()
+        return
+    own = JITFunction.__dict__.get("__init__")
+    if not callable(own) or patches.holds(JITFunction, "__init__"):
+        if not callable(own):
+            start_gluon_import()
+        return
+
+    def __init__(self: Any, fn: Any, *args: Any, **kwargs: Any) -> None:
+        own(self, fn, *args, **kwargs)
+        if not _started:
+            module = getattr(fn, "__module__", None)
+            if not isinstance(module, str) or not module.startswith(NOT_LAUNCHED):
+                start_gluon_import()
+
+    __init__.__wrapped__ = own  # type: ignore[attr-defined]
+    __init__.__doc__ = own.__doc__
+    patches.wrap(JITFunction, "__init__", lambda _: __init__, raw=True)
 
 
 def start_gluon_import() -> None:
