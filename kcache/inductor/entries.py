@@ -162,12 +162,11 @@ def get(kind: str, key: str) -> bytes | None:
         if graph:
             counters.graph_lookup(served)
             if served is None:
-                from . import restarts, workers
+                from . import workers
 
-                # a graph will be compiled: its workers are wanted now; not for a miss that kcache
-                # answers with Dynamo's kept restart (nothing is traced or compiled for it)
-                if kind != _kinds.INDUCTOR_AOT or not restarts.answers():
-                    workers.compile_coming()
+                # a graph will be compiled: its workers are wanted now (unless kcache answers this
+                # miss itself: workers asks the modules that may, see nothing_compiled_when)
+                workers.compile_coming()
 
 
 def _named(hit: Any, data: bytes) -> list[str]:

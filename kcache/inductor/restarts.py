@@ -36,7 +36,7 @@ float torch would have kept symbolic: still right, Dynamo guards the value), so 
 machines only signed (trait ``signed_only``, :mod:`kcache.kinds`), as torch's entries do.
 
 Called from import hooks with ``torch._functorch._aot_autograd.autograd_cache`` and
-``graph_compile``; imports nothing.
+``graph_compile``; imports nothing of torch's.
 """
 
 from __future__ import annotations
@@ -167,6 +167,9 @@ def on_import(mod: Any) -> None:
     name = getattr(mod, "__name__", "")
     if name == MODULES[0]:
         _wrap_cache(getattr(mod, "AOTAutogradCache", None))
+        from . import workers
+
+        workers.nothing_compiled_when(answers)
     elif name == MODULES[1]:
         _wrap_pass(mod)
 
@@ -239,7 +242,7 @@ def _wrap_cache(cls: Any) -> None:
 def answers() -> bool:
     """Whether the AOTAutograd lookup in progress in this thread, which has just missed kcache's
     store, will be answered with a kept restart: then nothing is traced or compiled for it, and
-    Inductor's compile workers are not wanted for it (:func:`.workers.compile_coming`). Asked
+    Inductor's compile workers are not wanted for it (:func:`.workers.nothing_compiled_when`). Asked
     from inside torch's lookup, where only the remote cache's form of the key is known (a
     prefix and a suffix around torch's key, which may vary): torch's own key is the one
     ``_lookup`` was given. The record read here is the one :func:`_restart_for` raises from,

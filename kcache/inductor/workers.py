@@ -20,6 +20,7 @@ scope), torch's warm-up runs as it would.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..boundary import guarded
@@ -32,6 +33,9 @@ MODULE = "torch._inductor.async_compile"
 _lock = module_lock(__name__, "_lock")
 _wanted: list[bool] = []  # torch asked for the warm-up; kcache holds it until a compile comes
 _own: dict[str, Any] = {}  # torch's own maybe_warm_pool, while kcache's is in place
+#: Questions asked at a graph lookup's miss before the pool is started: any one answering True
+#: says that nothing is compiled for this miss (:func:`nothing_compiled_when`)
+_answered: list[Callable[[], bool]] = []
 #: The fail-open boundary's topic (kcache/boundary.py): torch then starts its pool as it would.
 TOPIC, WHAT = "inductor-workers", "kcache's scheduling of Inductor's compile pool"
 
@@ -111,8 +115,26 @@ def _no_pool() -> bool:
     return False
 
 
+def nothing_compiled_when(answered: Callable[[], bool]) -> None:
+    """Register ``answered()``, asked in the thread of a graph lookup that has just missed: True
+    when kcache answers that miss itself and nothing will be compiled for it (:mod:`.restarts`:
+    the attempt Dynamo throws away, answered with its kept restart). Then the pool is not started
+    for that miss. Kept until :func:`uninstall` (the integration registers it again at its next
+    attach)."""
+    with _lock:
+        if answered not in _answered:
+            _answered.append(answered)
+
+
 def compile_coming() -> None:
-    """A graph lookup missed: start the pool torch asked for, now (it overlaps the lowering)."""
+    """A graph lookup missed: start the pool torch asked for, now (it overlaps the lowering),
+    unless the miss is one that kcache answers without a compile (:func:`nothing_compiled_when`)."""
+    with _lock:
+        if not _wanted:
+            return
+        questions = list(_answered)
+    if any(answered() for answered in questions):
+        return
     with _lock:
         if not _wanted:
             return
@@ -130,3 +152,4 @@ def uninstall() -> None:
     held for torch any more."""
     _own.clear()
     _wanted.clear()
+    _answered.clear()
