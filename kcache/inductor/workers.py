@@ -10,12 +10,12 @@ uses them, and still pays for them, mostly at exit: on the H200, 13-14 s of a wa
 While kcache serves Inductor's FX graphs, the pool is started when a compile is coming instead:
 at the first AOTAutograd or FX graph lookup that misses (the lowering that follows overlaps the
 workers' start, as the warm-up meant; not an AOTAutograd miss that kcache answers with Dynamo's
-kept restart, :mod:`.restarts`: nothing is compiled for it), or when Inductor submits a kernel
-that is not compiled already (torch's own lazy start). A kernel that a served graph brings
-compiled (Inductor's in-memory table of compiled kernels, filled from the graph's bundle) is
-taken from there without starting the pool. Nothing else changes: the same kernels, compiled by the same workers when
-there is something to compile. Where kcache does not serve FX graphs (turned off, a fresh
-scope), torch's warm-up runs as it would.
+kept restart, :mod:`.restarts` through :func:`nothing_compiled_when`: nothing is compiled for
+it), or when Inductor submits a kernel that is not compiled already (torch's own lazy start). A
+kernel that a served graph brings compiled (Inductor's in-memory table of compiled kernels,
+filled from the graph's bundle) is taken from there without starting the pool. Nothing else changes: the same kernels, compiled by
+the same workers when there is something to compile. Where kcache does not serve FX graphs
+(turned off, a fresh scope), torch's warm-up runs as it would.
 """
 
 from __future__ import annotations
