@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import types
 from pathlib import Path
 
@@ -182,3 +183,41 @@ def test_the_program_importing_gluon_meanwhile_never_deadlocks(
     assert r.returncode == 0, r.stderr[-2000:]
     # The guard on builtins.__import__ is gone once the pre-import is over.
     assert r.stdout.split()[-2:] == ["OK", "builtin_function_or_method"], r.stdout
+
+
+def test_two_threads_defining_their_first_kernels_at_once_start_one_pre_import(tmp_path: Path) -> None:
+    """The pre-import now starts at a kernel's definition, which any thread may reach: two at once
+    must start one warm-up, or the second guard on ``builtins.__import__`` takes the first for the
+    original and calls itself at every import. The window is widened on purpose: the check of
+    ``TRITON_ALWAYS_COMPILE`` sleeps while the other thread arrives."""
+    (tmp_path / "slow_gluon_stand_in.py").write_text("import time\ntime.sleep(0.3)\nVALUE = 42\n")
+    code = textwrap.dedent(
+        f"""
+        import builtins, json, sys, threading, time
+        sys.path.insert(0, {str(tmp_path)!r})
+        from kcache.triton import warmup
+        warmup.ENTRY = warmup.FALLBACK = "slow_gluon_stand_in"
+        warmup._compiles_anyway = lambda: time.sleep(0.2) or False
+        real = builtins.__import__
+        started = []
+        own_thread = threading.Thread
+        class Counted(own_thread):
+            def start(self):
+                started.append(self.name)
+                return own_thread.start(self)
+        warmup.threading.Thread = Counted
+        callers = [own_thread(target=warmup.start_gluon_import) for _ in range(4)]
+        for t in callers:
+            t.start()
+        for t in callers:
+            t.join()
+        warmup._thread.join(30)
+        import slow_gluon_stand_in  # any import, once the warm-up is over
+        print(json.dumps({{"started": started, "restored": builtins.__import__ is real}}))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KCACHE_NO_TRITON_WARMUP"}
+    r = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got == {"started": ["kcache-triton-warmup"], "restored": True}, got

@@ -116,7 +116,10 @@ def start_gluon_import() -> None:
         or _compiles_anyway()
     ):
         return
-    _started = True
+    with _gate:  # two threads defining their first kernels at once: one starts it (a second
+        if _started:  # guard would take the first for the original import and call itself)
+            return
+        _started = True
     import builtins
 
     _orig_import = builtins.__import__
