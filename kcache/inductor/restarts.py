@@ -78,7 +78,8 @@ class _Pending(threading.local):
     #: torch's key of the AOTAutograd lookup in progress (inside ``_lookup``)
     looking: str | None = None
     #: (key, the names kcache holds for it) read at the miss by :func:`answers`, for the
-    #: ``try_load`` that follows (one read of the record per miss)
+    #: ``try_load`` that follows (one read of the record per miss); reset at each lookup, so
+    #: that it never outlives the lookup that read it
     looked: tuple[str, list[str] | None] | None = None
 
 
@@ -215,6 +216,7 @@ def _wrap_cache(cls: Any) -> None:
     @functools.wraps(own_lookup)
     def _lookup(key: Any, local: Any, remote: Any, *args: Any, **kwargs: Any) -> Any:
         _pending.looking = key if isinstance(key, str) else None
+        _pending.looked = None
         try:
             found = own_lookup(key, local, remote, *args, **kwargs)
         finally:

@@ -13,9 +13,10 @@ workers' start, as the warm-up meant; not an AOTAutograd miss that kcache answer
 kept restart, :mod:`.restarts` through :func:`nothing_compiled_when`: nothing is compiled for
 it), or when Inductor submits a kernel that is not compiled already (torch's own lazy start). A
 kernel that a served graph brings compiled (Inductor's in-memory table of compiled kernels,
-filled from the graph's bundle) is taken from there without starting the pool. Nothing else changes: the same kernels, compiled by
-the same workers when there is something to compile. Where kcache does not serve FX graphs
-(turned off, a fresh scope), torch's warm-up runs as it would.
+filled from the graph's bundle) is taken from there without starting the pool. Nothing else
+changes: the same kernels, compiled by the same workers when there is something to compile.
+Where kcache does not serve FX graphs (turned off, a fresh scope), torch's warm-up runs as it
+would.
 """
 
 from __future__ import annotations

@@ -70,12 +70,12 @@ def arm_gluon_import() -> None:
     try:
         from triton.runtime.jit import JITFunction
     except ImportError:  # a Triton laid out otherwise
+        JITFunction = None
+    own = getattr(JITFunction, "__dict__", {}).get("__init__")
+    if not callable(own):  # no JITFunction kcache knows
         start_gluon_import()
         return
-    own = JITFunction.__dict__.get("__init__")
-    if not callable(own) or patches.holds(JITFunction, "__init__"):
-        if not callable(own):
-            start_gluon_import()
+    if patches.holds(JITFunction, "__init__"):
         return
 
     @functools.wraps(own)
