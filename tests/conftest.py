@@ -22,6 +22,21 @@ from kcache.store import Store
 os.environ["KCACHE_STRICT"] = "1"
 
 
+def table_of(size: int) -> None:
+    """Grow this process's table of descriptors to hold ``size`` (a descriptor numbered
+    ``size - 1``, made and closed: a table never shrinks)."""
+    import fcntl
+
+    os.close(fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, size - 1))
+
+
+# Every test process's table of descriptors holds 256, as a process started by a shell does (it
+# keeps 255 open). A process started otherwise holds 64, and kcache gives its first hits private
+# links until its flush thread has grown the table (tests/test_hit_path.py tests that): tests
+# that look at a first hit's held folder would then pass or fail by how pytest was started.
+table_of(256)
+
+
 def _same_sources(a: Path, b: Path) -> bool:
     """Whether two kcache packages hold the same Python sources (a real install of this
     checkout, as tools/gpu_setup.sh makes, is this checkout's code)."""

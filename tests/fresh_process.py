@@ -11,16 +11,37 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 
 _CHILD = """
-import importlib, sys
+import fcntl, importlib, os, sys
 from pathlib import Path
 sys.path[:0] = [{root!r}, {tests!r}]
+if {table}:
+    os.close(fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, {table} - 1))
 getattr(importlib.import_module({module!r}), {func!r})(Path({tmp!r}))
 """
 
 
-def run_body(module: str, func: str, tmp: Path, timeout: float = 300.0) -> None:
+#: A parent with nothing past descriptor 2 of its own open: its child's table of descriptors is
+#: the kernel's smallest. (A table is sized at the fork by the highest descriptor open then, and
+#: a pytest started by a shell or a tool that leaks one numbered 250-255 passes a table of 256
+#: on to every child it starts directly.)
+_BARE_PARENT = "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:]).returncode)"
+
+
+def run_body(module: str, func: str, tmp: Path, timeout: float = 300.0, *, small_table: bool = False) -> None:
     """``module.func(tmp)`` in a new interpreter (this checkout's kcache); its assertion errors
-    come back as this test's failure, with the child's output."""
-    code = _CHILD.format(root=str(TESTS.parent), tests=str(TESTS), module=module, func=func, tmp=str(tmp))
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    come back as this test's failure, with the child's output. Its table of descriptors holds
+    256 (as a process started by a shell), or with ``small_table`` the kernel's smallest size:
+    started through a bare parent, and not grown."""
+    code = _CHILD.format(
+        root=str(TESTS.parent),
+        tests=str(TESTS),
+        module=module,
+        func=func,
+        tmp=str(tmp),
+        table=0 if small_table else 256,
+    )
+    argv = [sys.executable, "-c", code]
+    if small_table:
+        argv = [sys.executable, "-c", _BARE_PARENT, *argv]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, f"{module}.{func} in a fresh process failed:\n{p.stdout}\n{p.stderr[-4000:]}"

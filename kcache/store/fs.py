@@ -53,6 +53,26 @@ def proc_fd_usable(folder: int | None = None, folder_st: os.stat_result | None =
     return _proc_ok
 
 
+def fd_table_size() -> int | None:
+    """How many descriptors this process's table holds now (Linux's ``FDSize``): numbers under
+    it are taken without growing the table. None where the kernel does not say."""
+    try:
+        fd = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 1 << 16)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    i = data.find(b"\nFDSize:")
+    if i < 0:
+        return None
+    field = data[i + 8 : data.find(b"\n", i + 8)].strip()
+    return int(field) if field.isdigit() else None
+
+
 def fd_path(fd: int, *names: str, fallback: str | None = None) -> str:
     """A path to ``names`` inside the folder open as ``fd``, resolved through the descriptor.
 

@@ -80,10 +80,15 @@ PIN_FIRST, MAX_PINS = 64, 4032
 FD_SETSIZE, PIN_HEADROOM = 1024, 128
 #: Growing a process's table of descriptors past its size waits for an RCU grace period when the
 #: process has threads (8-20 ms measured on Linux 6.18 at 256 and at 512, against 2-3 us below
-#: the size): a hit never does it. A process starts with room for 256; past that, a held folder
-#: is numbered only where the table was grown by the store's flush thread, which is asked to
-#: when the holds come within GROW_AHEAD of its size (until it has, hits get private links).
-TABLE_START, GROW_AHEAD = 256, 64
+#: the size; 12.9 ms in a served BERT process's first call on the H100 machine, its first hit
+#: holding descriptor 64): a hit never does it. The table's size is read from the kernel
+#: (``FDSize`` in ``/proc/self/status``, once, at the first hit that could hold a folder): it is
+#: 64 in a process whose parent had no descriptor past 63 open when it forked, and larger where
+#: the parent had (a shell holding 255 gives 256); :data:`TABLE_START` where it cannot be read.
+#: Past the size, a held folder is numbered only where the table was grown by the store's flush
+#: thread, which is asked to when the holds come within GROW_AHEAD of its size (until it has,
+#: hits get private links).
+TABLE_START, GROW_AHEAD = PIN_FIRST, 64
 
 
 class Hold:
@@ -125,7 +130,8 @@ class Served:
         self.let_go_removed = False
         self._pin_next = 0  # the lowest number the next held descriptor may take
         self._pin_stop = 0  # ... and the number it must stay under
-        self._table = TABLE_START  # descriptors the process's table holds without growing
+        self._table = TABLE_START  # descriptors the process's table holds without growing (read
+        # from the kernel at the first hit that could hold a folder: _pins_allowed)
         self._grow_to = 0  # the size asked of the flush thread (0: none asked)
         #: Called (under ``_lock``) to have :meth:`grow_table` run soon on another thread.
         self.wake: Callable[[], None] | None = None
@@ -146,6 +152,9 @@ class Served:
             set(),
         )  # (a child's holds are its own: one that closes what it inherited may)
         self._gone = deque()  # (the parent's leases let go in the child only close its copies)
+        # The child's table was sized at the fork by the highest descriptor open then, not by
+        # what the parent's grew to (and a grow the parent asked for is the parent's).
+        self._table, self._grow_to = fs.fd_table_size() or TABLE_START, 0
 
     def folder(self, role: str) -> PrivateFolder:
         """This process's private folder for ``role`` ("served", "scratch"): in ``tmp/`` of a
@@ -471,6 +480,7 @@ class Served:
             stop = max(min(soft // 2, PIN_FIRST + 192), min(soft // 4, PIN_FIRST + MAX_PINS))
             stop = min(stop, FD_SETSIZE - PIN_HEADROOM)
             self._pin_stop = stop if fs.proc_fd_usable(tfd, store.stat("tmp")) else PIN_FIRST
+            self._table = max(self._table, fs.fd_table_size() or TABLE_START)
         nxt = self._pin_next
         if nxt >= self._pin_stop or len(self._pins) >= MAX_PINS:
             return False
