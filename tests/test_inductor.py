@@ -286,6 +286,7 @@ def test_get_put_replace_round_trip(enabled: Store) -> None:
     skey, _ = inductor.store_key(INDUCTOR_FX, key)
     hit = enabled.get(INDUCTOR_FX, skey, count=False)
     assert hit.record.compile_s == pytest.approx(0.007) and hit.record.summary["cache"] == "fx-graph-v1"
+    assert hit.names == [inductor.entries.GRAPH] and hit.read(inductor.entries.GRAPH) == b"\x04\x10A"
     assert len([i for i in enabled.iter_entry_ids()]) == 1
 
 
@@ -295,7 +296,7 @@ def test_keys_name_what_torch_leaves_out() -> None:
     tune, comps = inductor.store_key(INDUCTOR_AUTOTUNE, "pt2:xyz::k:c1")
     assert tune.endswith(f"|gpu={comps['gpu_name']}") and comps["cache"] == "xyz"
     fx, _ = inductor.store_key(INDUCTOR_FX, "pt2:fx-graph-v1::k:c1")
-    assert fx == "pt2:fx-graph-v1::k:c1"
+    assert fx == "pt2:fx-graph-v1::k:c1|form=pickle"  # the graph's pickle, out of torch's envelope
 
 
 def test_what_is_not_bytes_is_not_stored(enabled: Store, kcache_warnings: list[str]) -> None:

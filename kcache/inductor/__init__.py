@@ -24,7 +24,8 @@ the remote-cache interface is per key, is consulted only after Inductor's own lo
 from torch 2.8 to 2.13. docs/design.md and docs/torch-compile.md say more.
 
 What the store holds: the bytes Inductor gives, as they are (a JSON envelope around a base64
-pickle for FX, AOT and PGO entries; JSON for autotune results). kcache never decodes the pickle;
+pickle for AOT and PGO entries; JSON for autotune results), but for FX graphs, whose pickle is
+kept out of its envelope and handed to torch as a file (:mod:`.handover`). kcache never decodes the pickle;
 these kinds are "pickled" in :mod:`kcache.kinds`: taken from a bundle (or a shared tier) only
 when signed, and never from a store opened with ``KCACHE_ALLOW_INSECURE``. Inductor's remote
 caches overwrite (last writer wins: the PGO profile grows under one key; a new guard variant
@@ -152,10 +153,11 @@ def _on_policy_module(mod: Any, name: str) -> None:
     if name == "torch._inductor.utils":
         policy.on_utils_import(mod)
     if name == "torch._inductor.codecache":
-        from . import pch, torchkey
+        from . import handover, pch, torchkey
 
         pch.on_import(mod)
         torchkey.on_import(mod)
+        handover.on_import(mod)
 
 
 def _is_fbcode() -> bool:
@@ -219,6 +221,7 @@ def uninstall() -> None:
         "kcache.inductor.workers",
         "kcache.inductor.pch",
         "kcache.inductor.restarts",
+        "kcache.inductor.handover",
     ):
         m = sys.modules.get(sub)
         if m is not None:
@@ -236,6 +239,7 @@ def _backend_class(base: type) -> type:
         def __init__(self, kind: str) -> None:
             super().__init__()
             self.kind = kind
+            self.kcache_kind = kind  # how kcache's wrappers tell its backends (:mod:`.handover`)
 
         def _get(self, key: str) -> bytes | None:
             return get(self.kind, key)

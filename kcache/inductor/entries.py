@@ -5,7 +5,10 @@ integration was given (:mod:`.attached`).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
+import json
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -20,8 +23,15 @@ from .torchcall import own as torchs
 
 if TYPE_CHECKING:
     from ..store.api import Cache
+    from ..store.hit import Hit
 
 MEMBER = "value"  # the file of an inductor entry: the bytes Inductor gave
+#: The file of an FX graph entry: the graph's pickle, out of torch's remote-cache envelope (JSON
+#: around base64), so that torch can read it as it reads its own folder (:mod:`.handover`).
+GRAPH = "graph"
+#: What an FX graph's key says of the form it is kept in (an entry holding the envelope, kept
+#: by an earlier kcache, is another key: neither reads the other's).
+FX_FORM = "|form=pickle"
 #: An AOTAutograd entry's second file: the FX graph keys its pickle names, read once when it is
 #: kept (see :mod:`.graphs`), so that no lookup decodes and walks the entry for them again.
 KEYS = "fx_keys"
@@ -83,6 +93,8 @@ def store_key(kind: str, key: str) -> tuple[str, dict[str, Any]]:
         comps["cache"] = key[4 : key.index("::")]
     if kind in (_kinds.INDUCTOR_PGO, _kinds.INDUCTOR_PRECOMPILE):  # keys without torch's version
         key = f"{key}|torch={comps['torch_version']}"
+    elif kind == _kinds.INDUCTOR_FX:
+        key += FX_FORM
     elif kind == _kinds.INDUCTOR_AUTOTUNE:
         gpu = _gpu_model()
         if gpu is None:
@@ -106,6 +118,22 @@ def _compile_s(data: bytes) -> float:
     return int(digits) / 1000.0 if digits else 0.0
 
 
+def fx_envelope(hit: Any) -> bytes:
+    """torch's remote-cache form of a kept FX graph (what its ``RemoteFxGraphCache.get`` decodes:
+    JSON around the base64 pickle), for a lookup that does not go through :mod:`.handover`."""
+    data = base64.b64encode(hit.read(GRAPH)).decode("ascii")
+    return json.dumps({"data": data, "time_taken_ms": round(hit.record.compile_s * 1000)}).encode("ascii")
+
+
+def fx_pickle(data: bytes) -> bytes | None:
+    """The pickle inside torch's envelope of an FX graph (put), or None for another form."""
+    try:
+        envelope = json.loads(data)
+        return base64.b64decode(envelope["data"], validate=True)
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        return None
+
+
 # ------------------------------------------------------------------------------------ get/put
 def _store() -> Cache | None:
     store = active_cache()
@@ -125,19 +153,16 @@ def _store() -> Cache | None:
 def get(kind: str, key: str) -> bytes | None:
     """The bytes stored for Inductor's ``key``, or None. Never raises."""
     from .. import counters
-    from . import graphs, policy
+    from . import policy
 
-    graph = kind in (_kinds.INDUCTOR_FX, _kinds.INDUCTOR_AOT)
+    if kind == _kinds.INDUCTOR_FX:
+        hit = _fx_hit(key)
+        return None if hit is None else fx_envelope(hit)
+    graph = kind == _kinds.INDUCTOR_AOT
     served: float | None = None  # a graph served: its recorded compile time ("saved", counters.py)
     try:
         if not policy.may_serve(kind, key):
             return None
-        if kind == _kinds.INDUCTOR_FX:
-            graphs.learn(key)
-            held = graphs.take(key)  # fetched with its AOTAutograd entry a moment ago
-            if held is not None:
-                graph = False  # the AOT hit's compile time covers it and its kernels
-                return held
         store = _store()
         if store is None:
             return None
@@ -167,6 +192,45 @@ def get(kind: str, key: str) -> bytes | None:
                 # a graph will be compiled: its workers are wanted now (unless kcache answers this
                 # miss itself: workers asks the modules that may, see nothing_compiled_when)
                 workers.compile_coming()
+
+
+@fail_open("inductor-get", "kcache's torch.compile cache lookup")
+def graph_hit(key: str) -> Hit | None:
+    """The kept FX graph for torch's remote key ``key`` (its pickle is the :data:`GRAPH` member),
+    looked up, counted and judged by torch's switches as :func:`get` does. Never raises."""
+    return _fx_hit(key)
+
+
+def _fx_hit(key: str) -> Hit | None:
+    from .. import counters
+    from . import graphs, policy
+
+    counted = True  # a lookup of its own, counted as a graph's (not one fetched with its AOT entry)
+    served: float | None = None
+    try:
+        if not policy.may_serve(_kinds.INDUCTOR_FX, key):
+            return None
+        graphs.learn(key)
+        held = graphs.take(key)  # fetched with its AOTAutograd entry a moment ago
+        if held is not None:
+            counted = False  # the AOT hit's compile time covers it and its kernels
+            return held
+        store = _store()
+        if store is None:
+            return None
+        skey, comps = store_key(_kinds.INDUCTOR_FX, key)
+        hit = store.get(_kinds.INDUCTOR_FX, skey, comps)
+        if hit is None or GRAPH not in hit.names:
+            return None
+        served = hit.record.compile_s
+        return hit
+    finally:
+        if counted:
+            counters.graph_lookup(served)
+            if served is None:
+                from . import workers
+
+                workers.compile_coming()  # as in get(): a graph will be compiled
 
 
 def _named(hit: Any, data: bytes) -> list[str]:
@@ -203,7 +267,7 @@ def _with_graphs(store: Cache, key: str, hit: Any, data: bytes) -> bool:
         if policy.may_serve(_kinds.INDUCTOR_FX, remote_key):
             skey, comps = store_key(_kinds.INDUCTOR_FX, remote_key)
             hit = store.get(_kinds.INDUCTOR_FX, skey, comps)
-        if hit is None:
+        if hit is None or GRAPH not in hit.names:
             store.count(_kinds.INDUCTOR_AOT, hits=-1, misses=1, saved_s=-compile_s)
             if graphs.form_known() and policy.may_serve(_kinds.INDUCTOR_FX, remote_key):
                 forget(_kinds.INDUCTOR_AOT, key)  # its graph is gone from the store
@@ -211,9 +275,9 @@ def _with_graphs(store: Cache, key: str, hit: Any, data: bytes) -> bool:
             return False
         # the AOT entry's compile time includes its graphs': credited once, with the AOT hit
         store.count(_kinds.INDUCTOR_FX, saved_s=-hit.record.compile_s)
-        fetched.append((remote_key, hit.read(MEMBER)))
-    for remote_key, blob in fetched:
-        graphs.hold(remote_key, blob)
+        fetched.append((remote_key, hit))
+    for remote_key, fx in fetched:
+        graphs.hold(remote_key, fx)
     return True
 
 
@@ -249,7 +313,13 @@ def put(kind: str, key: str, data: Any) -> None:
             return
         blob = bytes(data)
         files = {MEMBER: blob}
-        if kind == _kinds.INDUCTOR_AOT:
+        if kind == _kinds.INDUCTOR_FX:
+            graph = fx_pickle(blob)  # decoded once here, never at a lookup
+            if graph is None:
+                logger.debug("torch.compile: FX graph %s not kept: not torch's envelope", key)
+                return
+            files = {GRAPH: graph}
+        elif kind == _kinds.INDUCTOR_AOT:
             needed = _graphs_kept(store, key, blob)
             if needed is None:
                 return

@@ -32,6 +32,7 @@ import binascii
 import json
 import re
 from collections import OrderedDict
+from typing import Any
 
 from ..forksafe import module_lock
 from .pickleops import PickleFormatError, unicode_strings
@@ -42,7 +43,7 @@ NAMING_CLASSES = frozenset({"CompiledForward", "CompiledBackward"})
 MAX_PREFETCHED = 16  # FX entries held for torch's next lookups (a hit needs two: forward, backward)
 
 _lock = module_lock(__name__, "_lock")
-_prefetched: OrderedDict[str, bytes] = OrderedDict()  # torch's FX remote key -> bytes
+_prefetched: OrderedDict[str, Any] = OrderedDict()  # torch's FX remote key -> the store's hit
 
 
 class Unreadable(ValueError):
@@ -120,8 +121,9 @@ def kept_list_problem(value: bytes, kept: bytes) -> str | None:
     return None if named == keys else "its list of FX graphs is not the one its pickle names"
 
 
-def hold(fx_remote_key: str, data: bytes) -> None:
-    """Keep an FX entry fetched with its AOT entry for torch's FX lookup that follows."""
+def hold(fx_remote_key: str, data: Any) -> None:
+    """Keep an FX entry fetched with its AOT entry (the store's hit) for torch's FX lookup that
+    follows."""
     with _lock:
         _prefetched[fx_remote_key] = data
         _prefetched.move_to_end(fx_remote_key)
@@ -129,7 +131,7 @@ def hold(fx_remote_key: str, data: bytes) -> None:
             _prefetched.popitem(last=False)
 
 
-def take(fx_remote_key: str) -> bytes | None:
+def take(fx_remote_key: str) -> Any:
     """The FX entry held for this lookup (once), or None."""
     with _lock:
         return _prefetched.pop(fx_remote_key, None)

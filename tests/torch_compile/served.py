@@ -244,6 +244,23 @@ if _graphs is not None:
     _graphs.fx_keys = _counted_fx_keys
 
 
+# torch's remote-cache reads, by cache class (an FX graph's envelope is decoded after each one:
+# JSON and base64); kcache hands FX graphs to torch as files instead (kcache/inductor/handover.py)
+import torch._inductor.remote_cache as _remote_cache  # noqa: E402
+
+remote_gets: dict[str, int] = {}
+_remote_get = _remote_cache.RemoteCache.get
+
+
+def _counted_remote_get(self: object, key: str) -> object:
+    name = type(self).__name__
+    remote_gets[name] = remote_gets.get(name, 0) + 1
+    return _remote_get(self, key)
+
+
+_remote_cache.RemoteCache.get = _counted_remote_get
+
+
 class Block(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -298,6 +315,7 @@ def main() -> None:
         "pool_started": bool(getattr(ac, "_pool_set", None)),
         "torch_sources_hashed": len(hashed),
         "aot_entries_walked": len(walked),
+        "remote_gets": remote_gets,
         "spawns": spawns,
         "threads": threads,
         "waits": waits,
