@@ -124,6 +124,16 @@ def _fill(s: Store, n: int) -> None:
         assert s.put("triton", f"k{i}", {"k.cubin": i.to_bytes(4, "big") * 8, "k.json": b"{}"}) is not None
 
 
+def _growth_by_hand(served: served_mod.Served) -> tuple[list[int], Callable[[], None]]:
+    """The sizes ``served`` asks its flush thread to grow the table to, and the growth itself,
+    to be run by the test (the flush thread's turn then does nothing)."""
+    asked: list[int] = []
+    served.wake = lambda: asked.append(served._grow_to)
+    real_grow = served.grow_table
+    served.grow_table = lambda: None  # type: ignore[method-assign]
+    return asked, real_grow
+
+
 def test_holds_past_the_table_only_once_the_flush_thread_grew_it(tmp_path: Path) -> None:
     """A hit never grows the process's table of descriptors (a wait of milliseconds when the
     process has threads): past the table's size it gets private links, and the flush thread is
@@ -138,10 +148,7 @@ def _past_the_table_body(tmp_path: Path) -> None:
     s = Store.open(tmp_path / "store")
     _fill(s, 320)
     served = s.disk.served
-    asked: list[int] = []
-    served.wake = lambda: asked.append(served._grow_to)
-    real_grow = served.grow_table
-    served.grow_table = lambda: None  # type: ignore[method-assign]  # the flush thread's turn does nothing
+    asked, real_grow = _growth_by_hand(served)
     first = [s.get("triton", f"k{i}", files=True) for i in range(250)]
     held = [h._pin for h in first if h._pin is not None]
     assert held and max(held) < 256, "a hit took a number past the table"
@@ -173,10 +180,7 @@ def _small_table_body(tmp_path: Path) -> None:
     s = Store.open(tmp_path / "store")
     _fill(s, 8)
     served = s.disk.served
-    asked: list[int] = []
-    served.wake = lambda: asked.append(served._grow_to)
-    real_grow = served.grow_table
-    served.grow_table = lambda: None  # type: ignore[method-assign]  # the flush thread's turn does nothing
+    asked, real_grow = _growth_by_hand(served)
     threading.Thread(target=time.sleep, args=(30,), daemon=True).start()  # threads, as torch has
     first = s.get("triton", "k0", files=True)
     assert first is not None and Path(first.paths["k.cubin"]).read_bytes() == (0).to_bytes(4, "big") * 8

@@ -18,8 +18,8 @@ code as before), then kcache. Where kcache cannot name such a folder (a store wh
 folder is on another filesystem, a closed store) the lookup goes the remote-cache way, through
 the envelope (:func:`.entries.fx_envelope`). Only ``FxGraphCache`` is wrapped, and only on a
 torch whose ``iterate_over_candidates(local, remote_cache, key)`` and
-``_get_tmp_dir_for_key(key)`` kcache knows (torch 2.8-2.13); a redirection is this thread's and
-this key's, for the length of the lookup.
+``_get_tmp_dir_for_key(key)`` kcache knows (read in torch 2.13's source, seen at work in 2.11 on
+the H100 machine); a redirection is this thread's and this key's, for the length of the lookup.
 """
 
 from __future__ import annotations
