@@ -29,9 +29,10 @@ _BARE_PARENT = "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:]).re
 
 def run_body(module: str, func: str, tmp: Path, timeout: float = 300.0, *, small_table: bool = False) -> None:
     """``module.func(tmp)`` in a new interpreter (this checkout's kcache); its assertion errors
-    come back as this test's failure, with the child's output. Its table of descriptors holds
-    256 (as a process started by a shell), or with ``small_table`` the kernel's smallest size:
-    started through a bare parent, and not grown."""
+    come back as this test's failure, with the child's output. It is started through a bare
+    parent (its table of descriptors then starts at the kernel's smallest size, whatever pytest's
+    worker has open), and its table is grown to hold 256, as a process started by a shell has;
+    with ``small_table``, it is left at the smallest."""
     code = _CHILD.format(
         root=str(TESTS.parent),
         tests=str(TESTS),
@@ -40,8 +41,6 @@ def run_body(module: str, func: str, tmp: Path, timeout: float = 300.0, *, small
         tmp=str(tmp),
         table=0 if small_table else 256,
     )
-    argv = [sys.executable, "-c", code]
-    if small_table:
-        argv = [sys.executable, "-c", _BARE_PARENT, *argv]
+    argv = [sys.executable, "-c", _BARE_PARENT, sys.executable, "-c", code]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, f"{module}.{func} in a fresh process failed:\n{p.stdout}\n{p.stderr[-4000:]}"

@@ -434,7 +434,9 @@ def test_autotune_results_are_not_kept_when_the_gpu_is_unknown(monkeypatch) -> N
     monkeypatch.setattr(inductor.entries, "_gpu", ["NVIDIA H200"])
     key, comps = inductor.store_key(kinds.INDUCTOR_AUTOTUNE, "pt2:autotune::abc")
     assert key.endswith("|gpu=NVIDIA H200") and comps["gpu_name"] == "NVIDIA H200"
-    assert inductor.store_key(kinds.INDUCTOR_FX, "pt2:fx::abc")[0] == "pt2:fx::abc"
+    assert (
+        inductor.store_key(kinds.INDUCTOR_FX, "pt2:fx::abc")[0] == "pt2:fx::abc|form=pickle"
+    )  # no GPU in it
 
 
 # ---------------------------------------------------------------- a second review's findings
