@@ -24,7 +24,7 @@ getattr(importlib.import_module({module!r}), {func!r})(Path({tmp!r}))
 #: the kernel's smallest. (A table is sized at the fork by the highest descriptor open then, and
 #: a pytest started by a shell or a tool that leaks one numbered 250-255 passes a table of 256
 #: on to every child it starts directly.)
-_BARE_PARENT = "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:]).returncode)"
+BARE_PARENT = "import subprocess, sys; sys.exit(subprocess.run(sys.argv[1:]).returncode)"
 
 
 def run_body(module: str, func: str, tmp: Path, timeout: float = 300.0, *, small_table: bool = False) -> None:
@@ -41,6 +41,6 @@ def run_body(module: str, func: str, tmp: Path, timeout: float = 300.0, *, small
         tmp=str(tmp),
         table=0 if small_table else 256,
     )
-    argv = [sys.executable, "-c", _BARE_PARENT, sys.executable, "-c", code]
+    argv = [sys.executable, "-c", BARE_PARENT, sys.executable, "-c", code]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     assert p.returncode == 0, f"{module}.{func} in a fresh process failed:\n{p.stdout}\n{p.stderr[-4000:]}"
