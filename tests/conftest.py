@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fresh_process import table_of
 
 from kcache import log as _log
 from kcache.store import Store
@@ -20,14 +21,6 @@ from kcache.store import Store
 # through the environments the tests build (clean_env keeps it); a test of fail-open behaviour
 # itself sets KCACHE_STRICT=0.
 os.environ["KCACHE_STRICT"] = "1"
-
-
-def table_of(size: int) -> None:
-    """Grow this process's table of descriptors to hold ``size`` (a descriptor numbered
-    ``size - 1``, made and closed: a table never shrinks)."""
-    import fcntl
-
-    os.close(fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, size - 1))
 
 
 # Every test process's table of descriptors holds 256, as a process started by a shell does (it

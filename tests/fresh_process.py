@@ -11,13 +11,23 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 
 _CHILD = """
-import fcntl, importlib, os, sys
+import importlib, sys
 from pathlib import Path
 sys.path[:0] = [{root!r}, {tests!r}]
 if {table}:
-    os.close(fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, {table} - 1))
+    from fresh_process import table_of
+    table_of({table})
 getattr(importlib.import_module({module!r}), {func!r})(Path({tmp!r}))
 """
+
+
+def table_of(size: int) -> None:
+    """Grow this process's table of descriptors to hold ``size`` (a descriptor numbered
+    ``size - 1``, made and closed: a table never shrinks)."""
+    import fcntl
+    import os
+
+    os.close(fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, size - 1))
 
 
 #: A parent with nothing past descriptor 2 of its own open: its child's table of descriptors is

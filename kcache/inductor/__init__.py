@@ -238,14 +238,15 @@ def _backend_class(base: type) -> type:
 
         def __init__(self, kind: str) -> None:
             super().__init__()
-            self.kind = kind
-            self.kcache_kind = kind  # how kcache's wrappers tell its backends (:mod:`.handover`)
+            # (a name torch's own backends do not use: how kcache's wrappers tell its backends,
+            # :mod:`.handover`)
+            self.kcache_kind = kind
 
         def _get(self, key: str) -> bytes | None:
-            return get(self.kind, key)
+            return get(self.kcache_kind, key)
 
         def _put(self, key: str, data: Any) -> None:
-            put(self.kind, key, data)
+            put(self.kcache_kind, key, data)
 
     return KcacheBackend
 

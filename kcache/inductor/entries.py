@@ -6,7 +6,6 @@ integration was given (:mod:`.attached`).
 from __future__ import annotations
 
 import base64
-import binascii
 import functools
 import json
 import sys
@@ -125,15 +124,6 @@ def fx_envelope(hit: Any) -> bytes:
     return json.dumps({"data": data, "time_taken_ms": round(hit.record.compile_s * 1000)}).encode("ascii")
 
 
-def fx_pickle(data: bytes) -> bytes | None:
-    """The pickle inside torch's envelope of an FX graph (put), or None for another form."""
-    try:
-        envelope = json.loads(data)
-        return base64.b64decode(envelope["data"], validate=True)
-    except (ValueError, KeyError, TypeError, binascii.Error):
-        return None
-
-
 # ------------------------------------------------------------------------------------ get/put
 def _store() -> Cache | None:
     store = active_cache()
@@ -152,7 +142,6 @@ def _store() -> Cache | None:
 @fail_open("inductor-get", "kcache's torch.compile cache lookup")
 def get(kind: str, key: str) -> bytes | None:
     """The bytes stored for Inductor's ``key``, or None. Never raises."""
-    from .. import counters
     from . import policy
 
     if kind == _kinds.INDUCTOR_FX:
@@ -185,13 +174,20 @@ def get(kind: str, key: str) -> bytes | None:
         return None
     finally:
         if graph:
-            counters.graph_lookup(served)
-            if served is None:
-                from . import workers
+            _graph_looked_up(served)
 
-                # a graph will be compiled: its workers are wanted now (unless kcache answers this
-                # miss itself: workers asks the modules that may, see nothing_compiled_when)
-                workers.compile_coming()
+
+def _graph_looked_up(served: float | None) -> None:
+    """Count a graph's lookup (``served``: its recorded compile time, None for a miss)."""
+    from .. import counters
+
+    counters.graph_lookup(served)
+    if served is None:
+        from . import workers
+
+        # a graph will be compiled: its workers are wanted now (unless kcache answers this
+        # miss itself: workers asks the modules that may, see nothing_compiled_when)
+        workers.compile_coming()
 
 
 @fail_open("inductor-get", "kcache's torch.compile cache lookup")
@@ -202,7 +198,6 @@ def graph_hit(key: str) -> Hit | None:
 
 
 def _fx_hit(key: str) -> Hit | None:
-    from .. import counters
     from . import graphs, policy
 
     counted = True  # a lookup of its own, counted as a graph's (not one fetched with its AOT entry)
@@ -226,11 +221,7 @@ def _fx_hit(key: str) -> Hit | None:
         return hit
     finally:
         if counted:
-            counters.graph_lookup(served)
-            if served is None:
-                from . import workers
-
-                workers.compile_coming()  # as in get(): a graph will be compiled
+            _graph_looked_up(served)
 
 
 def _named(hit: Any, data: bytes) -> list[str]:
@@ -314,11 +305,11 @@ def put(kind: str, key: str, data: Any) -> None:
         blob = bytes(data)
         files = {MEMBER: blob}
         if kind == _kinds.INDUCTOR_FX:
-            graph = fx_pickle(blob)  # decoded once here, never at a lookup
-            if graph is None:
-                logger.debug("torch.compile: FX graph %s not kept: not torch's envelope", key)
+            try:
+                files = {GRAPH: graphs.pickle_of(blob)}  # decoded once here, never at a lookup
+            except graphs.Unreadable as e:
+                logger.debug("torch.compile: FX graph %s not kept: %s", key, e)
                 return
-            files = {GRAPH: graph}
         elif kind == _kinds.INDUCTOR_AOT:
             needed = _graphs_kept(store, key, blob)
             if needed is None:

@@ -50,15 +50,21 @@ class Unreadable(ValueError):
     """The entry's bytes are not in the form kcache knows."""
 
 
+def pickle_of(data: bytes) -> bytes:
+    """The pickle inside torch's remote-cache envelope (JSON around base64: ``{"data": ...}``).
+    :class:`Unreadable` when the bytes are not that."""
+    try:
+        envelope = json.loads(data)
+        return base64.b64decode(envelope["data"], validate=True)
+    except (ValueError, KeyError, TypeError, binascii.Error) as e:
+        raise Unreadable(f"not torch's envelope: {e}") from None
+
+
 def fx_keys(data: bytes) -> list[str]:
     """The FX graph cache keys an AOTAutograd entry (Inductor's remote-cache bytes) names, in
     order, without repeats; [] for an entry that names none (bundled). :class:`Unreadable` when
     the bytes are not JSON around a base64 pickle."""
-    try:
-        envelope = json.loads(data)
-        payload = base64.b64decode(envelope["data"], validate=True)
-    except (ValueError, KeyError, TypeError, binascii.Error) as e:
-        raise Unreadable(f"not an AOTAutograd envelope: {e}") from None
+    payload = pickle_of(data)
     try:
         strings = unicode_strings(payload)
     except PickleFormatError as e:  # a truncated or foreign pickle: say so, never guess

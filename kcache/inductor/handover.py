@@ -111,7 +111,8 @@ def _stage(key: str) -> tuple[str, Any] | object | None:
     store = active_cache()
     if store is None:
         return None
-    hit = graph_hit(graphs.fx_remote_key(key))
+    remote_key = graphs.fx_remote_key(key)
+    hit = graph_hit(remote_key)
     if hit is None:
         return MISS
     try:
@@ -119,7 +120,7 @@ def _stage(key: str) -> tuple[str, Any] | object | None:
         folder, ticket = store.scratch_stage()
         os.link(member, os.path.join(folder, GRAPH))
     except OSError:
-        graphs.hold(graphs.fx_remote_key(key), hit)  # the remote-cache way takes it from memory
+        graphs.hold(remote_key, hit)  # the remote-cache way takes it from memory
         return None
     return folder, (ticket, member)
 
