@@ -282,7 +282,9 @@ class RedisServer:
         last = ""
         for _attempt in range(5):
             port = self.port
-            if not port:
+            # a cluster node's bus port is its port + 10000: redis-server refuses a port past 55535
+            highest = 55535 if "--cluster-enabled" in self.extra else 65535
+            while not port or port > highest:
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", 0))
                     port = s.getsockname()[1]
