@@ -39,11 +39,13 @@ What torch's own switches say wins: a cache the program turned off, ``force_disa
 and torch's fresh-cache scopes are honoured at every lookup (:mod:`.policy`), and an AOTAutograd
 entry is served and kept only with the FX graphs it names (:mod:`.graphs`).
 
-Beside the caches, five smaller attachments, each in its own module: the C++ builder of CPU
+Beside the caches, six smaller attachments, each in its own module: the C++ builder of CPU
 kernels (:mod:`.cpp`), caching-precompile packages (:mod:`.precompile`), the cached
 coordinate-descent winners torch 2.11 drops on a warm start (:mod:`.coordesc`), Inductor's CPU
-vector-ISA probes (:mod:`.vecisa`) and its compile-worker pool, started when a graph is to be
-compiled rather than at every process's first call (:mod:`.workers`).
+vector-ISA probes (:mod:`.vecisa`), its compile-worker pool, started when a graph is to be
+compiled rather than at every process's first call (:mod:`.workers`), and the AOTAutograd key's
+debug lines, computed by torch 2.8-2.12 at every lookup though no log reads them
+(:mod:`.debuglines`).
 
 Nothing here imports torch: every function is called from an import hook, with the module.
 """
@@ -133,9 +135,11 @@ def on_import(mod: Any) -> None:
         cpp.on_async_compile(mod)
     elif not _is_fbcode():
         _on_policy_module(mod, name)
-        from . import restarts
+        from . import debuglines, restarts
 
         restarts.on_import(mod)  # its two modules (:data:`.restarts.MODULES`); others: nothing
+        if name == debuglines.MODULE:
+            debuglines.on_import(mod)
 
 
 def _on_policy_module(mod: Any, name: str) -> None:

@@ -15,6 +15,8 @@ counters installed before torch is imported:
   main thread alone (``sys.setprofile``), so other threads' sleeps are not mixed in;
 - ``torch_sources_hashed``: calls of torch's ``build_code_hash`` (what ``torch_key()`` runs
   over every module file of torch);
+- ``aot_debug_lines``: computations of the AOTAutograd key's debug lines (torch's
+  ``debug_lines`` called for an ``AOTAutogradCachePickler``), which only a DEBUG log reads;
 - ``aot_entries_walked``: kcache's readings of an AOTAutograd entry's pickle for the FX graphs
   it names (``kcache.inductor.graphs.fx_keys``);
 - ``pool_started``: whether Inductor's compile-worker pool was started; Inductor asks for it at
@@ -22,7 +24,8 @@ counters installed before torch is imported:
 - at exit: each function the interpreter calls once the script is done (``threading._shutdown``
   and every ``atexit`` handler), whose module, and the waits inside them.
 
-With ``SERVED_COUNT_WAITS=0`` neither waits nor the exit are recorded: the profile function that
+With ``SERVED_AOT_DEBUG=1`` the AOTAutograd cache's logger is at DEBUG level (a reader of the
+debug lines). With ``SERVED_COUNT_WAITS=0`` neither waits nor the exit are recorded: the profile function that
 sees them runs at every Python call of the main thread, a third of a cold process's CPU (10 s of
 30 on a 2-core box), and the process that fills the store is not asked about them.
 
@@ -33,6 +36,7 @@ OUT_JSON + ".exit" as it happens (one JSON line per handler or wait).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
@@ -227,6 +231,23 @@ def _counted_build_code_hash(*args: object, **kwargs: object) -> object:
 
 _codecache.build_code_hash = _counted_build_code_hash
 
+# the AOTAutograd key's debug lines (a second pickling of the graph, attribute by attribute, that
+# only a DEBUG log reads): counted in torch's own function, which the AOTAutograd pickler inherits;
+# replaced before the module that defines that pickler loads, so every caller goes through it
+assert "torch._functorch._aot_autograd.autograd_cache" not in sys.modules
+debug_lines: list[str] = []
+_debug_lines = _codecache.FxGraphCachePickler.debug_lines
+
+
+def _counted_debug_lines(self: object, inp: object) -> list[str]:
+    debug_lines.append(type(self).__name__)
+    return _debug_lines(self, inp)
+
+
+_codecache.FxGraphCachePickler.debug_lines = _counted_debug_lines
+if os.environ.get("SERVED_AOT_DEBUG") == "1":  # a reader of them: the DEBUG level of their logger
+    logging.getLogger("torch._functorch._aot_autograd.autograd_cache").setLevel(logging.DEBUG)
+
 # kcache's readings of an AOTAutograd entry's pickle (JSON, base64, opcodes) for the FX graphs it
 # names: done when the entry is kept; a served lookup reads the list kept beside it
 walked: list[int] = []
@@ -315,6 +336,7 @@ def main() -> None:
         "pool_started": bool(getattr(ac, "_pool_set", None)),
         "torch_sources_hashed": len(hashed),
         "aot_entries_walked": len(walked),
+        "aot_debug_lines": debug_lines.count("AOTAutogradCachePickler"),
         "remote_gets": remote_gets,
         "spawns": spawns,
         "threads": threads,
