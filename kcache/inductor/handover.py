@@ -18,8 +18,10 @@ code as before), then kcache. Where kcache cannot name such a folder (a store wh
 folder is on another filesystem, a closed store) the lookup goes the remote-cache way, through
 the envelope (:func:`.entries.fx_envelope`). Only ``FxGraphCache`` is wrapped, and only on a
 torch whose ``iterate_over_candidates(local, remote_cache, key)`` and
-``_get_tmp_dir_for_key(key)`` kcache knows (read in torch 2.13's source, seen at work in 2.11 on
-the H100 machine); a redirection is this thread's and this key's, for the length of the lookup.
+``_get_tmp_dir_for_key(key)`` kcache knows (read in the sources of torch 2.8 to 2.13, seen at
+work in 2.11 on the H100 machine); a redirection is this thread's and this key's, for the length
+of the lookup. Its candidates are passed on in the shape torch gave them: ``(graph, content)``
+up to torch 2.10, ``(graph, content, found_locally)`` from 2.11 (:func:`as_remote`).
 """
 
 from __future__ import annotations
@@ -81,13 +83,20 @@ def on_import(codecache: Any) -> None:
         me = (threading.get_ident(), key)
         _redirect[me] = folder
         try:
-            for graph, content, _in_local in own_iterate(klass, True, None, key):
-                yield graph, content, False  # kcache's hit: the remote cache's, as torch counts it
+            for found in own_iterate(klass, True, None, key):
+                yield as_remote(found)
         finally:
             _redirect.pop(me, None)
 
     patches.wrap(cls, "_get_tmp_dir_for_key", lambda _: classmethod(_get_tmp_dir_for_key), raw=True)
     patches.wrap(cls, "iterate_over_candidates", lambda _: classmethod(iterate_over_candidates), raw=True)
+
+
+def as_remote(found: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A candidate torch read from kcache's stage, as the remote cache's: torch 2.11 and later
+    yield ``(graph, content, found_locally)`` (kcache's hit is counted as the remote hit it is:
+    False), torch 2.8-2.10 ``(graph, content)``, passed on as they are."""
+    return (*found[:2], False) if len(found) == 3 else found
 
 
 def _ours(remote_cache: Any) -> bool:
