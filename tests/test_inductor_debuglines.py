@@ -50,7 +50,10 @@ def torch_211_like(with_guard: bool = False) -> tuple[types.ModuleType, list[obj
     mod = types.ModuleType(f"autograd_cache_{uuid.uuid4().hex[:8]}")
     mod.AOTAutogradCachePickler = AOTAutogradCachePickler  # type: ignore[attr-defined]
     mod.FxGraphCachePickler = FxGraphCachePickler  # type: ignore[attr-defined]
+    # at WARNING, as torch sets its loggers without TORCH_LOGS (not the root logger's level,
+    # which another test of the same worker may have lowered)
     mod.log = logging.getLogger(mod.__name__)  # type: ignore[attr-defined]
+    mod.log.setLevel(logging.WARNING)
     if with_guard:
         mod._get_debug_lines_for_cache_key = lambda *a: []  # type: ignore[attr-defined]
     return mod, calls
@@ -72,7 +75,7 @@ def test_a_debug_log_reads_them() -> None:
     try:
         assert mod.AOTAutogradCachePickler().debug_lines("details") == ["[hash] details"]
     finally:
-        mod.log.setLevel(logging.NOTSET)
+        mod.log.setLevel(logging.WARNING)
     assert calls == ["details"]
 
 

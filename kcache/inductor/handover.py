@@ -96,7 +96,7 @@ def as_remote(found: tuple[Any, ...]) -> tuple[Any, ...]:
     """A candidate torch read from kcache's stage, as the remote cache's: torch 2.11 and later
     yield ``(graph, content, found_locally)`` (kcache's hit is counted as the remote hit it is:
     False), torch 2.8-2.10 ``(graph, content)``, passed on as they are."""
-    return (*found[:2], False) if len(found) == 3 else found
+    return (*found[:2], False) if isinstance(found, tuple) and len(found) == 3 else found
 
 
 def _ours(remote_cache: Any) -> bool:
