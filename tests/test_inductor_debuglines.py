@@ -8,29 +8,35 @@ whatever torch is installed (on torch 2.11: 2 before this, 0 now)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import types
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
 from kcache.inductor import debuglines
 
 
-@pytest.fixture(autouse=True)
-def no_trace_yet():
-    """torch's structured-trace logger as it is when a compile reaches the AOTAutograd key
-    without ``TORCH_TRACE``: without handlers (its lazy handler, there at import, removes itself
-    at Dynamo's first trace event). Put back afterwards."""
+@contextlib.contextmanager
+def trace_handlers(*handlers: logging.Handler) -> Iterator[None]:
+    """torch's structured-trace logger with exactly ``handlers`` inside the block (none: as when
+    a compile reaches the AOTAutograd key without ``TORCH_TRACE``, its lazy handler, there at
+    import, having removed itself at Dynamo's first trace event; under pytest, torch 2.8 also
+    passes it the capture handlers of the test's phase). Nothing where torch is not loaded."""
     internal = sys.modules.get("torch._logging._internal")
     trace = getattr(internal, "trace_log", None)
-    kept = list(trace.handlers) if trace is not None else []
-    for h in kept:
-        trace.removeHandler(h)
-    yield
-    for h in kept:
-        trace.addHandler(h)
+    if trace is None:
+        yield
+        return
+    kept = list(trace.handlers)
+    trace.handlers = list(handlers)
+    try:
+        yield
+    finally:
+        trace.handlers = kept
 
 
 def torch_211_like(with_guard: bool = False) -> tuple[types.ModuleType, list[object]]:
@@ -62,7 +68,8 @@ def torch_211_like(with_guard: bool = False) -> tuple[types.ModuleType, list[obj
 def test_no_reader_no_debug_lines_and_the_fx_pickler_untouched() -> None:
     mod, calls = torch_211_like()
     debuglines.on_import(mod)
-    assert mod.AOTAutogradCachePickler().debug_lines("details") == []
+    with trace_handlers():
+        assert mod.AOTAutogradCachePickler().debug_lines("details") == []
     assert calls == []
     # the FX graph key's pickler (its debug lines go into the compiled graph) is torch's own
     assert mod.FxGraphCachePickler().debug_lines("fx") == ["[hash] fx"]
@@ -73,7 +80,8 @@ def test_a_debug_log_reads_them() -> None:
     debuglines.on_import(mod)
     mod.log.setLevel(logging.DEBUG)
     try:
-        assert mod.AOTAutogradCachePickler().debug_lines("details") == ["[hash] details"]
+        with trace_handlers():
+            assert mod.AOTAutogradCachePickler().debug_lines("details") == ["[hash] details"]
     finally:
         mod.log.setLevel(logging.WARNING)
     assert calls == ["details"]
@@ -83,23 +91,14 @@ def test_a_structured_trace_reads_them() -> None:
     """With ``TORCH_TRACE`` torch records them as the key's "components": its trace logger has a
     handler while a trace is written."""
     pytest.importorskip("torch", reason="torch's structured trace logger")
-    import torch._logging._internal as internal
+    import torch._logging._internal  # noqa: F401  (loaded: its logger is what is read)
 
-    lazy = list(internal.trace_log.handlers)  # (torch loaded after the fixture ran: as it does)
-    for h in lazy:
-        internal.trace_log.removeHandler(h)
     mod, calls = torch_211_like()
     debuglines.on_import(mod)
-    handler = logging.NullHandler()
-    internal.trace_log.addHandler(handler)
-    try:
+    with trace_handlers(logging.NullHandler()):  # a trace is written
         assert mod.AOTAutogradCachePickler().debug_lines("details") == ["[hash] details"]
-        internal.trace_log.removeHandler(handler)  # the trace ended
+    with trace_handlers():  # the trace ended
         assert mod.AOTAutogradCachePickler().debug_lines("again") == []
-    finally:
-        internal.trace_log.removeHandler(handler)
-        for h in lazy:
-            internal.trace_log.addHandler(h)
     assert calls == ["details"]
 
 

@@ -24,8 +24,19 @@ from typing import Any
 
 import pytest
 
-from kcache.inductor import restarts
-from kcache.inductor.declare import INDUCTOR_RESTART
+pytest.importorskip("torch", reason="torch.compile tests need torch (CI installs it)")
+# where kcache sees torch's restart: graph_compile's ``_apply_tensorify_python_scalars`` (torch 2.10
+# and later; in 2.8 and 2.9 nothing is kept and torch restarts as always)
+_graph_compile = pytest.importorskip(
+    "torch._functorch._aot_autograd.graph_compile", reason="no tensorify pass"
+)
+if not callable(getattr(_graph_compile, "_apply_tensorify_python_scalars", None)):
+    pytest.skip(
+        "this torch's tensorify pass is not one kcache watches (torch 2.8, 2.9)", allow_module_level=True
+    )
+
+from kcache.inductor import restarts  # noqa: E402
+from kcache.inductor.declare import INDUCTOR_RESTART  # noqa: E402
 
 CHILD = Path(__file__).parent / "torch_compile" / "restart.py"
 #: floats the program's restart specialises: more than 64 (BERT-base has 65), the bound a record

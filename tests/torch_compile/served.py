@@ -305,7 +305,9 @@ def wake_the_pool_as_on_a_gpu() -> None:
     def compile_fx(*args: object, **kwargs: object) -> object:
         import torch._inductor.async_compile as ac
 
-        ac.AsyncCompile.wakeup()
+        wakeup = getattr(ac.AsyncCompile, "wakeup", None)  # (torch 2.8 has none: nothing to wake)
+        if wakeup is not None:
+            wakeup()
         return own(*args, **kwargs)
 
     cfx.compile_fx = compile_fx

@@ -121,8 +121,10 @@ def standalone(fn: Any, args: tuple[torch.Tensor, ...]) -> dict[str, Any]:
 def run_step(step: str, name: str) -> dict[str, Any]:
     import torch._inductor.async_compile as ac
 
-    if step == "wakeup":
-        ac.AsyncCompile.wakeup()
+    if step == "wakeup":  # (torch 2.8 has no wakeup: its pool starts at its first submit)
+        wakeup = getattr(ac.AsyncCompile, "wakeup", None)
+        if wakeup is not None:
+            wakeup()
         return {"step": step, "fn": name, "ok": True}
     if step == "pool":
         return {"step": step, "fn": name, "ok": True, "pool_started": bool(ac._pool_set)}
