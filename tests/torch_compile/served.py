@@ -25,9 +25,10 @@ counters installed before torch is imported:
   and every ``atexit`` handler), whose module, and the waits inside them.
 
 With ``SERVED_AOT_DEBUG=1`` the AOTAutograd cache's logger is at DEBUG level (a reader of the
-debug lines). With ``SERVED_COUNT_WAITS=0`` neither waits nor the exit are recorded: the profile function that
-sees them runs at every Python call of the main thread, a third of a cold process's CPU (10 s of
-30 on a 2-core box), and the process that fills the store is not asked about them.
+debug lines). With ``SERVED_COUNT_WAITS=0`` neither waits nor the exit are recorded: the profile
+function that sees them runs at every Python call of the main thread, a third of a cold
+process's CPU (10 s of 30 on a 2-core box), and the process that fills the store is not asked
+about them.
 
 What the script measured is written to OUT_JSON at its end; what happens at exit is appended to
 OUT_JSON + ".exit" as it happens (one JSON line per handler or wait).
