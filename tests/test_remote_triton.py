@@ -23,12 +23,16 @@ N = len(KERNELS.split(","))
 
 
 def env_for(tmp: Path, machine: str, url: str, prefix: str, **extra: str) -> dict[str, str]:
+    """One machine's environment. Redis's calls get 5 s unless the test says otherwise: these
+    tests are about serving and single flight, not deadlines (with the default 100 ms, a CI run
+    beside the suite and a CPU-bound job saw every lease call time out, the breaker open and each
+    of three machines compile all three kernels)."""
     return clean_env(
         tmp / machine,
         kcache_dir=tmp / machine / "store",
         KCACHE_REMOTE=url,
         KCACHE_REMOTE_PREFIX=prefix,
-        **extra,
+        **{"KCACHE_REMOTE_TIMEOUT": "5s", **extra},
     )
 
 
@@ -72,17 +76,7 @@ def test_machines_missing_at_once_compile_each_kernel_once(redis_server, tmp_pat
         # Signed heartbeats (KCACHE_SECRET): a waiter follows the holder's compile for as long as
         # its lease shows progress. (Without a secret a lock is unproven, and a process waits on
         # such locks 1.5 s in all, docs/remote.md.)
-        # A deadline far above Redis's answer on a loaded box: this test is about single flight,
-        # not deadlines (with the default 100 ms, a CI run beside the suite and a CPU-bound job saw
-        # every lease call time out, the breaker open and each machine compile all three kernels).
-        env = env_for(
-            tmp_path,
-            f"m{i}",
-            redis_server.url,
-            prefix,
-            KCACHE_SECRET="fleet-secret",
-            KCACHE_REMOTE_TIMEOUT="5s",
-        )
+        env = env_for(tmp_path, f"m{i}", redis_server.url, prefix, KCACHE_SECRET="fleet-secret")
         procs.append(start_kernels(env, tmp_path / f"m{i}" / "r.json", specs=KERNELS, barrier=barrier))
     release_barrier(barrier, procs)
     for p in procs:
@@ -111,7 +105,9 @@ def test_a_paused_redis_never_stalls_the_compiles(redis_private, tmp_path, prefi
     server.pause(60_000)
     (tmp_path / "a").mkdir()
     t = time.monotonic()
-    a = run_kernels(env_for(tmp_path, "a", server.url, prefix), tmp_path / "a" / "r.json", specs=KERNELS)
+    # the default deadline (100 ms) is what this test is about
+    env = env_for(tmp_path, "a", server.url, prefix, KCACHE_REMOTE_TIMEOUT="100ms")
+    a = run_kernels(env, tmp_path / "a" / "r.json", specs=KERNELS)
     wall = time.monotonic() - t
     assert [r["error"] for r in a["results"]] == [None] * N
     assert [r["cache_hit"] for r in a["results"]] == [False] * N
