@@ -14,6 +14,7 @@ on Inductor's own warm folder.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -24,15 +25,26 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch", reason="torch.compile tests need torch (CI installs it)")
-# where kcache sees torch's restart: graph_compile's ``_apply_tensorify_python_scalars`` (torch 2.10
-# and later; in 2.8 and 2.9 nothing is kept and torch restarts as always)
-_graph_compile = pytest.importorskip(
-    "torch._functorch._aot_autograd.graph_compile", reason="no tensorify pass"
-)
-if not callable(getattr(_graph_compile, "_apply_tensorify_python_scalars", None)):
+
+def _watched_pass() -> bool:
+    """Whether the installed torch has the pass where kcache sees its restart: graph_compile's
+    ``_apply_tensorify_python_scalars`` (torch 2.10 and later; in 2.8 and 2.9 nothing is kept and
+    torch restarts as always). Read in its source, not imported: every xdist worker collects this
+    file, and importing torch's AOTAutograd modules here would load 14 of kcache's trigger modules
+    into each of them (an in-process ``kcache.enable()`` in another file would then patch torch)."""
+    spec = importlib.util.find_spec("torch")  # the top package's spec: nothing is imported
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    for root in spec.submodule_search_locations:
+        source = Path(root) / "_functorch" / "_aot_autograd" / "graph_compile.py"
+        if source.is_file() and "def _apply_tensorify_python_scalars(" in source.read_text(errors="replace"):
+            return True
+    return False
+
+
+if not _watched_pass():
     pytest.skip(
-        "this torch's tensorify pass is not one kcache watches (torch 2.8, 2.9)", allow_module_level=True
+        "no torch, or a torch whose tensorify pass kcache does not watch (2.8, 2.9)", allow_module_level=True
     )
 
 from kcache.inductor import restarts  # noqa: E402
