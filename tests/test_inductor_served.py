@@ -61,11 +61,10 @@ def make_shim(folder: Path) -> Path:
 
 def env_for(base: Path, tag: str, shim: Path, headers: Any = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KCACHE", "TORCHINDUCTOR", "TRITON_"))}
-    for k in ("PYTHONPATH", "CC", "CXX"):  # torch runs ``g++``: the shim's, first on PATH
-        env.pop(k, None)
-    # the parent's torch logging or tracing would be a reader of what a served process must not
-    # compute (the AOTAutograd key's debug lines): the children log as a plain process does
-    for k in ("TORCH_LOGS", "TORCH_TRACE", "TORCH_COMPILE_DEBUG"):
+    # torch runs ``g++``: the shim's, first on PATH; and the parent's torch logging or tracing
+    # would be a reader of what a served process must not compute (the AOTAutograd key's debug
+    # lines): the children log as a plain process does
+    for k in ("PYTHONPATH", "CC", "CXX", "TORCH_LOGS", "TORCH_TRACE", "TORCH_COMPILE_DEBUG"):
         env.pop(k, None)
     tmp = base / f"tmp-{tag}"
     tmp.mkdir(parents=True, exist_ok=True)
