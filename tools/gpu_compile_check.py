@@ -383,6 +383,27 @@ def profile_summary(prof: Any, n: int) -> dict[str, list[list[Any]]]:
     return {"cumulative": cum, "own": own}
 
 
+def watch_gc() -> dict[str, float]:
+    """The cyclic collector's pauses in this process from now on, in a dict updated in place:
+    ``s`` (seconds paused), ``full`` (generation-2 collections). A full collection of a process
+    holding torch and a model walks every tracked object (0.2-0.6 s in session 23's profiles, put
+    on whichever function allocated last), and whether one falls in a first call is luck: the
+    figures say how much of a call's time was that luck."""
+    import gc
+
+    state = {"s": 0.0, "full": 0.0, "_t": 0.0}
+
+    def note(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            state["_t"] = time.perf_counter()
+            return
+        state["s"] += time.perf_counter() - state["_t"]
+        state["full"] += info.get("generation") == 2
+
+    gc.callbacks.append(note)
+    return state
+
+
 def compile_breakdown() -> dict[str, float]:
     """Dynamo's own timers (``dynamo_timed``), summed over the process, in seconds."""
     try:
@@ -491,6 +512,8 @@ def child_body(model_name: str, device: str, mode: str | None, shapes: int, aot:
     first_ms, diffs, shas = [], [], []
     per_call: list[dict[str, float]] = []  # Dynamo's timers, call by call
     before: dict[str, float] = {}
+    gc_state = watch_gc()
+    gc_calls: list[dict[str, float]] = []  # the collector's pauses, call by call
     prof = (
         profile_first()
         if os.environ.get("CHILD_PROFILE") and not os.environ.get("CHILD_PROFILE_WHOLE")
@@ -499,6 +522,7 @@ def child_body(model_name: str, device: str, mode: str | None, shapes: int, aot:
     with torch.no_grad():
         for shape, x, ref in zip(sequence, inputs, eager):
             sync()
+            gc_before = dict(gc_state)
             t = time.perf_counter()
             if prof is not None and not first_ms:
                 prof.enable()
@@ -510,6 +534,7 @@ def child_body(model_name: str, device: str, mode: str | None, shapes: int, aot:
                 if os.environ.get("CHILD_PROFILE_DUMP"):  # the whole pstats, callers included
                     prof.dump_stats(os.environ["CHILD_PROFILE_DUMP"])
             first_ms.append(round(1e3 * (time.perf_counter() - t), 2))
+            gc_calls.append({k: round(gc_state[k] - gc_before[k], 3) for k in ("s", "full")})
             now = compile_breakdown()
             delta = {k: round(now.get(k, 0.0) - before.get(k, 0.0), 3) for k in TIMERS if k in now}
             per_call.append({k: v for k, v in delta.items() if v})
@@ -546,6 +571,7 @@ def child_body(model_name: str, device: str, mode: str | None, shapes: int, aot:
         "pool_s": pool_times,  # when the compile pool was started and became ready (from import torch)
         "compile_times_s": compile_breakdown(),
         "per_call_s": per_call,  # Dynamo's timers in each call (empty for a call that compiled nothing)
+        "gc_per_call": gc_calls,  # the collector's pauses in each call (s) and its full collections
         "steps_ms": steps,
         "caching_precompile": bool(getattr(torch._dynamo.config, "caching_precompile", False)),
         "dynamo_cache": dict(counters["dynamo_cache"]),
@@ -1042,6 +1068,26 @@ def summarize_compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "setup_s": med(rs, lambda r: r.get("setup_s", 0.0)),
             "exit_s": med(rs, lambda r: r.get("exit_s", 0.0)),
         }
+        # Diagnostics, not the targets: the first call (and the six) less Dynamo's tracing of the
+        # frame (the same work in both conditions, and on a noisy host most of the spread), and
+        # the collector's pauses inside them.
+        if all(r.get("per_call_s") for r in rs):
+            out[name]["first_after_tracing_ms"] = med(
+                rs, lambda r: r["first_ms"][0] - 1e3 * r["per_call_s"][0].get("bytecode_tracing", 0.0)
+            )
+            out[name]["six_after_tracing_ms"] = med(
+                rs,
+                lambda r: (
+                    sum(r["first_ms"]) - 1e3 * sum(c.get("bytecode_tracing", 0.0) for c in r["per_call_s"])
+                ),
+            )
+            out[name]["first_tracing_ms"] = med(
+                rs, lambda r: 1e3 * r["per_call_s"][0].get("bytecode_tracing", 0.0)
+            )
+        if all(r.get("gc_per_call") for r in rs):
+            out[name]["first_gc_ms"] = med(rs, lambda r: 1e3 * r["gc_per_call"][0]["s"])
+            out[name]["six_gc_ms"] = med(rs, lambda r: 1e3 * sum(c["s"] for c in r["gc_per_call"]))
+            out[name]["first_full_gc"] = med(rs, lambda r: r["gc_per_call"][0]["full"])
         phases = [r["setup_phases_s"] for r in rs if r.get("setup_phases_s")]
         if phases:
             out[name]["setup_phases_s"] = {
@@ -1051,6 +1097,10 @@ def summarize_compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
         a, b = out["kcache-warm-store"], out["plain-warm"]
         out["ratio_warm"] = {
             k: round(a[k] / b[k], 3) if b[k] else None for k in ("first_ms", "six_calls_ms", "wall_s")
+        }
+        out["ratio_warm_after_tracing"] = {  # a diagnostic: what a cache can change
+            k: round(a[k] / b[k], 3) if b.get(k) and k in a else None
+            for k in ("first_after_tracing_ms", "six_after_tracing_ms")
         }
     if "kcache-cold" in out and "plain-cold" in out:
         a, b = out["kcache-cold"], out["plain-cold"]
