@@ -357,13 +357,18 @@ DECISIONS = {
     ),
     "torch._dynamo.pgo": ("should_use_remote_dynamo_pgo_cache", _kinds.INDUCTOR_PGO, "RemoteDynamoPGOCache"),
 }
-#: Modules that bind a decision function or ``fresh_cache`` by name (``from ... import ...``).
+#: Modules that bind a decision function or ``fresh_cache`` by name (``from ... import ...``),
+#: in any torch kcache supports (2.8's ``jit_compile_runtime_wrappers`` decides there whether to
+#: save an AOTAutograd entry; 2.9 moved that to ``graph_compile``). A module listed but absent
+#: costs nothing; one missing here keeps torch's own function where kcache is enabled after it
+#: was imported. (Scanning every loaded torch module instead: 2.4 ms a scan with torch loaded.)
 BINDERS = (
     "torch._inductor.compile_fx",
     "torch._inductor.test_case",
     "torch._functorch._aot_autograd.aot_autograd_result",
     "torch._functorch._aot_autograd.autograd_cache",
     "torch._functorch._aot_autograd.graph_compile",
+    "torch._functorch._aot_autograd.jit_compile_runtime_wrappers",
     "torch._functorch.aot_autograd",
 )
 #: function name -> (torch's own, kcache's wrapper): rebound where modules took it by name
@@ -442,14 +447,22 @@ def wrap_autotune_meta(mod: Any) -> None:
     if raw is None or is_ours(raw) or is_ours(getattr(raw, "__func__", None)):
         return
     if cls_name:
-        if not isinstance(raw, classmethod):
-            return
-        own = raw.__func__
+        # A classmethod from torch 2.11, a staticmethod in 2.8-2.10: each is put back as it was
+        # (a wrapper that only took the classmethod left 2.8-2.10's kernels unwrapped).
+        if isinstance(raw, classmethod):
+            own = raw.__func__
 
-        def common(cls: Any) -> Any:
-            return _autotune_meta(own(cls))
+            def common(cls: Any) -> Any:
+                return _autotune_meta(own(cls))
 
-        patches.wrap(owner, fn_name, lambda _: classmethod(common), raw=True)
+            patches.wrap(owner, fn_name, lambda _: classmethod(common), raw=True)
+        elif isinstance(raw, staticmethod):
+            own_static = raw.__func__
+
+            def common_static() -> Any:
+                return _autotune_meta(own_static())
+
+            patches.wrap(owner, fn_name, lambda _: staticmethod(common_static), raw=True)
     else:
 
         def from_config(*args: Any, **kwargs: Any) -> Any:
