@@ -1,4 +1,4 @@
-"""The AOTAutograd key's debug lines on a torch that computes them at every lookup (torch 2.8-2.12):
+"""The AOTAutograd key's debug lines on a torch that computes them at every lookup (torch 2.8-2.11):
 kcache/inductor/debuglines.py has them computed only when a log or a structured trace reads them.
 
 CI's torch (2.13) skips them itself, so its module is not wrapped; these tests hand the wrapper a

@@ -158,7 +158,7 @@ def test_a_served_process_reads_no_aot_entry_for_the_graphs_it_names(runs: dict[
 def test_a_served_process_computes_no_aot_key_debug_lines(runs: dict[str, dict[str, Any]]) -> None:
     """The AOTAutograd key's debug lines (a second pickling of the graph, attribute by attribute,
     0.17 s of a served BERT-base first call on the H100 with torch 2.11) are computed only when a
-    log reads them: torch 2.13 does that itself, kcache does it for torch 2.8-2.12
+    log reads them: torch 2.13 does that itself, torch 2.12 too, and kcache does it for torch 2.8-2.11
     (kcache/inductor/debuglines.py). The cold process's logger is at DEBUG level: there they are
     computed, with kcache as without."""
     assert runs["cold"]["aot_debug_lines"] >= 1, "the count sees torch's debug lines"

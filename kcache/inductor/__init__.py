@@ -44,7 +44,7 @@ kernels (:mod:`.cpp`), caching-precompile packages (:mod:`.precompile`), the cac
 coordinate-descent winners torch 2.11 drops on a warm start (:mod:`.coordesc`), Inductor's CPU
 vector-ISA probes (:mod:`.vecisa`), its compile-worker pool, started when a graph is to be
 compiled rather than at every process's first call (:mod:`.workers`), and the AOTAutograd key's
-debug lines, computed by torch 2.8-2.12 at every lookup though no log reads them
+debug lines, computed by torch 2.8-2.11 at every lookup though no log reads them
 (:mod:`.debuglines`).
 
 Nothing here imports torch: every function is called from an import hook, with the module.

@@ -1,18 +1,20 @@
 """The AOTAutograd key's debug lines, computed only when something will read them.
 
-At every AOTAutograd lookup, torch 2.8-2.12's ``autograd_cache_key`` hashes the graph's details
+At every AOTAutograd lookup, torch 2.8-2.11's ``autograd_cache_key`` hashes the graph's details
 once for the key and then again, attribute by attribute, into printable "debug lines"
 (``FxGraphCachePickler.debug_lines``) that only a DEBUG log line and a structured-trace record
 read. That second pass re-pickles the whole graph: 0.17 s of a served BERT-base first call on
 the H100 (torch 2.11, cProfile; the key itself 0.17 s), in a process that has nothing else left
-to do but trace. torch 2.13 computes them only when DEBUG logging is on
-(``_get_debug_lines_for_cache_key``); this is the same rule for the older torch, and it also keeps
+to do but trace. torch 2.12 computes them only when DEBUG logging is on (inline; 2.13 in
+``_get_debug_lines_for_cache_key``); this is the same rule for the older torch, and it also keeps
 them where a structured trace (``TORCH_TRACE``, which records them as the key's "components")
 is being written.
 
 The key is untouched: only what a log would print is skipped, so the entries and keys of a
 process with kcache are those of one without it. Nothing is installed on a torch that already
-skips them, or whose pickler or logger is not where kcache looks.
+skips them in ``_get_debug_lines_for_cache_key`` (2.13), or whose pickler or logger is not where
+kcache looks; on 2.12 the wrapper is installed and changes nothing (torch calls it only at DEBUG,
+where it passes the call on).
 """
 
 from __future__ import annotations

@@ -229,7 +229,7 @@ def _wrap_cache(cls: Any) -> None:
     def try_load(*args: Any, **kwargs: Any) -> Any:
         _pending.missed = None  # a bypass (no key) must not inherit an earlier compile's miss
         got = own_load(*args, **kwargs)
-        fn = got[0] if isinstance(got, tuple) else got  # (fn, config) from torch 2.12; fn before
+        fn = got[0] if isinstance(got, tuple) else got  # (fn, config) from torch 2.13; fn before
         key = _pending.missed
         if fn is None and key is not None:
             restart = _restart_for(key)
