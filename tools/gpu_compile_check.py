@@ -1137,6 +1137,15 @@ def summarize_compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
         }
         shas = {tuple(r.get("out_sha", ())) for r in k_runs} | {tuple(r.get("out_sha", ())) for r in p_runs}
         out[f"outputs_identical_{temp}"] = len(shas) == 1
+        if temp == "warm":
+            # A kernel tuned at its first run can choose differently in each cold process (with
+            # and without kcache: reduce-overhead's (1, 64) on the H100, session 25); a warm run
+            # must give what the cold run that filled its cache chose.
+            out["warm_outputs_as_their_cold"] = all(
+                {tuple(r.get("out_sha", ())) for r in by.get(warm, [])}
+                <= {tuple(r.get("out_sha", ())) for r in by.get(cold, [])}
+                for warm, cold in (("kcache-warm-store", "kcache-cold"), ("plain-warm", "plain-cold"))
+            )
     return out
 
 
