@@ -65,7 +65,14 @@ with and without kcache (cold against cold, warm against warm), and whether ever
 is bit-identical between the two (``out_sha``: sha256 of each call's output bytes). Each run also
 lists, in order, its AOTAutograd and FX graph lookups and the kernels Inductor handed to
 ``async_compile.triton`` (``events``): ``compare`` names the kernels loaded a different number of
-times with and without kcache (``events_differ_cold/warm``).
+times with and without kcache (``events_differ_cold/warm``). A kernel tuned at its first run may
+choose differently in two cold processes, with or without kcache, and then ``outputs_identical``
+is false for both temperatures: ``warm_outputs_as_their_cold`` says whether each warm run gave
+what the cold run that filled its cache chose. Two diagnostics beside the targets, per
+condition: each call less Dynamo's tracing of the frame (``first_after_tracing_ms``,
+``six_after_tracing_ms``, and their ratios in ``ratio_warm_after_tracing``: the part a cache
+can change), and the cyclic collector's pauses in the calls (``first_gc_ms``, ``six_gc_ms``,
+``first_full_gc``; per run, ``gc_per_call``).
 
 Plan ``bisect`` (with ``--mode reduce-overhead``): plain and kcache cold runs, and kcache cold
 runs with each remote cache kcache turns on kept off by the user's setting (kcache leaves a
