@@ -168,7 +168,24 @@ def test_a_waiting_machine_looks_at_the_lease_as_s3_s_poll_s_says(s3, stores, mo
     b = stores("b", url, "kcache:", KCACHE_SECRET=SECRET)
     fa = a.single_flight("triton", "K")
     assert fa.hit is None and fa.held
-    waits_behind(a, b, fa, 2.0, group(300))  # past b's budget for unproven waits: signed heartbeats
+    # b waits while a holds the lease, then a puts and lets go. Signed heartbeats keep b waiting
+    # past its budget for unproven waits; on a loaded box b may see none advance within it and
+    # give the wait up (never a stall, by design: counted as fruitless) and compile. Either way
+    # it looked at S3's pace, which is what this test is about. (CI, session 25: given up once,
+    # beside a CPU-bound job; waits_behind's other caller tests the heartbeats.)
+    got: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: got.update(hit=b.single_flight("triton", "K").hit))
+    t.start()
+    time.sleep(2.0)
+    files = group(300)
+    a.put("triton", "K", files)
+    fa.release()
+    t.join(20)
+    assert not t.is_alive()
+    c = counts(b)
+    assert got["hit"] is not None or c.get("remote_fruitless_s", 0) > 0, c
+    if got["hit"] is not None:
+        assert got["hit"].read("k.cubin") == files["k.cubin"]
     low, high = S3Backend.poll_s
     assert (low, high) == (0.03, 0.2)
     pauses = [nxt[0] - prev[1] for prev, nxt in zip(looks, looks[1:])]
