@@ -46,6 +46,7 @@ from .._imports import turn_on
 from ..boundary import fail_open, guarded
 from ..forksafe import module_lock
 from ..log import logger, warn_once
+from ..patch import original
 from ..store.leases import Lease, Ticket, hold_paths
 from . import groupcheck, tunecheck, tuning
 from .attached import cache as active_cache
@@ -178,6 +179,9 @@ class KcacheCacheManager(CacheManager):
         if not serves_folder():  # the program pointed Triton at a cache folder of its own
             self._file = FileCacheManager(key)
             return
+        if _unkeyed_stages_hook():  # Triton 3.6's key leaves the hook out: its own cache, as without kcache
+            self._file = FileCacheManager(key)
+            return
         self._store = active_cache()
         if self._store is None and not _enable_tried:
             _try_enable()
@@ -308,7 +312,17 @@ class KcacheCacheManager(CacheManager):
                     compile_s=(time.perf_counter() - t0) if t0 is not None else 0.0,
                 )
                 if hit is not None and filename in hit.paths:
-                    return hit.paths[filename]
+                    if _same_bytes(hit.paths[filename], blob):
+                        return hit.paths[filename]
+                    # The store kept other bytes under this key (first writer wins). Triton
+                    # puts a file it has just built and loads the path it gets back: after a
+                    # stored launcher or cuda_utils module failed to load here, it rebuilds
+                    # it and puts it, and the old bytes would fail again (an ImportError in
+                    # the program). It gets what it built, as from its own cache; host code
+                    # this machine could not load is replaced here.
+                    if kind == KIND_AUX:
+                        self._store.replace(kind, skey, {filename: blob}, components=comps,
+                                            summary=_summary(kind, filename, blob, comps))  # fmt: skip
         return self._write_scratch(blob, filename)
 
     @_edge("triton-group", "kcache's lookup of a Triton kernel")
@@ -391,6 +405,32 @@ class KcacheCacheManager(CacheManager):
             self._release()
         except Exception:  # broad: a finaliser must not raise (it runs at any point, even at exit)
             pass
+
+
+def _same_bytes(path: str, blob: bytes) -> bool:
+    """Whether the file at ``path`` holds ``blob`` (False when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(blob) + 1) == blob
+    except OSError:
+        return False
+
+
+def _unkeyed_stages_hook() -> bool:
+    """Triton's ``knobs.runtime.add_stages_inspection_hook`` is set, and this Triton's
+    ``compile`` leaves it out of the kernel's key (3.6: the hook rewrites the compile's stages,
+    and 3.7 added it to the key). A kernel compiled under it would be served to processes without
+    it (and the reverse): kcache steps aside, to Triton's own cache, for such compiles."""
+    try:
+        from triton import knobs
+        from triton.compiler import compiler
+
+        if getattr(knobs.runtime, "add_stages_inspection_hook", None) is None:
+            return False
+        code = getattr(original(compiler.compile), "__code__", None)
+        return code is not None and "add_stages_inspection_hook" not in code.co_names
+    except (ImportError, AttributeError):  # a Triton without this knob: nothing to key
+        return False
 
 
 def _always_compile() -> bool:

@@ -1,0 +1,107 @@
+"""What one Triton version does that another does not, met by kcache's cache manager (found by
+reading Triton 3.4-3.9's sources, session 25; each test fails on the code before):
+
+- Triton 3.6's ``knobs.runtime.add_stages_inspection_hook`` rewrites a compile's stages, but
+  3.6's ``compile`` leaves it out of the kernel's key (3.7 added it). A kernel compiled under the
+  hook was stored and served to a process without it (and the reverse). kcache steps aside to
+  Triton's own cache for such a compile, which does as Triton does without kcache.
+- When a stored launcher or ``cuda_utils`` module fails to load, Triton (``runtime/build.py``,
+  every version) builds it again, puts it, and loads the path the put returns. The store kept
+  the first bytes under that key, so Triton was handed the same module again and the
+  ``ImportError`` reached the program. A put now returns what Triton put.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+from kernels.harness import PYTHON, clean_env  # noqa: E402
+
+HOOKED = textwrap.dedent(
+    """
+    import sys, triton, triton.language as tl
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    @triton.jit
+    def add(x, y, out, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out + offs, tl.load(x + offs) + tl.load(y + offs))
+
+    if sys.argv[1] == "hook":
+        def hook(*args):
+            if not args:  # Triton 3.7+ asks the hook for its part of the key
+                return ("-marker", "marker")
+            backend, stages, options, language, capability = args
+            ptx = stages["ptx"]
+            stages["ptx"] = lambda src, md: ptx(src, md) + "\\n// STAGES-HOOK-MARKER\\n"
+        knobs.runtime.add_stages_inspection_hook = hook
+    sig = {"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32", "BLOCK": "constexpr"}
+    k = triton.compile(ASTSource(add, sig, constexprs={(4,): 128}), target=GPUTarget("cuda", 90, 32))
+    print("MARKED" if "STAGES-HOOK-MARKER" in k.asm["ptx"] else "PLAIN")
+    """
+)
+
+
+def compile_once(tmp: Path, store: Path, how: str) -> str:
+    env = clean_env(tmp / how, kcache_dir=store)
+    script = tmp / "hooked.py"  # a file: @triton.jit reads the kernel's source
+    script.write_text(HOOKED)
+    p = subprocess.run([PYTHON, str(script), how], env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p.stdout.strip().splitlines()[-1]
+
+
+def test_a_kernel_compiled_under_a_stages_hook_is_never_served_without_it(tmp_path: Path) -> None:
+    from triton import knobs
+
+    if not hasattr(knobs.runtime, "add_stages_inspection_hook"):
+        pytest.skip("this Triton has no stages hook (3.4, 3.5)")
+    store = tmp_path / "store"
+    assert compile_once(tmp_path, store, "hook") == "MARKED"
+    assert compile_once(tmp_path, store, "plain") == "PLAIN"  # before, on Triton 3.6: MARKED
+    assert compile_once(tmp_path, store, "hook") == "MARKED"
+
+
+BUILD = textwrap.dedent(
+    """
+    import json, os, sys
+    import kcache
+    assert kcache.enable(dir=os.environ["PROBE_STORE"], nvfuser=False, torch=False)
+    from triton.runtime.cache import get_cache_manager
+    name = "cuda_utils" + __import__("sysconfig").get_config_var("EXT_SUFFIX")
+    m = get_cache_manager("ab" * 32)
+    old = m.get_file(name)
+    old_bytes = open(old, "rb").read() if old else None
+    # what build.py does after the stored module failed to load: build it again and put it
+    path = m.put(sys.argv[1].encode() * 64, name, binary=True)
+    got = open(path, "rb").read()
+    again = get_cache_manager("ab" * 32).get_file(name)
+    print(json.dumps({"old": old_bytes is not None and old_bytes[:2].decode(),
+                      "put_returned": got[:2].decode(),
+                      "served_next": again is not None and open(again, "rb").read()[:2].decode()}))
+    """
+)
+
+
+def test_a_rebuilt_host_module_is_what_the_put_returns(tmp_path: Path) -> None:
+    import json
+
+    env = clean_env(tmp_path, PROBE_STORE=str(tmp_path / "store"))
+    outs = []
+    for content in ("AA", "BB"):  # the first put stores AA; the second stands for a rebuild
+        p = subprocess.run(
+            [PYTHON, "-c", BUILD, content], env=env, capture_output=True, text=True, timeout=240
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        outs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    assert outs[0] == {"old": False, "put_returned": "AA", "served_next": "AA"}, outs
+    # before: the put returned AA (the module that failed to load), and the store kept serving it
+    assert outs[1] == {"old": "AA", "put_returned": "BB", "served_next": "BB"}, outs
