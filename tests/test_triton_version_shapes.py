@@ -9,6 +9,8 @@ reading Triton 3.4-3.9's sources, session 25; each test fails on the code before
   every version) builds it again, puts it, and loads the path the put returns. The store kept
   the first bytes under that key, so Triton was handed the same module again and the
   ``ImportError`` reached the program. A put now returns what Triton put.
+- Under ``KCACHE_RECORD``, Triton's ``knobs.runtime.scope()`` and ``reset()`` put nothing back
+  (every version): see the last test.
 """
 
 from __future__ import annotations
@@ -105,3 +107,33 @@ def test_a_rebuilt_host_module_is_what_the_put_returns(tmp_path: Path) -> None:
     assert outs[0] == {"old": False, "put_returned": "AA", "served_next": "AA"}, outs
     # before: the put returned AA (the module that failed to load), and the store kept serving it
     assert outs[1] == {"old": "AA", "put_returned": "BB", "served_next": "BB"}, outs
+
+
+KNOBS = textwrap.dedent(
+    """
+    import json, os, triton
+    from triton import knobs
+    names = sorted(knobs.runtime.knob_descriptors)
+    with knobs.runtime.scope():
+        knobs.runtime.override_arch = "sm80"
+    print(json.dumps({"names": names, "env": os.environ.get("TRITON_OVERRIDE_ARCH"),
+                      "knob": knobs.runtime.override_arch}))
+    """
+)
+
+
+def test_recording_leaves_tritons_knob_scopes_working(tmp_path: Path) -> None:
+    """KCACHE_RECORD routes Triton's JIT hooks through a subclass of ``knobs.runtime``'s class;
+    Triton's knobs find their settings in ``type(self).__dict__``, so the subclass hid them all:
+    ``scope()`` and ``reset()`` put nothing back, and an architecture set inside a scope
+    (TRITON_OVERRIDE_ARCH) stayed for every later compile. Every Triton 3.4-3.9."""
+    import json
+
+    got = {}
+    for how, extra in (("plain", {}), ("recording", {"KCACHE_RECORD": str(tmp_path / "spec.toml")})):
+        env = clean_env(tmp_path / how, kcache_dir=tmp_path / "store", **extra)
+        p = subprocess.run([PYTHON, "-c", KNOBS], env=env, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr[-3000:]
+        got[how] = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["plain"]["env"] is None and got["plain"]["knob"] is None, got
+    assert got["recording"] == got["plain"], got  # before: no names, and sm80 left set

@@ -275,10 +275,15 @@ def chain_hooks(recorder: Recorder) -> Callable[[], None]:
 
         return property(get, set_)
 
+    # Triton's knobs find their environment-backed settings in ``type(self).__dict__``
+    # (``knob_descriptors``, which ``scope()`` and ``reset()`` use): the subclass lists its base's
+    # too, or a ``scope()`` would no longer put back what it changed (TRITON_OVERRIDE_ARCH, ...).
+    inherited = {k: v for k, v in vars(base).items() if not k.startswith("__")}
     chained = type(
         base.__name__,
         (base,),
         {
+            **inherited,
             "_kcache_chained": True,
             "_kcache_recorder": recorder,
             "jit_cache_hook": make("jit_cache_hook", True),
