@@ -60,6 +60,7 @@ META = json.dumps(
         "profile_scratch_align": 1,
         "launch_cooperative_grid": False,
         "launch_pdl": False,
+        "warp_size": 32,
     }
 )
 

@@ -10,7 +10,10 @@ reading Triton 3.4-3.9's sources, session 25; each test fails on the code before
   the first bytes under that key, so Triton was handed the same module again and the
   ``ImportError`` reached the program. A put now returns what Triton put.
 - Under ``KCACHE_RECORD``, Triton's ``knobs.runtime.scope()`` and ``reset()`` put nothing back
-  (every version): see the last test.
+  (every version).
+- The group check did not ask for ``warp_size`` (read by 3.9's loader) nor, on 3.5, for
+  ``profile_scratch_*`` (read by 3.5's launcher; kcache asked from 3.6): a crafted or damaged
+  entry without them was served and failed at its first launch.
 """
 
 from __future__ import annotations
@@ -137,3 +140,50 @@ def test_recording_leaves_tritons_knob_scopes_working(tmp_path: Path) -> None:
         got[how] = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["plain"]["env"] is None and got["plain"]["knob"] is None, got
     assert got["recording"] == got["plain"], got  # before: no names, and sm80 left set
+
+
+# What Triton's own code reads of a served group's metadata without a default (an AttributeError
+# at the kernel's first launch when absent): (file under triton/, what it reads, the field).
+READS = (
+    ("compiler/compiler.py", "self.metadata.warp_size", "warp_size"),  # the loader, from 3.9
+    ("backends/nvidia/driver.py", "metadata.profile_scratch_size", "profile_scratch_size"),  # from 3.5
+    ("backends/nvidia/driver.py", "metadata.profile_scratch_align", "profile_scratch_align"),
+)
+
+
+@pytest.mark.parametrize(("where", "read", "field"), READS, ids=[r[2] for r in READS])
+def test_a_group_without_a_field_this_triton_reads_is_not_served(where: str, read: str, field: str) -> None:
+    """The group check asks for every field the installed Triton's loader and launcher read:
+    before, ``warp_size`` on 3.9 and ``profile_scratch_*`` on 3.5 were not asked for, so a crafted
+    or damaged entry without them was served and failed at the first launch."""
+    import json
+
+    import triton
+
+    from kcache.triton import groupcheck
+
+    source = (Path(triton.__file__).parent / where).read_text()
+    meta = {
+        "name": "k",
+        "target": {"backend": "cuda", "arch": 90, "warp_size": 32},
+        "num_warps": 4,
+        "num_ctas": 1,
+        "shared": 0,
+        "global_scratch_size": 0,
+        "global_scratch_align": 1,
+        "profile_scratch_size": 0,
+        "profile_scratch_align": 1,
+        "launch_cooperative_grid": False,
+        "launch_pdl": False,
+        "warp_size": 32,
+        "cluster_dims": [1, 1, 1],  # Triton 3.4 and 3.5's pack_metadata read it
+    }
+    members = {"k.json": json.dumps(meta).encode(), "k.cubin": b"\x7fELF"}
+    assert groupcheck.problem("k.json", members) is None  # the whole group: served
+    del meta[field]
+    members["k.json"] = json.dumps(meta).encode()
+    why = groupcheck.problem("k.json", members)
+    if read in source:
+        assert why is not None and field in why, (triton.__version__, why)
+    else:  # this Triton does not read it: a group without it loads
+        assert why is None, (triton.__version__, why)

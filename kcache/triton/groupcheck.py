@@ -52,20 +52,22 @@ MAX_NAME = 1024  # a kernel's name, handed to the driver as a C string
 _C_INT = 1 << 31  # the launcher passes these to C as ``int``
 
 # Fields the loader or the launcher reads as numbers, checked whenever present:
-_AT_LEAST_ONE = ("num_warps", "num_ctas", "global_scratch_align", "profile_scratch_align")
+_AT_LEAST_ONE = ("num_warps", "num_ctas", "global_scratch_align", "profile_scratch_align", "warp_size")
 _SIZES = ("shared", "global_scratch_size", "profile_scratch_size")
 _FLAGS = ("launch_cooperative_grid", "launch_pdl")
 # Fields the CUDA launcher reads unconditionally at a kernel's first launch (an AttributeError
-# there), from the first Triton version whose source was read to have it (3.4, 3.6, 3.9 read).
+# there), from the first Triton version whose source has it (3.4-3.9 read).
 _CUDA_LAUNCHER = (
     ((3, 4), ("global_scratch_size", "global_scratch_align", "launch_cooperative_grid", "launch_pdl")),
-    ((3, 6), ("profile_scratch_size", "profile_scratch_align")),
+    ((3, 5), ("profile_scratch_size", "profile_scratch_align")),
 )
+# Fields every backend's loader reads (``CompiledKernel._init_handles``), likewise.
+_LOADER = (((3, 9), ("warp_size",)),)
 
 _lock = module_lock(__name__, "_lock")
 _backends: dict[tuple[Any, ...], Any] = {}  # target -> (backend, GPUTarget)
 _good_keys: set[str] = set()  # metadata keys seen to be valid field names (about 60 in all)
-_launcher: list[tuple[str, ...]] = []
+_required: dict[int, tuple[str, ...]] = {}  # id of _CUDA_LAUNCHER or _LOADER -> this Triton's fields
 
 
 def _field_name(k: Any) -> str | None:
@@ -102,16 +104,18 @@ def _backend(backend: str, arch: Any, warp_size: int) -> tuple[Any, Any]:
     return got
 
 
-def _launcher_fields() -> tuple[str, ...]:
-    if not _launcher:
+def _required_fields(table: tuple[tuple[tuple[int, int], tuple[str, ...]], ...]) -> tuple[str, ...]:
+    """The fields of ``table`` that this Triton reads."""
+    got = _required.get(id(table))
+    if got is None:
         import triton
 
         try:
             version = tuple(int(x) for x in triton.__version__.split(".")[:2])
         except ValueError:
             version = ()
-        _launcher.append(tuple(f for since, fields in _CUDA_LAUNCHER if version >= since for f in fields))
-    return _launcher[0]
+        got = _required[id(table)] = tuple(f for since, fields in table if version >= since for f in fields)
+    return got
 
 
 class _Metadata:
@@ -203,8 +207,11 @@ def _problem(
         b, gpu_target = _backend(backend, arch, cast(int, warp))  # an int: checked above
         binary_ext = b.binary_ext
         b.pack_metadata(_Metadata(meta, gpu_target))
+        for f in _required_fields(_LOADER):
+            if f not in meta:
+                return f"no {f} (the loader reads it)"
         if backend == "cuda":
-            for f in _launcher_fields():
+            for f in _required_fields(_CUDA_LAUNCHER):
                 if f not in meta:
                     return f"no {f} (the launcher reads it)"
     has_binary = False
