@@ -4,7 +4,7 @@
 printed kilobytes of PTX and failed in ptxas (or, on some Tritons, aborted in LLVM with exit 134)
 for every kernel. The GPUs a Triton can compile for are those of the ptxas it would run: the one
 :func:`triton.backends.nvidia.compiler.get_ptxas` picks for the architecture (a separate ptxas
-for sm_100 and newer since Triton 3.5, ``TRITON_PTXAS_PATH`` and friends honoured), which lists
+for sm_100 and newer since Triton 3.6, ``TRITON_PTXAS_PATH`` and friends honoured), which lists
 them in its ``--help`` (``--gpu-name``: ``'sm_90', 'sm_90a', ...``).
 """
 
