@@ -16,7 +16,7 @@ import pytest
 # tests skip only where Triton does not exist (other platforms), never in CI.
 pytest.importorskip("triton")
 
-from kernels.harness import PYTHON, clean_env  # noqa: E402
+from kernels.harness import MIN_META, PYTHON, clean_env  # noqa: E402
 from triton.runtime.cache import FileCacheManager  # noqa: E402
 
 import kcache  # noqa: E402
@@ -47,22 +47,7 @@ TUNED = json.dumps(
     }
 )
 # The least metadata Triton's loader and launcher take (kcache serves no group without it).
-META = json.dumps(
-    {
-        "name": "k",
-        "target": {"backend": "cuda", "arch": 90, "warp_size": 32},
-        "num_warps": 4,
-        "num_ctas": 1,
-        "shared": 0,
-        "global_scratch_size": 0,
-        "global_scratch_align": 1,
-        "profile_scratch_size": 0,
-        "profile_scratch_align": 1,
-        "launch_cooperative_grid": False,
-        "launch_pdl": False,
-        "warp_size": 32,
-    }
-)
+META = json.dumps(MIN_META)
 
 
 class Textish:

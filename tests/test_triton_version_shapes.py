@@ -26,7 +26,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from kernels.harness import PYTHON, clean_env  # noqa: E402
+from kernels.harness import MIN_META, PYTHON, clean_env  # noqa: E402
 
 HOOKED = textwrap.dedent(
     """
@@ -163,21 +163,7 @@ def test_a_group_without_a_field_this_triton_reads_is_not_served(where: str, rea
     from kcache.triton import groupcheck
 
     source = (Path(triton.__file__).parent / where).read_text()
-    meta = {
-        "name": "k",
-        "target": {"backend": "cuda", "arch": 90, "warp_size": 32},
-        "num_warps": 4,
-        "num_ctas": 1,
-        "shared": 0,
-        "global_scratch_size": 0,
-        "global_scratch_align": 1,
-        "profile_scratch_size": 0,
-        "profile_scratch_align": 1,
-        "launch_cooperative_grid": False,
-        "launch_pdl": False,
-        "warp_size": 32,
-        "cluster_dims": [1, 1, 1],  # Triton 3.4 and 3.5's pack_metadata read it
-    }
+    meta = dict(MIN_META)
     members = {"k.json": json.dumps(meta).encode(), "k.cubin": b"\x7fELF"}
     assert groupcheck.problem("k.json", members) is None  # the whole group: served
     del meta[field]

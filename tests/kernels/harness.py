@@ -12,6 +12,24 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+# The least metadata Triton 3.4-3.9's loader and CUDA launcher take for an sm_90 kernel (kcache
+# serves no group without it): a group's ``<name>.json`` in tests that build groups by hand.
+MIN_META: dict[str, Any] = {
+    "name": "k",
+    "target": {"backend": "cuda", "arch": 90, "warp_size": 32},
+    "num_warps": 4,
+    "num_ctas": 1,
+    "shared": 0,
+    "global_scratch_size": 0,
+    "global_scratch_align": 1,
+    "profile_scratch_size": 0,
+    "profile_scratch_align": 1,
+    "launch_cooperative_grid": False,
+    "launch_pdl": False,
+    "warp_size": 32,
+    "cluster_dims": [1, 1, 1],  # Triton 3.4 and 3.5's pack_metadata read it
+}
+
 TESTS_DIR = Path(__file__).resolve().parents[1]
 REPO = TESTS_DIR.parent
 PYTHON = sys.executable
