@@ -46,10 +46,13 @@ def key_of(store: Store, kind: str, key: str, root: str = "p/kcache:") -> str:
     return f"{root}e/{kind}/{store.entry_id(kind, key)}"
 
 
-def waits_behind(a: Store, b: Store, held: Any, wait_s: float, files: dict[str, bytes]) -> None:
+def waits_behind(
+    a: Store, b: Store, held: Any, wait_s: float, files: dict[str, bytes], *, may_give_up: bool = False
+) -> None:
     """``b`` looks up ``K`` while ``a`` holds its lease (``held``, a's single flight): ``b`` is
     still waiting after ``wait_s``; a's put and release end the wait with a's entry, one wait
-    that ``b`` counts."""
+    that ``b`` counts. ``may_give_up``: or ``b`` gave the wait up within its budget (on a loaded
+    box it may see no heartbeat advance in time: never a stall, by design), counted as fruitless."""
     got: dict[str, Any] = {}
     t = threading.Thread(target=lambda: got.update(hit=b.single_flight("triton", "K").hit))
     t.start()
@@ -58,6 +61,10 @@ def waits_behind(a: Store, b: Store, held: Any, wait_s: float, files: dict[str, 
     a.put("triton", "K", files)
     held.release()
     t.join(20)
+    assert not t.is_alive()
+    if may_give_up and got["hit"] is None:
+        assert counts(b).get("remote_fruitless_s", 0) > 0, counts(b)
+        return
     assert got["hit"] is not None and got["hit"].read("k.cubin") == files["k.cubin"]
     assert counts(b)["remote_waited"] == 1
 
@@ -168,24 +175,10 @@ def test_a_waiting_machine_looks_at_the_lease_as_s3_s_poll_s_says(s3, stores, mo
     b = stores("b", url, "kcache:", KCACHE_SECRET=SECRET)
     fa = a.single_flight("triton", "K")
     assert fa.hit is None and fa.held
-    # b waits while a holds the lease, then a puts and lets go. Signed heartbeats keep b waiting
-    # past its budget for unproven waits; on a loaded box b may see none advance within it and
-    # give the wait up (never a stall, by design: counted as fruitless) and compile. Either way
-    # it looked at S3's pace, which is what this test is about. (CI, session 25: given up once,
-    # beside a CPU-bound job; waits_behind's other caller tests the heartbeats.)
-    got: dict[str, Any] = {}
-    t = threading.Thread(target=lambda: got.update(hit=b.single_flight("triton", "K").hit))
-    t.start()
-    time.sleep(2.0)
-    files = group(300)
-    a.put("triton", "K", files)
-    fa.release()
-    t.join(20)
-    assert not t.is_alive()
-    c = counts(b)
-    assert got["hit"] is not None or c.get("remote_fruitless_s", 0) > 0, c
-    if got["hit"] is not None:
-        assert got["hit"].read("k.cubin") == files["k.cubin"]
+    # Past b's budget for unproven waits: signed heartbeats keep it waiting. Either way b looked
+    # at S3's pace, which is what this test is about: a wait given up under load is accepted
+    # here (CI, session 25: once, beside a CPU-bound job); the other caller tests the heartbeats.
+    waits_behind(a, b, fa, 2.0, group(300), may_give_up=True)
     low, high = S3Backend.poll_s
     assert (low, high) == (0.03, 0.2)
     pauses = [nxt[0] - prev[1] for prev, nxt in zip(looks, looks[1:])]

@@ -446,29 +446,18 @@ def wrap_autotune_meta(mod: Any) -> None:
     raw = (owner.__dict__ if owner is not None else {}).get(fn_name)
     if raw is None or is_ours(raw) or is_ours(getattr(raw, "__func__", None)):
         return
-    if cls_name:
-        # A classmethod from torch 2.11, a staticmethod in 2.8-2.10: each is put back as it was
-        # (a wrapper that only took the classmethod left 2.8-2.10's kernels unwrapped).
-        if isinstance(raw, classmethod):
-            own = raw.__func__
+    # A method is a classmethod from torch 2.11 and a staticmethod in 2.8-2.10: the wrapper is
+    # put back in the same kind (one that took only the classmethod left 2.8-2.10's kernels
+    # unwrapped); a module's function as it is.
+    descriptor = type(raw) if isinstance(raw, (classmethod, staticmethod)) else None
+    if cls_name and descriptor is None:
+        return
+    own = raw.__func__ if descriptor is not None else raw
 
-            def common(cls: Any) -> Any:
-                return _autotune_meta(own(cls))
+    def meta(*args: Any, **kwargs: Any) -> Any:
+        return _autotune_meta(own(*args, **kwargs))
 
-            patches.wrap(owner, fn_name, lambda _: classmethod(common), raw=True)
-        elif isinstance(raw, staticmethod):
-            own_static = raw.__func__
-
-            def common_static() -> Any:
-                return _autotune_meta(own_static())
-
-            patches.wrap(owner, fn_name, lambda _: staticmethod(common_static), raw=True)
-    else:
-
-        def from_config(*args: Any, **kwargs: Any) -> Any:
-            return _autotune_meta(raw(*args, **kwargs))
-
-        patches.wrap(owner, fn_name, lambda _: from_config, raw=True)
+    patches.wrap(owner, fn_name, lambda _: descriptor(meta) if descriptor is not None else meta, raw=True)
 
 
 def rebind(mod: Any = None) -> None:

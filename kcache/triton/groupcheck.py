@@ -33,6 +33,7 @@ call again, which now compiles. A failure of a fresh compile is Triton's and is 
 
 from __future__ import annotations
 
+import functools
 import json
 import keyword
 import threading
@@ -67,7 +68,6 @@ _LOADER = (((3, 9), ("warp_size",)),)
 _lock = module_lock(__name__, "_lock")
 _backends: dict[tuple[Any, ...], Any] = {}  # target -> (backend, GPUTarget)
 _good_keys: set[str] = set()  # metadata keys seen to be valid field names (about 60 in all)
-_required: dict[int, tuple[str, ...]] = {}  # id of _CUDA_LAUNCHER or _LOADER -> this Triton's fields
 
 
 def _field_name(k: Any) -> str | None:
@@ -104,18 +104,19 @@ def _backend(backend: str, arch: Any, warp_size: int) -> tuple[Any, Any]:
     return got
 
 
+@functools.cache
+def _triton_version() -> tuple[int, ...]:
+    import triton
+
+    try:
+        return tuple(int(x) for x in triton.__version__.split(".")[:2])
+    except ValueError:
+        return ()
+
+
 def _required_fields(table: tuple[tuple[tuple[int, int], tuple[str, ...]], ...]) -> tuple[str, ...]:
     """The fields of ``table`` that this Triton reads."""
-    got = _required.get(id(table))
-    if got is None:
-        import triton
-
-        try:
-            version = tuple(int(x) for x in triton.__version__.split(".")[:2])
-        except ValueError:
-            version = ()
-        got = _required[id(table)] = tuple(f for since, fields in table if version >= since for f in fields)
-    return got
+    return tuple(f for since, fields in table if _triton_version() >= since for f in fields)
 
 
 class _Metadata:
