@@ -216,8 +216,10 @@ def test_a_put_past_the_bound_leaves_its_victims_files_to_the_next_turn(tmp_path
     # eviction made the count an entry short once in CI, a race of the store's own:
     # test_a_recount_between_a_removals_rename_and_its_count_leaves_the_count_whole.)
     disk.catalogue.after_reconcile = lambda: None
-    # (how many bytes may wait for that turn is bounded too: not the subject here)
+    # (how many bytes may wait for that turn is bounded too, and further past the bound the put
+    # deletes them itself: neither is the subject here, see the next test)
     monkeypatch.setattr(tunables, "SOON_SHARE", 1.0)
+    monkeypatch.setattr(tunables, "BRAKE_OVER", 100.0)
     keys = [f"k{i}" for i in range(10)]
     for i, key in enumerate(keys):
         s.put("triton", key, {"a.bin": bytes([i]) * 10_000, "b.json": b"{}"})
@@ -245,6 +247,34 @@ def test_a_put_past_the_bound_leaves_its_victims_files_to_the_next_turn(tmp_path
     assert s.get("triton", "new") is not None
     s.close()
     assert os.listdir(root / "trash") == []
+
+
+def test_a_put_far_past_the_bound_deletes_its_victims_files_itself(tmp_path: Path) -> None:
+    """Past BRAKE_OVER (the flush threads far behind: a loaded box), a put that evicts deletes
+    its victims' files before it returns instead of leaving them to a turn that may not come for
+    seconds (their bytes are still on disk until then: the folder reached 1.6x its bound once in
+    CI). Before, they waited in trash/ whatever the store's state."""
+    root = tmp_path / "store"
+    s = Store.open(root, max_size=1 << 30)
+    disk = s.disk
+    disk.catalogue.on_turn = lambda: None  # no turn comes
+    disk.catalogue.after_reconcile = lambda: None  # (exact counts: see the test above)
+    keys = [f"k{i}" for i in range(10)]
+    for i, key in enumerate(keys):
+        s.put("triton", key, {"a.bin": bytes([i]) * 10_000, "b.json": b"{}"})
+        rec = root / "entries" / disk.entry_id("triton", key)[:2] / disk.entry_id("triton", key)
+        os.utime(rec / "__kcache__.rec", (time.time() - 600 + i, time.time() - 600 + i))
+    one = _on_disk(Path(s.entry_dir(disk.entry_id("triton", keys[0]))))
+    s.flush(force=True)
+    disk.max_size = 5 * one + disk.evictor.measure().total  # the put below: 2.2x, past BRAKE_OVER
+    assert s.put("triton", "new", {"a.bin": b"N" * 10_000, "b.json": b"{}"}) is not None
+    gone = [k for k in keys if disk.record_mtime(disk.entry_id("triton", k)) is None]
+    assert gone, "the put evicted nothing itself"
+    assert all(s.get("triton", k) is None for k in gone)
+    assert disk.evictor.usage.total() == (11 - len(gone)) * one
+    assert _trash_files(root) == []  # deleted by the put
+    assert s.get("triton", "new") is not None
+    s.close()
 
 
 def test_a_held_entry_evicted_by_a_put_keeps_its_files(tmp_path: Path) -> None:

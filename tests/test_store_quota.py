@@ -110,7 +110,10 @@ def test_four_writers_keep_the_folder_within_the_bound(tmp_path: Path) -> None:
     bound = 8 << 20
     assert run["bytes_put"] > 3 * bound, run["bytes_put"]
     assert run["samples"] > 10 and run["hits"] > 0, run
-    assert run["peak_du_ratio"] <= 1.5, (run["peak_du_ratio"], run["trace"][-40:])
+    # On failure, the samples around the peak: [s, committed, in flight, held (members' sizes), du].
+    trace = run["trace"]
+    at = max(range(len(trace)), key=lambda i: trace[i][4]) if trace else 0
+    assert run["peak_du_ratio"] <= 1.5, (run["peak_du_ratio"], trace[max(0, at - 6) : at + 4])
     assert run["at_exit_du_ratio"] <= 1.25, run["at_exit_du_ratio"]
 
 
@@ -222,6 +225,45 @@ def test_a_long_lived_process_holds_only_what_it_still_uses(tmp_path: Path) -> N
     assert worst_held <= 8 * 40_000 + bound // 5, f"{worst_held} bytes held beside the entries"
     assert worst_du <= 1.5 * bound, f"{worst_du / bound:.2f}x"
     assert du(root) <= 1.25 * bound
+
+
+def test_a_process_whose_turns_do_not_come_still_lets_go_of_removed_entries(tmp_path: Path) -> None:
+    """A loaded box starves the flush thread that lets go of what other processes removed: a
+    process that read 24 entries (its holds idle, kept while the entries are committed) keeps
+    their folders whole in trash/ once another process clears the store, until that thread's
+    turn. Its own puts then take the folder past 1.5x its bound: they count only the entries and
+    what the last turn saw beside them (nothing, here). A put that finds the folder far past the
+    bound (BRAKE_OVER, walking what is beside the entries again) lets go of them and sweeps.
+    Before: 1.7x and growing (the folder reached 1.6x its bound once in CI with four writers,
+    tests/test_store_quota.py's first test)."""
+    root = tmp_path / "store"
+    bound = 2 << 20
+    s = Store.open(root, max_size=bound)
+    disk = s.disk
+    disk.catalogue.on_turn = lambda: None  # the flush thread's turns never come (a starved thread)
+    size = 60_000
+    try:
+        for i in range(24):
+            assert s.put("triton", f"old{i}", {"k.cubin": bytes([i]) * size, "k.json": b"{}"})
+            hit = s.get("triton", f"old{i}", files=True)
+            assert hit is not None and Path(hit.paths["k.cubin"]).read_bytes()[:1] == bytes([i])
+            del hit  # its paths gone: the hold is idle, kept while the entry is committed
+        gc.collect()
+        env = clean_env(tmp_path, KCACHE_DIR=str(root))  # another process clears the store
+        r = subprocess.run(
+            [PYTHON, "-m", "kcache", "clear", "--all"], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
+        held = du(root / "trash")
+        assert held > 24 * size, held  # every folder this process holds stays whole in trash/
+        worst = 0
+        for i in range(48):
+            assert s.put("triton", f"new{i}", {"k.cubin": bytes([i]) * size, "k.json": b"{}"})
+            worst = max(worst, du(root))
+        assert worst <= 1.5 * bound, f"{worst / bound:.2f}x the bound ({du(root / 'trash')} bytes in trash/)"
+        assert du(root / "trash") < held // 4
+    finally:
+        s.close()
 
 
 def test_a_path_kept_keeps_its_files_and_goes_with_its_last_holder(tmp_path: Path) -> None:

@@ -120,6 +120,7 @@ class DiskTier(Upkeep):
             remove_soon=self._remove_for_put,
         )
         self.catalogue.on_turn = self._flush_turn
+        self.evictor.let_go = self._let_go
         self.served.wake = self.catalogue.wake  # the holds' table of descriptors grown there
         self.catalogue.after_reconcile = self.evictor.recount
         self.entries.mark = self.evictor.usage.mark  # see Usage.add: a removal's bytes and a recount
@@ -274,6 +275,7 @@ class DiskTier(Upkeep):
             self.evictor.after_fork()
         with tolerated("fork", "kcache's reset of its served files in a forked child"):
             self.served.after_fork()
+        self.trash_state.after_fork()
 
     # ------------------------------------------------------------------ ids and time
     def entry_id(self, kind: str, key: str) -> str:

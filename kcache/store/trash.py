@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import os
 import stat
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -142,6 +143,12 @@ class Trash:
         self._held: set[str] = set()  # folders in trash/ found held: tried with those
         self._soon = 0  # entries puts evicted since the last whole sweep (their files wait for it)
         self._soon_bytes = 0  # ... and their bytes on disk
+        self._sweeping = threading.Lock()
+
+    def after_fork(self) -> None:
+        # The parent's flush thread may have been sweeping at the fork: the child's copy of the
+        # lock would stay taken (its sweeps skipped, its close waiting for good).
+        self._sweeping = threading.Lock()
 
     def retry_held(self) -> None:
         """Try the held folders at the next :meth:`sweep` (a hold was let go)."""
@@ -156,26 +163,37 @@ class Trash:
         self._soon += 1
         self._soon_bytes += freed
 
-    def sweep(self, budget_s: float | None = None, *, closing: bool = False) -> None:
+    def sweep(self, budget_s: float | None = None, *, closing: bool = False) -> int:
         """What removals left in ``trash/``: empty folders (evictions leave them for later), the
         files of entries that puts evicted, and, at most every :data:`~.tunables.HELD_SWEEP_S`,
-        folders that a process held and no longer does. Never raises."""
+        folders that a process held and no longer does. How many folders went. Never raises."""
         f = self.folders
         trfd = f.fd("trash")
         if trfd is None or f.readonly or (f.closed and not closing):
-            return
+            return 0
+        # One sweep at a time in a process (the flush thread's, or a put's past the bound: see
+        # Upkeep._let_go): a put finds it taken and goes on; closing waits for it.
+        if not self._sweeping.acquire(blocking=closing):
+            return 0
+        try:
+            return self._sweep(trfd, budget_s)
+        finally:
+            self._sweeping.release()
+
+    def _sweep(self, trfd: int, budget_s: float | None) -> int:
         now = time.monotonic()
         held = now - self._swept >= T.HELD_SWEEP_S
         if held:
             self._swept = now
         try:
             soon, soon_bytes = self._soon, self._soon_bytes
-            _, whole = sweep(
+            n, whole = sweep(
                 trfd, T.FLUSH_EVERY_S / 2 if budget_s is None else budget_s, held=held, skip=self._held
             )
             if whole:  # those the puts evicted meanwhile still wait
                 self._soon = max(0, self._soon - soon)
                 self._soon_bytes = max(0, self._soon_bytes - soon_bytes)
             self.left = bool(os.listdir(trfd))
+            return n
         except OSError:
-            pass
+            return 0

@@ -4,6 +4,12 @@ GRACE_S = 0.0  # eviction leaves entries used this recently alone (0: none; what
 # is a private link, which eviction cannot change, see served.py)
 EVICT_TO = 0.9  # eviction brings the store down to this share of its bound
 HELP_OVER = 1.1  # past this share of its bound, a put frees about its own size itself
+BRAKE_OVER = 1.25  # past this share (the flush threads far behind: a loaded box), such a put
+# deletes its victims' files itself
+BRAKE_SWEEP_S = 0.02  # a put past HELP_OVER sweeps trash/ for at most this long (what nobody holds)
+REMEASURE_S = 0.1  # a put walks what is beside the entries again if the last walk (the flush
+# thread's, every second when it gets the CPU) is older than this; past HELP_OVER, it lets go of
+# what nobody needs (see Evictor.after_put) at most this often
 SOON_MAX = 16  # entries a process's puts evicted whose files still wait for the flush thread's
 # turn: past it (the thread is behind), a put that evicts deletes the files itself
 SOON_SHARE = 0.02  # ... and past this share of the bound in their bytes (they are still on disk)

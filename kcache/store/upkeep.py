@@ -12,6 +12,7 @@ clock, removes dead processes' private folders, sweeps ``trash/`` and evicts (:m
 from __future__ import annotations
 
 from ..log import logger
+from . import tunables as T
 from .catalogue import Catalogue
 from .clock import Clock
 from .entries import Entries
@@ -46,6 +47,17 @@ class Upkeep:
         if left:
             self.trash_state.left = True
         self.catalogue.forget(ident)
+
+    def _let_go(self) -> bool:
+        """A put found the store far past its bound (see :meth:`.eviction.Evictor.after_put`):
+        the idle holds of entries other processes removed are let go now, and ``trash/`` is
+        swept for a moment (what they held, files puts left to delete), rather than at a flush
+        turn that may be seconds away on a loaded box. Whether anything went."""
+        self.served.removed()
+        if self.served.let_go_removed:
+            self.served.let_go_removed = False
+            self.trash_state.retry_held()
+        return self.trash_state.sweep(T.BRAKE_SWEEP_S) > 0
 
     def _remove_for_eviction(self, ident: str) -> int | None:
         return self.entries.remove(ident, later=True)
