@@ -325,7 +325,9 @@ class Evictor:
         efd = self.folders.fd("entries")
         if efd is None:
             return
-        for shard in emptied:
+        # (a copy: a put past BRAKE_OVER evicts on its own thread, and may add to the set just
+        # taken; a shard it adds late stays until a later eviction empties it again)
+        for shard in list(emptied):
             with contextlib.suppress(OSError):  # not empty (the usual case), or gone already
                 os.rmdir(shard, dir_fd=efd)
 
