@@ -277,6 +277,43 @@ def test_a_put_far_past_the_bound_deletes_its_victims_files_itself(tmp_path: Pat
     s.close()
 
 
+def test_a_short_sweep_leaves_the_held_folders_turn_due(tmp_path: Path, monkeypatch) -> None:
+    """Folders in trash/ once found held are tried again only at the held folders' turn (every
+    HELD_SWEEP_S, or at once when a hold was let go). A put past the bound sweeps for 20 ms
+    (BRAKE_SWEEP_S): one that does not reach them all must leave that turn due, or the rest wait
+    30 s more while the flush thread's sweeps skip them, counted against the bound all along."""
+    from kcache.store import tunables
+
+    monkeypatch.setattr(tunables, "HELD_SWEEP_S", 3600.0)
+    root = tmp_path / "store"
+    s = Store.open(root, max_size=1 << 30)
+    disk = s.disk
+    disk.catalogue.on_turn = lambda: None  # the turns are taken by hand below
+    trash = root / "trash"
+    holds = []
+    for i in range(300):  # removed entries a live process holds (see served.py)
+        d = trash / f"{i:040x}.held"
+        d.mkdir()
+        for j in range(4):
+            (d / f"m{j}").write_bytes(b"x" * 3000)
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        holds.append(fd)
+    state = disk.trash_state
+    state.retry_held()
+    state.sweep()  # a turn: every folder found held, remembered as such
+    assert len(os.listdir(trash)) == 300
+    for fd in holds:  # their holders let go
+        os.close(fd)
+    state.retry_held()  # (what letting go of a removed entry's hold asks for)
+    state.sweep(1e-4)  # a put's sweep, too short for 300 folders
+    left = len(os.listdir(trash))
+    assert left > 0, left  # (not whole: its budget ran out)
+    state.sweep()  # the flush thread's next turn
+    assert os.listdir(trash) == [], f"{len(os.listdir(trash))} of {left} left for HELD_SWEEP_S"
+    s.close()
+
+
 def test_a_held_entry_evicted_by_a_put_keeps_its_files(tmp_path: Path) -> None:
     """The same, for an entry whose files this process was handed: the turn leaves them whole
     while they are held; they go when the process lets go."""

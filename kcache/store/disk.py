@@ -269,13 +269,13 @@ class DiskTier(Upkeep):
         return self.catalogue.fork_locks()
 
     def after_fork_child(self, keep: list[Any]) -> None:
+        self.trash_state.after_fork()  # first: cannot fail, and close waits on its lock
         self.catalogue.after_fork_child(keep)
         self.memo.after_fork()
         with tolerated("fork", "kcache's reset of its size count in a forked child"):
             self.evictor.after_fork()
         with tolerated("fork", "kcache's reset of its served files in a forked child"):
             self.served.after_fork()
-        self.trash_state.after_fork()
 
     # ------------------------------------------------------------------ ids and time
     def entry_id(self, kind: str, key: str) -> str:

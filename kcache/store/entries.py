@@ -510,11 +510,13 @@ class Entries:
             return None
         t = fs.unique_name(ident)
         mark = self.mark()  # before the rename: a recount between it and on_removed is seen
+        # Its bytes, measured before the rename: once in trash/, any process's sweep (a put's
+        # too) may empty it before it could be measured there, and the count would keep them.
+        freed = folder_bytes(efd, f"{ident[:2]}/{ident}")
         try:
             os.rename(f"{ident[:2]}/{ident}", t, src_dir_fd=efd, dst_dir_fd=trfd)
         except OSError:
             return None
-        freed = folder_bytes(trfd, t)
         left = not empty or drop_trash(trfd, t, keep_empty=later) is None or later
         if self.on_removed is not None:
             self.on_removed(ident, freed, left, mark)

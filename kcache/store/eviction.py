@@ -110,6 +110,8 @@ class Evictor:
         #: The store's bytes on disk outside its committed entries, as last measured, and when.
         self.outside = Footprint(0, 0, 0, 0)
         self._measured_at = self._let_go_at = -1e9
+        self._walk_every = T.REMEASURE_S  # a put's walks: at most this often (see measure)
+        self._let_go_every = T.REMEASURE_S  # ... and its letting go (see after_put)
         #: Called by a put that finds the store far past its bound (see :meth:`after_put`): lets
         #: go of what costs disk and nobody needs; whether it did.
         self.let_go: Callable[[], bool] = lambda: False
@@ -131,10 +133,12 @@ class Evictor:
         for the shard folders: about a millisecond); at a put when the last walk is older than
         :data:`~.tunables.REMEASURE_S` (without the shard folders, which change slowly: their
         last figure is kept)."""
+        t = time.monotonic()
         try:
             got = measure(self.folders, shards=shards)
             self.outside = got if shards else got._replace(shards=self.outside.shards)
-            self._measured_at = time.monotonic()
+            self._measured_at = now = time.monotonic()
+            self._walk_every = max(T.REMEASURE_S, (now - t) / T.REMEASURE_SHARE)
         except OSError:
             pass
         return self.outside
@@ -150,11 +154,12 @@ class Evictor:
         # With what is beside the entries as of now, not as of the flush thread's last turn (a
         # second ago, or many on a loaded box, while removed entries other processes hold, files
         # puts left to delete and entries in flight grow): walked again when the last walk is
-        # older than REMEASURE_S (a few dozen stats; at most that often per process). The entries
-        # being written are counted too: the folder's peak is what this guards (eviction's own
-        # target leaves them out, see Footprint.beside_entries).
+        # older than REMEASURE_S (a few dozen stats, 0.5 ms; at most that often per process, and
+        # no oftener than keeps the walks to REMEASURE_SHARE of the time). The entries being
+        # written are counted too: the folder's peak is what this guards (eviction's own target
+        # leaves them out, see Footprint.beside_entries).
         now = time.monotonic()
-        if now - self._measured_at > T.REMEASURE_S:
+        if now - self._measured_at > self._walk_every:
             self.measure(shards=False)
         bound = self.bound()
         if total + self.outside.total <= bound:
@@ -165,10 +170,13 @@ class Evictor:
         # Far past it: the flush threads are behind the writers (a loaded box starves them: the
         # folder reached 1.6x its bound once in CI). First what costs disk and nobody needs (the
         # removed entries this process holds idle, what trash/ holds: see Upkeep._let_go), at
-        # most every REMEASURE_S, before live entries are evicted around it.
-        if now - self._let_go_at > T.REMEASURE_S:
+        # most every REMEASURE_S (and REMEASURE_SHARE of the time), before live entries are
+        # evicted around it.
+        if now - self._let_go_at > self._let_go_every:
             self._let_go_at = now
-            if self.let_go():
+            went = self.let_go()
+            self._let_go_every = max(T.REMEASURE_S, (time.monotonic() - now) / T.REMEASURE_SHARE)
+            if went:
                 self.measure(shards=False)
         total += self.outside.total
         if total <= bound * T.HELP_OVER:

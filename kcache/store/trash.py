@@ -182,7 +182,8 @@ class Trash:
 
     def _sweep(self, trfd: int, budget_s: float | None) -> int:
         now = time.monotonic()
-        held = now - self._swept >= T.HELD_SWEEP_S
+        before = self._swept
+        held = now - before >= T.HELD_SWEEP_S
         if held:
             self._swept = now
         try:
@@ -190,6 +191,11 @@ class Trash:
             n, whole = sweep(
                 trfd, T.FLUSH_EVERY_S / 2 if budget_s is None else budget_s, held=held, skip=self._held
             )
+            if held and not whole:
+                # The held folders' turn stays due: a put's 20 ms sweep that did not reach them
+                # all took it, and they waited HELD_SWEEP_S more (the flush thread's sweeps skip
+                # them meanwhile), counted against the bound all that while.
+                self._swept = before
             if whole:  # those the puts evicted meanwhile still wait
                 self._soon = max(0, self._soon - soon)
                 self._soon_bytes = max(0, self._soon_bytes - soon_bytes)
