@@ -133,12 +133,14 @@ class Evictor:
         for the shard folders: about a millisecond); at a put when the last walk is older than
         :data:`~.tunables.REMEASURE_S` (without the shard folders, which change slowly: their
         last figure is kept)."""
-        t = time.monotonic()
+        cpu = time.thread_time()
         try:
             got = measure(self.folders, shards=shards)
             self.outside = got if shards else got._replace(shards=self.outside.shards)
-            self._measured_at = now = time.monotonic()
-            self._walk_every = max(T.REMEASURE_S, (now - t) / T.REMEASURE_SHARE)
+            self._measured_at = time.monotonic()
+            # What the walk cost this thread (CPU, not wall: a loaded box that deschedules the
+            # walk must not make walks rarer, when the bound needs them most).
+            self._walk_every = max(T.REMEASURE_S, (time.thread_time() - cpu) / T.REMEASURE_SHARE)
         except OSError:
             pass
         return self.outside
@@ -174,8 +176,9 @@ class Evictor:
         # evicted around it.
         if now - self._let_go_at > self._let_go_every:
             self._let_go_at = now
+            cpu = time.thread_time()
             went = self.let_go()
-            self._let_go_every = max(T.REMEASURE_S, (time.monotonic() - now) / T.REMEASURE_SHARE)
+            self._let_go_every = max(T.REMEASURE_S, (time.thread_time() - cpu) / T.REMEASURE_SHARE)
             if went:
                 self.measure(shards=False)
         total += self.outside.total

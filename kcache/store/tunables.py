@@ -10,8 +10,8 @@ BRAKE_SWEEP_S = 0.02  # a put past HELP_OVER sweeps trash/ for at most this long
 REMEASURE_S = 0.1  # a put walks what is beside the entries again if the last walk (the flush
 # thread's, every second when it gets the CPU) is older than this; past HELP_OVER, it lets go of
 # what nobody needs (see Evictor.after_put) at most this often
-REMEASURE_SHARE = 0.05  # ... and no oftener than keeps a put's walks to this share of the time (a
-# trash/ of thousands of folders after a clear takes tens of milliseconds to walk)
+REMEASURE_SHARE = 0.05  # ... and no oftener than keeps a put's walks to this share of the time,
+# in the CPU they cost (a trash/ of thousands of folders after a clear takes tens of ms to walk)
 SOON_MAX = 16  # entries a process's puts evicted whose files still wait for the flush thread's
 # turn: past it (the thread is behind), a put that evicts deletes the files itself
 SOON_SHARE = 0.02  # ... and past this share of the bound in their bytes (they are still on disk)
