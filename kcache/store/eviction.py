@@ -72,6 +72,14 @@ if TYPE_CHECKING:
 _HEX = frozenset("0123456789abcdef")
 
 
+def _spaced(cpu: float) -> float:
+    """How soon a put may do again what it began when its thread's CPU time was ``cpu`` (a walk,
+    letting go): :data:`~.tunables.REMEASURE_S`, or longer so that it takes at most
+    :data:`~.tunables.REMEASURE_SHARE` of the time. CPU, not wall: a loaded box that deschedules
+    the work must not make it rarer, when the bound needs it most."""
+    return max(T.REMEASURE_S, (time.thread_time() - cpu) / T.REMEASURE_SHARE)
+
+
 def is_protected(rec: Record | None, mtime: float, hits: int, now: float) -> bool:
     """Kept from eviction: put with protection that has not run out, and not used since (its
     record's mtime still its creation's, no hit in the index)."""
@@ -138,9 +146,7 @@ class Evictor:
             got = measure(self.folders, shards=shards)
             self.outside = got if shards else got._replace(shards=self.outside.shards)
             self._measured_at = time.monotonic()
-            # What the walk cost this thread (CPU, not wall: a loaded box that deschedules the
-            # walk must not make walks rarer, when the bound needs them most).
-            self._walk_every = max(T.REMEASURE_S, (time.thread_time() - cpu) / T.REMEASURE_SHARE)
+            self._walk_every = _spaced(cpu)
         except OSError:
             pass
         return self.outside
@@ -164,10 +170,11 @@ class Evictor:
         if now - self._measured_at > self._walk_every:
             self.measure(shards=False)
         bound = self.bound()
-        if total + self.outside.total <= bound:
+        seen = total + self.outside.total
+        if seen <= bound:
             return
         self.catalogue.wake()
-        if total + self.outside.total <= bound * T.HELP_OVER:
+        if seen <= bound * T.HELP_OVER:
             return
         # Far past it: the flush threads are behind the writers (a loaded box starves them: the
         # folder reached 1.6x its bound once in CI). First what costs disk and nobody needs (the
@@ -178,16 +185,16 @@ class Evictor:
             self._let_go_at = now
             cpu = time.thread_time()
             went = self.let_go()
-            self._let_go_every = max(T.REMEASURE_S, (time.thread_time() - cpu) / T.REMEASURE_SHARE)
+            self._let_go_every = _spaced(cpu)
             if went:
                 self.measure(shards=False)
-        total += self.outside.total
-        if total <= bound * T.HELP_OVER:
-            return
+                seen = total + self.outside.total
+                if seen <= bound * T.HELP_OVER:
+                    return
         # Further past it, this put deletes what it evicts itself rather than leave the files
         # to a turn that may not come for seconds.
-        soon = total <= bound * T.BRAKE_OVER
-        if self.help(min(total - bound, 2 * size), exclude=ident, soon=soon):
+        soon = seen <= bound * T.BRAKE_OVER
+        if self.help(min(seen - bound, 2 * size), exclude=ident, soon=soon):
             self.catalogue.wake()  # their files (or folders): deleted at the flush thread's turn
 
     def help(self, need: int, exclude: str = "", *, soon: bool = False) -> int:

@@ -53,11 +53,16 @@ class Upkeep:
         the idle holds of entries other processes removed are let go now, and ``trash/`` is
         swept for a moment (what they held, files puts left to delete), rather than at a flush
         turn that may be seconds away on a loaded box. Whether anything went."""
+        self._let_go_removed_holds()
+        return self.trash_state.sweep(T.BRAKE_SWEEP_S) > 0
+
+    def _let_go_removed_holds(self) -> None:
+        """Let go of the idle holds of entries other processes removed; a folder of theirs in
+        trash/ can go at the next sweep then."""
         self.served.removed()
         if self.served.let_go_removed:
             self.served.let_go_removed = False
             self.trash_state.retry_held()
-        return self.trash_state.sweep(T.BRAKE_SWEEP_S) > 0
 
     def _remove_for_eviction(self, ident: str) -> int | None:
         return self.entries.remove(ident, later=True)
@@ -100,10 +105,7 @@ class Upkeep:
         eviction when past the bound (the put that passed it woke this), and trash/ again."""
         self.served.grow_table()
         self.served.drain()  # holds whose paths have all gone (see .leases)
-        self.served.removed()  # idle holds of entries other processes removed
-        if self.served.let_go_removed:  # ... of a removed entry: its folder in trash/ can go now
-            self.served.let_go_removed = False
-            self.trash_state.retry_held()
+        self._let_go_removed_holds()
         self.clock.synced()
         self.clean_dead_folders()
         if self.trash_state.left:
