@@ -195,6 +195,18 @@ def _on_disk(folder: Path) -> int:
     return sum(os.lstat(p).st_blocks * 512 for p in [folder, *folder.iterdir()])
 
 
+def _ten_old_entries(s: Store, root: Path) -> tuple[list[str], int]:
+    """Ten entries of 10 KB, used 10 minutes ago, oldest first: their keys, and each one's bytes
+    on disk."""
+    disk = s.disk
+    keys = [f"k{i}" for i in range(10)]
+    for i, key in enumerate(keys):
+        s.put("triton", key, {"a.bin": bytes([i]) * 10_000, "b.json": b"{}"})
+        rec = root / "entries" / disk.entry_id("triton", key)[:2] / disk.entry_id("triton", key)
+        os.utime(rec / "__kcache__.rec", (time.time() - 600 + i, time.time() - 600 + i))
+    return keys, _on_disk(Path(s.entry_dir(disk.entry_id("triton", keys[0]))))
+
+
 def _trash_files(root: Path) -> list[str]:
     return [f"{d}/{f}" for d in os.listdir(root / "trash") for f in os.listdir(root / "trash" / d)]
 
@@ -220,12 +232,7 @@ def test_a_put_past_the_bound_leaves_its_victims_files_to_the_next_turn(tmp_path
     # deletes them itself: neither is the subject here, see the next test)
     monkeypatch.setattr(tunables, "SOON_SHARE", 1.0)
     monkeypatch.setattr(tunables, "BRAKE_OVER", 100.0)
-    keys = [f"k{i}" for i in range(10)]
-    for i, key in enumerate(keys):
-        s.put("triton", key, {"a.bin": bytes([i]) * 10_000, "b.json": b"{}"})
-        rec = root / "entries" / disk.entry_id("triton", key)[:2] / disk.entry_id("triton", key)
-        os.utime(rec / "__kcache__.rec", (time.time() - 600 + i, time.time() - 600 + i))
-    one = _on_disk(Path(s.entry_dir(disk.entry_id("triton", keys[0]))))  # each entry's blocks
+    keys, one = _ten_old_entries(s, root)
     assert disk.evictor.usage.total() == 10 * one
     # The bound counts the whole folder: room for 5 entries beside the rest (the index, written
     # now, the folders); the put below takes the entries to 2.2x that: far past HELP_OVER.
@@ -259,12 +266,7 @@ def test_a_put_far_past_the_bound_deletes_its_victims_files_itself(tmp_path: Pat
     disk = s.disk
     disk.catalogue.on_turn = lambda: None  # no turn comes
     disk.catalogue.after_reconcile = lambda: None  # (exact counts: see the test above)
-    keys = [f"k{i}" for i in range(10)]
-    for i, key in enumerate(keys):
-        s.put("triton", key, {"a.bin": bytes([i]) * 10_000, "b.json": b"{}"})
-        rec = root / "entries" / disk.entry_id("triton", key)[:2] / disk.entry_id("triton", key)
-        os.utime(rec / "__kcache__.rec", (time.time() - 600 + i, time.time() - 600 + i))
-    one = _on_disk(Path(s.entry_dir(disk.entry_id("triton", keys[0]))))
+    keys, one = _ten_old_entries(s, root)
     s.flush(force=True)
     disk.max_size = 5 * one + disk.evictor.measure().total  # the put below: 2.2x, past BRAKE_OVER
     assert s.put("triton", "new", {"a.bin": b"N" * 10_000, "b.json": b"{}"}) is not None
